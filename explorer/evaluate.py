@@ -1,0 +1,78 @@
+"""The bridge from a loaded space to the kernels: pack parameters, evaluate columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels import params
+from kernels.training import OUTPUTS, evaluate_rows
+from spaces.catalog import LoadedSpace
+from spaces.schema import Hardware, Model
+
+#: bytes per element of the 16-bit activations/weights, fp32 main gradients and
+#: fp32 master + Adam m + v (Megatron distributed optimizer: 2 + 4 + 12 = 18 bytes/param)
+ACT_BYTES = 2.0
+GRAD_BYTES = 4.0
+OPTIMIZER_BYTES = 12.0
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Everything the kernels need besides the strategy columns."""
+
+    model: np.ndarray
+    device: np.ndarray
+    tiers: np.ndarray
+    tiles: np.ndarray
+    workload: np.ndarray
+
+
+def pack_model(model: Model) -> np.ndarray:
+    return params.record(
+        params.MODEL,
+        layers=model.layers, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads,
+        head_dim=model.d_head, ffn=model.ffn, vocab=model.vocab, glu=model.glu, bias=model.bias,
+        tied_embeddings=model.tied_embeddings, dropout=model.dropout,
+    )
+
+
+def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    dev = hw.device
+    device = params.record(
+        params.DEVICE,
+        peak_flops_per_s=dev.peak_flops_per_s(dtype), hbm_bytes_per_s=dev.hbm_bandwidth_bytes_per_s,
+        hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
+        launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
+        attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
+        memory_overhead_bytes=dev.memory_overhead_bytes,
+    )
+    tiers = np.zeros(len(hw.links), dtype=params.TIER)
+    for i, link in enumerate(hw.links):
+        tiers[i] = (link.domain_devices or 0, link.bandwidth_bytes_per_s * link.efficiency / link.shared_by,
+                    link.latency_s)
+    tiles = np.asarray(dev.gemm_tiles, dtype=np.float64)
+    return device, tiers, tiles
+
+
+def pack(space: LoadedSpace) -> Packed:
+    spec = space.spec
+    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype)
+    workload = params.record(
+        params.WORKLOAD,
+        devices=spec.devices, global_batch=spec.global_batch, seq_len=spec.seq_len,
+        act_bytes=ACT_BYTES, weight_bytes=ACT_BYTES, grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES,
+        flash_attention=spec.flash_attention,
+    )
+    return Packed(pack_model(space.model), device, tiers, tiles, workload)
+
+
+def evaluate(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Metric columns (``kernels.training.OUTPUTS``) for encoded strategy columns."""
+    out = evaluate_rows(
+        cols["tp"], cols["pp"], cols["dp"], cols["cp"], cols["vpp"], cols["micro_batch"], cols["recompute"],
+        cols["sequence_parallel"], cols["zero"], cols["schedule"], cols["n_microbatches"],
+        packed.model, packed.device, packed.tiers, packed.tiles, packed.workload,
+    )
+    return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}

@@ -1,0 +1,36 @@
+"""Integer codes of the enums the kernels branch on.
+
+Mirrors ``spaces.enums`` (kernels may not import spaces): the values are
+pinned to those definitions by ``tests/test_enums.py``. Collective and
+operator codes are the kernels' own and are defined only here.
+"""
+
+# spaces.enums.Recompute
+RECOMPUTE_NONE = 0
+RECOMPUTE_SELECTIVE = 1
+RECOMPUTE_FULL = 2
+
+# spaces.enums.Schedule
+SCHEDULE_GPIPE = 0
+SCHEDULE_1F1B = 1
+SCHEDULE_INTERLEAVED = 2
+
+# spaces.enums.Feasibility
+FEASIBLE_OK = 0
+FEASIBLE_OUT_OF_MEMORY = 1
+
+# collectives (kernels.collectives)
+ALL_REDUCE = 0
+ALL_GATHER = 1
+REDUCE_SCATTER = 2
+ALL_TO_ALL = 3
+SEND_RECV = 4
+
+#: (name, code) of each collective, for tables and tests
+COLLECTIVES = (
+    ("all_reduce", ALL_REDUCE),
+    ("all_gather", ALL_GATHER),
+    ("reduce_scatter", REDUCE_SCATTER),
+    ("all_to_all", ALL_TO_ALL),
+    ("send_recv", SEND_RECV),
+)

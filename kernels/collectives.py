@@ -1,0 +1,90 @@
+"""Collective latency on a hierarchy of link tiers (alpha-beta, nccl-tests factors).
+
+A communication group is ``size`` ranks laid ``stride`` devices apart (the rank
+layout puts TP innermost, then CP, DP, PP outermost). Tier i's domain holds
+``domain_devices`` consecutive devices, so a group has
+k_i = clamp(domain_i / stride, 1, size) members inside one tier-i domain.
+A collective runs hierarchically: at tier i, r_i = k_i / k_(i-1) sub-groups
+combine, each rank carrying 1/k_(i-1) of the data (two-level NCCL algorithms:
+intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather). The
+slowest tier crossed dominates, as it should. modeling.md section 3.
+"""
+
+from __future__ import annotations
+
+from kernels.codes import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV
+from kernels.jit import jit
+
+
+@jit
+def members_within(domain: float, stride: float, size: float) -> float:
+    """Members of a strided group inside one domain of a tier (domain 0 = whole cluster)."""
+    if domain <= 0.0:
+        return size
+    k = domain // stride
+    if k < 1.0:
+        return 1.0
+    return min(k, size)
+
+
+@jit
+def flat_time_s(op: int, n: float, size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+    """One level: steps * alpha + bytes * bus factor / bandwidth.
+
+    ``size_bytes`` is the buffer as nccl-tests counts it: the all-reduce input,
+    the all-gather output, the reduce-scatter input, the all-to-all send buffer,
+    the message of a send/recv. Bus factors: all-reduce 2(n-1)/n; all-gather,
+    reduce-scatter, all-to-all (n-1)/n; send/recv 1.
+    """
+    if n <= 1.0 or size_bytes <= 0.0:
+        return 0.0
+    if op == ALL_REDUCE:
+        return 2.0 * (n - 1.0) * latency_s + 2.0 * (n - 1.0) / n * size_bytes / bytes_per_s
+    if op == SEND_RECV:
+        return latency_s + size_bytes / bytes_per_s
+    return (n - 1.0) * latency_s + (n - 1.0) / n * size_bytes / bytes_per_s
+
+
+@jit
+def collective_time_s(op: int, size: float, stride: float, size_bytes: float, tiers) -> float:
+    """Seconds for one collective of a strided group over the tier hierarchy.
+
+    For SEND_RECV, ``size`` is the number of pipeline stages and the result is
+    the time of one message between neighbouring stages."""
+    if size <= 1.0 or size_bytes <= 0.0:
+        return 0.0
+    if op == SEND_RECV:
+        # a pipeline of ``size`` stages ``stride`` apart: the innermost tier whose
+        # domain holds all of it (else some neighbour pair crosses a slower tier)
+        for i in range(tiers.shape[0]):
+            dom = tiers[i].domain_devices
+            if dom <= 0.0 or stride * size <= dom:
+                return flat_time_s(op, 2.0, size_bytes, tiers[i].bytes_per_s, tiers[i].latency_s)
+    total = 0.0
+    inner = 1.0  # members combined by the tiers below
+    for i in range(tiers.shape[0]):
+        k = members_within(tiers[i].domain_devices, stride, size)
+        r = k / inner
+        if r > 1.0:
+            if op == ALL_TO_ALL:
+                # data for ranks inside this domain but outside the inner one
+                share = (k - inner) / size
+                total += (r - 1.0) * tiers[i].latency_s + size_bytes * share / tiers[i].bytes_per_s
+            else:
+                total += flat_time_s(op, r, size_bytes / inner, tiers[i].bytes_per_s, tiers[i].latency_s)
+        inner = k
+        if inner >= size:
+            break
+    return total
+
+
+@jit
+def group_tier(size: float, stride: float, tiers) -> int:
+    """Index of the outermost tier a group's traffic crosses."""
+    for i in range(tiers.shape[0]):
+        if members_within(tiers[i].domain_devices, stride, size) >= size:
+            return i
+    return tiers.shape[0] - 1
+
+
+ALL_OPS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV)

@@ -1,0 +1,391 @@
+"""Analytic tier for dense transformer training: step time and memory per device.
+
+For each candidate row: per-layer operator latencies (``kernels.ops``) and TP /
+CP communication (``kernels.collectives``), per-device forward and backward
+time of one micro-batch (embedding on the first stage, LM head and loss on the
+last), the pipeline time of the schedule from its closed form generalised to
+unequal stages, exposed pipeline and data-parallel communication, the
+optimizer step, and memory per device (Korthikanti et al. 2022 activations;
+Megatron distributed-optimizer bytes per parameter). modeling.md sections 5-7.
+
+Rank layout: TP innermost, then CP, DP, PP outermost (Megatron's default
+order), so TP groups have stride 1, CP stride tp, the DP x CP gradient group
+stride tp, and neighbouring pipeline stages are tp*cp*dp devices apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.codes import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    FEASIBLE_OK,
+    FEASIBLE_OUT_OF_MEMORY,
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
+    REDUCE_SCATTER,
+    SCHEDULE_GPIPE,
+    SCHEDULE_INTERLEAVED,
+    SEND_RECV,
+)
+from kernels.collectives import collective_time_s
+from kernels.jit import jit
+from kernels.ops import attention_fwd_bwd_s, gemm_fwd_bwd_s, memory_bound_s
+
+#: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
+#: ``results.schema`` gives each its unit and meaning (pinned by a test).
+OUTPUTS = (
+    "step_time_s",
+    "compute_s",
+    "tp_comm_s",
+    "cp_comm_s",
+    "pp_comm_s",
+    "dp_comm_s",
+    "bubble_s",
+    "optimizer_s",
+    "recompute_s",
+    "stage_fwd_s",
+    "stage_bwd_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "model_flop_per_step",
+    "mem_weights_bytes",
+    "mem_grads_bytes",
+    "mem_optimizer_bytes",
+    "mem_activations_bytes",
+    "mem_overhead_bytes",
+    "mem_peak_bytes",
+    "mem_peak_stage",
+    "feasible",
+    "infeasible_reason",
+)
+N_OUT = len(OUTPUTS)
+(
+    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_BUBBLE, O_OPT, O_RECOMPUTE, O_FWD, O_BWD,
+    O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS, O_REASON,
+) = range(N_OUT)
+
+#: bytes per parameter touched by one Adam step on its shard: read fp32 master,
+#: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
+#: one more gradient read for clipping (4)
+ADAM_BYTES_PER_PARAM = 34.0
+
+
+@jit
+def layer_params(model, t: float) -> float:
+    """Parameters of one transformer layer held by one of t tensor-parallel ranks.
+
+    Attention: Q, K, V (GQA: K and V have kv_heads), output projection; MLP:
+    3 h f (gated) or 2 h f; sharded by t. Norm weights (2h; 4h with biases)
+    are replicated; biases of sharded matrices are sharded.
+    """
+    h = model.hidden
+    dh = model.head_dim
+    q = model.heads * dh
+    kv = model.kv_heads * dh
+    mats = h * (q + 2.0 * kv) + q * h
+    mats += (3.0 if model.glu > 0 else 2.0) * h * model.ffn
+    sharded_bias = 0.0
+    norms = 2.0 * h
+    if model.bias > 0:
+        sharded_bias = (q + 2.0 * kv) + (2.0 if model.glu > 0 else 1.0) * model.ffn
+        norms = 4.0 * h + 2.0 * h  # norm weights and biases, plus out-proj and down-proj biases
+    return (mats + sharded_bias) / t + norms
+
+
+@jit
+def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool, recompute: int,
+                               flash: bool, model, ab: float) -> float:
+    """Activation bytes one layer keeps for backward, per micro-batch per device.
+
+    Korthikanti et al. 2022 (section 4.1, eq. 1-2), generalised to GQA and gated
+    MLPs and to any element width ab (their coefficients assume ab = 2):
+    replicated (split by t only with sequence parallelism): two norm inputs,
+    QKV and MLP inputs (ab each per token x h), dropout masks (1 byte, x2);
+    split by t: Q, K, V, attention output, MLP intermediates (3f gated: gate
+    and up outputs and the down-projection input; 2f for GeLU); the s x s
+    softmax output (+ dropout mask and output) unless FlashAttention or
+    selective recompute removes it (flash keeps the fp32 log-sum-exp instead).
+    Full recompute keeps only the layer input.
+    For GPT (ab = 2, f = 4h, dropout, no flash):
+    s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP.
+    """
+    tokens = b * s / c
+    h = model.hidden
+    dh = model.head_dim
+    if recompute == RECOMPUTE_FULL:
+        full_input = ab * tokens * h
+        return full_input / t if sp else full_input
+    dropout = model.dropout > 0
+    replicated = 4.0 * ab * tokens * h
+    if dropout:
+        replicated += 2.0 * tokens * h
+    if sp:
+        replicated /= t
+    heads = model.heads / t
+    kv = model.kv_heads / t
+    split = ab * tokens * dh * (2.0 * heads + 2.0 * kv)
+    split += (3.0 if model.glu > 0 else 2.0) * ab * tokens * model.ffn / t
+    scores = 0.0
+    if flash:
+        scores = 4.0 * b * heads * (s / c)
+    elif recompute == RECOMPUTE_NONE:
+        per_elem = ab + (1.0 + ab if dropout else 0.0)
+        scores = per_elem * b * heads * (s / c) * s
+    return replicated + split + scores
+
+
+@jit
+def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) -> float:
+    """Micro-batch chunks whose activations a device holds at its peak.
+
+    GPipe: all m. 1F1B: p - stage (at most m). Interleaved (Megatron-LM's
+    warm-up count + 1): 2 (p - stage - 1) + (v - 1) p + 1 chunks of 1/v of the
+    device's layers (at most m v), i.e. p (1 + (p-1)/(p v)) stage-equivalents
+    on the first stage (Narayanan et al. 2021, section 2.2).
+    Returned in chunks; divide by v for stage-equivalents.
+    """
+    if schedule == SCHEDULE_GPIPE:
+        return m
+    if schedule == SCHEDULE_INTERLEAVED:
+        return min(2.0 * (p - stage - 1.0) + (v - 1.0) * p + 1.0, m * v)
+    return min(p - stage, m)
+
+
+@jit
+def model_flop_per_sequence(model, s: float) -> float:
+    """Forward FLOP of the whole model for one sequence (causal attention)."""
+    h = model.hidden
+    q = model.heads * model.head_dim
+    kv = model.kv_heads * model.head_dim
+    per_layer = 2.0 * s * h * (q + 2.0 * kv) + 2.0 * s * q * h
+    per_layer += 2.0 * s * h * model.ffn * (3.0 if model.glu > 0 else 2.0)
+    per_layer += 2.0 * s * s * q  # causal: half of 4 s^2 heads head_dim
+    return model.layers * per_layer + 2.0 * s * h * model.vocab
+
+
+@jit
+def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_micro,
+                 model, dev, tiers, tiles, work, out):
+    """Fill ``out`` (length N_OUT) for one candidate."""
+    t = float(tp)
+    p = float(pp)
+    d = float(dp)
+    c = float(cp)
+    v = float(vpp)
+    b = float(mb)
+    m = float(n_micro)
+    sp = sp_flag != 0 and tp > 1
+    s = work.seq_len
+    ab = work.act_bytes
+    flash = work.flash_attention > 0
+    h = model.hidden
+    dh = model.head_dim
+    tokens = b * s / c
+    heads = model.heads / t
+    kv = model.kv_heads / t
+    f = model.ffn / t
+    q_out = heads * dh
+    kv_out = kv * dh
+
+    # ---- one layer, one micro-batch, one device
+    f1, b1, _ = gemm_fwd_bwd_s(tokens, q_out + 2.0 * kv_out, h, dev, tiles, ab)
+    f2, b2, _ = gemm_fwd_bwd_s(tokens, h, q_out, dev, tiles, ab)
+    f3, b3, _ = gemm_fwd_bwd_s(tokens, (2.0 if model.glu > 0 else 1.0) * f, h, dev, tiles, ab)
+    f4, b4, _ = gemm_fwd_bwd_s(tokens, h, f, dev, tiles, ab)
+    attn_f, attn_b, _ = attention_fwd_bwd_s(b, s / c, s, heads, kv, dh, True, flash, dev, ab)
+    norm_tokens = tokens / t if sp else tokens
+    mem_bytes = 10.0 * norm_tokens * h * ab  # 2 norms (read+write), 2 residual adds (2 reads+write)
+    n_kernels = 4.0
+    if model.dropout > 0:
+        mem_bytes += 5.0 * norm_tokens * h * ab
+        n_kernels += 2.0
+    mem_bytes += 2.0 * tokens * (q_out + kv_out) * ab  # rotary embedding on Q and K
+    mem_bytes += (3.0 if model.glu > 0 else 2.0) * tokens * f * ab  # activation function
+    n_kernels += 2.0
+    mb_f = memory_bound_s(mem_bytes, n_kernels, dev)
+    layer_fwd = f1 + f2 + f3 + f4 + attn_f + mb_f
+    layer_bwd = b1 + b2 + b3 + b4 + attn_b + 2.0 * mb_f
+
+    msg = tokens * h * ab
+    if sp:
+        tp_layer = 2.0 * collective_time_s(ALL_GATHER, t, 1.0, msg, tiers) + 2.0 * collective_time_s(
+            REDUCE_SCATTER, t, 1.0, msg, tiers)
+    else:
+        tp_layer = 2.0 * collective_time_s(ALL_REDUCE, t, 1.0, msg, tiers)
+
+    cp_f = 0.0
+    cp_b = 0.0
+    if cp > 1:  # ring attention: K and V chunks pass c - 1 times, overlapped with the attention core
+        kv_chunk = b * (s / c) * 2.0 * kv_out * ab
+        ring = (c - 1.0) * collective_time_s(SEND_RECV, c, t, kv_chunk, tiers)
+        cp_f = max(0.0, ring - attn_f)
+        cp_b = max(0.0, 2.0 * ring - attn_b)
+
+    rc_compute = 0.0
+    rc_comm = 0.0
+    if recompute == RECOMPUTE_FULL:
+        rc_compute = layer_fwd
+        rc_comm = tp_layer + cp_f
+    elif recompute == RECOMPUTE_SELECTIVE:
+        rc_compute = attn_f
+
+    # ---- embedding (first device) and output head + loss (last device)
+    emb_f = memory_bound_s(2.0 * tokens * h * ab, 1.0, dev)
+    emb_b = memory_bound_s(3.0 * tokens * h * ab, 1.0, dev)
+    emb_comm = collective_time_s(REDUCE_SCATTER if sp else ALL_REDUCE, t, 1.0, msg, tiers)
+    if sp:
+        emb_comm += collective_time_s(ALL_GATHER, t, 1.0, msg, tiers)
+    hf, hb, _ = gemm_fwd_bwd_s(tokens, model.vocab / t, h, dev, tiles, ab)
+    logits = tokens * model.vocab / t
+    head_f = hf + memory_bound_s(2.0 * norm_tokens * h * ab + 12.0 * logits, 4.0, dev)
+    head_b = hb + memory_bound_s(2.0 * norm_tokens * h * ab + 8.0 * logits, 3.0, dev)
+    head_comm = 2.0 * collective_time_s(ALL_REDUCE, t, 1.0, 4.0 * tokens, tiers)  # max and sum of the loss
+    if sp:
+        head_comm += collective_time_s(ALL_GATHER, t, 1.0, msg, tiers) + collective_time_s(
+            REDUCE_SCATTER, t, 1.0, msg, tiers)
+
+    # ---- per device: forward and backward of one micro-batch
+    layers_dev = model.layers / p
+    lp = layer_params(model, t)
+    emb_params = model.vocab * h / t
+    t_max = -1.0
+    t_sum = 0.0
+    best_compute = 0.0
+    best_tp = 0.0
+    best_cp = 0.0
+    best_f = 0.0
+    best_b = 0.0
+    best_rc = 0.0
+    params_max = 0.0
+    for stage in range(pp):
+        fwd_compute = layers_dev * layer_fwd
+        bwd_compute = layers_dev * (layer_bwd + rc_compute)
+        tp_time = layers_dev * (2.0 * tp_layer + rc_comm)
+        cp_time = layers_dev * (cp_f + cp_b)
+        params = layers_dev * lp
+        if stage == 0:
+            fwd_compute += emb_f
+            bwd_compute += emb_b
+            tp_time += emb_comm
+            params += emb_params
+        if stage == pp - 1:
+            fwd_compute += head_f
+            bwd_compute += head_b
+            tp_time += head_comm
+            params += h
+            if model.tied_embeddings == 0 or pp > 1:
+                params += emb_params
+        total = fwd_compute + bwd_compute + tp_time + cp_time
+        t_sum += total
+        params_max = max(params_max, params)
+        if total > t_max:
+            t_max = total
+            best_compute = fwd_compute + bwd_compute
+            best_tp = tp_time
+            best_cp = cp_time
+            best_f = fwd_compute + layers_dev * (tp_layer + cp_f)
+            best_b = total - best_f
+            best_rc = layers_dev * (rc_compute + rc_comm)
+
+    # ---- pipeline schedule (closed form over unequal stages)
+    if schedule == SCHEDULE_INTERLEAVED:
+        pipe = m * t_max + (t_sum - t_max) / v
+    else:
+        pipe = m * t_max + (t_sum - t_max)
+    bubble = pipe - m * t_max
+    p2p_msg = msg / t if sp else msg
+    t_p2p = collective_time_s(SEND_RECV, p, t * c * d, p2p_msg, tiers)
+    pp_comm = 2.0 * (p - 1.0) * t_p2p * (v if schedule == SCHEDULE_INTERLEAVED else 1.0)
+
+    # ---- data parallel (gradients over the DP x CP group, stride tp)
+    dc = d * c
+    grad_total = params_max * work.grad_bytes
+    param_total = params_max * work.weight_bytes
+    dp_comm = 0.0
+    if dc > 1:
+        if zero >= 3:
+            per_micro = 2.0 * collective_time_s(ALL_GATHER, dc, t, param_total, tiers) + collective_time_s(
+                REDUCE_SCATTER, dc, t, grad_total, tiers)
+            dp_comm = max(0.0, m * per_micro - m * t_max)
+        elif zero >= 1:
+            dp_comm = max(0.0, collective_time_s(REDUCE_SCATTER, dc, t, grad_total, tiers) - best_b)
+            dp_comm += max(0.0, collective_time_s(ALL_GATHER, dc, t, param_total, tiers) - best_f)
+        else:
+            dp_comm = max(0.0, collective_time_s(ALL_REDUCE, dc, t, grad_total, tiers) - best_b)
+
+    opt_shard = params_max / dc if zero >= 1 else params_max
+    optimizer = memory_bound_s(ADAM_BYTES_PER_PARAM * opt_shard, 1.0, dev)
+
+    step = pipe + pp_comm + dp_comm + optimizer
+    out[O_STEP] = step
+    out[O_COMPUTE] = m * best_compute
+    out[O_TP] = m * best_tp
+    out[O_CP] = m * best_cp
+    out[O_PP] = pp_comm
+    out[O_DP] = dp_comm
+    out[O_BUBBLE] = bubble
+    out[O_OPT] = optimizer
+    out[O_RECOMPUTE] = m * best_rc
+    out[O_FWD] = best_f
+    out[O_BWD] = best_b
+    out[O_TOKENS] = work.global_batch * s / (step * work.devices)
+    flop = 3.0 * work.global_batch * model_flop_per_sequence(model, s)
+    out[O_FLOP] = flop
+    out[O_MFU] = flop / (step * work.devices * dev.peak_flops_per_s)
+
+    # ---- memory per device; the peak over stages
+    act_layer = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    work_layer = 0.0
+    if recompute == RECOMPUTE_FULL:  # one layer's full activations live while it is recomputed
+        work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab)
+    peak = -1.0
+    for stage in range(pp):
+        params = layers_dev * lp
+        if stage == 0:
+            params += emb_params
+        if stage == pp - 1:
+            params += h
+            if model.tied_embeddings == 0 or pp > 1:
+                params += emb_params
+        if zero >= 3:
+            weights = params * work.weight_bytes / dc + 2.0 * lp * work.weight_bytes
+        else:
+            weights = params * work.weight_bytes
+        grads = params * work.grad_bytes / (dc if zero >= 2 else 1.0)
+        optim = params * work.optimizer_bytes / (dc if zero >= 1 else 1.0)
+        chunks = in_flight_chunks(schedule, p, v, m, float(stage))
+        layers_chunk = layers_dev / v if schedule == SCHEDULE_INTERLEAVED else layers_dev
+        acts = chunks * layers_chunk * act_layer + work_layer
+        if stage == pp - 1:
+            acts += 4.0 * logits  # fp32 logits of the loss, one micro-batch
+        total = weights + grads + optim + acts + dev.memory_overhead_bytes
+        if total > peak:
+            peak = total
+            out[O_MW] = weights
+            out[O_MG] = grads
+            out[O_MO] = optim
+            out[O_MA] = acts
+            out[O_MSTAGE] = stage
+    out[O_MOV] = dev.memory_overhead_bytes
+    out[O_MPEAK] = peak
+    fits = peak <= dev.hbm_capacity_bytes
+    out[O_FEAS] = 1.0 if fits else 0.0
+    out[O_REASON] = FEASIBLE_OK if fits else FEASIBLE_OUT_OF_MEMORY
+
+
+@jit(parallel=True)
+def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro,
+                  model, dev, tiers, tiles, work):
+    """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS order."""
+    n = tp.shape[0]
+    out = np.empty((n, N_OUT), dtype=np.float64)
+    for i in prange(n):
+        # records are indexed inside the loop: numba's parfor lowering cannot
+        # pass a record hoisted out of it (llvm type mismatch, numba 0.68)
+        evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], zero[i], schedule[i],
+                     n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
+    return out

@@ -1,0 +1,184 @@
+"""Encode a strategy space into columns: one row per valid candidate.
+
+The space is the Cartesian product of its dimensions' values, flattened in C
+order (the last dimension varies fastest), so every combination has a stable
+``row_id``. A chunk of that flat range is encoded with vectorized masks; each
+dropped combination is charged to the first rule it breaks (``Reason`` order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from spaces.catalog import LoadedSpace
+from spaces.enums import Dtype, Recompute, Reason, Schedule, label, labels, parse
+from spaces.errors import CatalogError
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One strategy dimension: its column name, storage type and meaning."""
+
+    name: str
+    dtype: type[np.generic]
+    enum: type[IntEnum] | None
+    doc: str
+
+
+#: Every strategy dimension, in the order of the product (slowest first).
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("tp", np.int32, None, "tensor-parallel size"),
+    Dimension("pp", np.int32, None, "pipeline-parallel size (stages)"),
+    Dimension("dp", np.int32, None, "data-parallel size"),
+    Dimension("cp", np.int32, None, "context-parallel size"),
+    Dimension("vpp", np.int32, None, "virtual pipeline chunks per device"),
+    Dimension("micro_batch", np.int32, None, "sequences per micro-batch"),
+    Dimension("recompute", np.int8, Recompute, "activation recomputation"),
+    Dimension("sequence_parallel", np.int8, None, "Megatron sequence parallelism (0/1)"),
+    Dimension("zero", np.int8, None, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
+    Dimension("schedule", np.int8, Schedule, "pipeline schedule"),
+)
+DIMENSION_NAMES = tuple(d.name for d in DIMENSIONS)
+BY_NAME = {d.name: d for d in DIMENSIONS}
+
+#: Columns the encoder derives from the dimensions.
+DERIVED = {
+    "row_id": (np.int64, "index of the combination in the space's flat product"),
+    "n_microbatches": (np.int32, "micro-batches per pipeline per step: global_batch / (dp * micro_batch)"),
+}
+
+
+def dimension_values(space: LoadedSpace) -> dict[str, np.ndarray]:
+    """Each dimension's allowed values as an integer array, checked."""
+    spec = space.spec
+    out: dict[str, np.ndarray] = {}
+    for dim in DIMENSIONS:
+        raw = getattr(spec.dimensions, dim.name)
+        where = f"dimensions.{dim.name}"
+        if raw is None:  # dp omitted: every divisor of the device count
+            raw = tuple(d for d in range(1, spec.devices + 1) if spec.devices % d == 0)
+        if len(raw) == 0:
+            raise CatalogError(space.source, where, list(raw), "at least one value")
+        if len(set(raw)) != len(raw):
+            raise CatalogError(space.source, where, list(raw), "distinct values")
+        if dim.enum is not None:
+            try:
+                raw = tuple(int(parse(dim.enum, v)) for v in raw)
+            except ValueError:
+                bad = next(v for v in raw if v not in labels(dim.enum))
+                raise CatalogError(space.source, where, bad, f"one of {labels(dim.enum)}") from None
+        out[dim.name] = np.asarray([int(v) for v in raw], dtype=dim.dtype)
+    return out
+
+
+def check_space(space: LoadedSpace) -> None:
+    """Space-level checks beyond the schema (precision known to the hardware)."""
+    spec = space.spec
+    if spec.dtype not in labels(Dtype):
+        raise CatalogError(space.source, "dtype", spec.dtype, f"one of {labels(Dtype)}")
+    peaks = space.hardware.device.peak_TFLOP_per_s
+    if spec.dtype not in peaks:
+        raise CatalogError(space.source, "dtype", spec.dtype, f"a precision {space.hardware.name} has: {sorted(peaks)}")
+
+
+@dataclass
+class Encoded:
+    """A chunk of a space: the kept rows' columns and what was dropped."""
+
+    columns: dict[str, np.ndarray]
+    n_combinations: int
+    #: combinations charged to each Reason (index = Reason value; [VALID] = kept)
+    first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
+    #: combinations that break each rule at all (a row may break several)
+    breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.columns["row_id"].shape[0])
+
+
+class Encoder:
+    """Encodes a loaded space chunk by chunk; checks it once on construction."""
+
+    def __init__(self, space: LoadedSpace) -> None:
+        check_space(space)
+        self.space = space
+        self.values = dimension_values(space)
+        self.shape = tuple(len(self.values[n]) for n in DIMENSION_NAMES)
+        self.n_combinations = int(np.prod(self.shape, dtype=np.int64))
+
+    def encode(self, start: int = 0, stop: int | None = None) -> Encoded:
+        """Rows ``start:stop`` of the flat product, filtered."""
+        stop = self.n_combinations if stop is None else min(stop, self.n_combinations)
+        flat = np.arange(start, stop, dtype=np.int64)
+        index = np.unravel_index(flat, self.shape)
+        cols = {n: self.values[n][i] for n, i in zip(DIMENSION_NAMES, index)}
+        reason, breaks = self._reasons(cols)
+        keep = reason == Reason.VALID
+        out = {n: np.ascontiguousarray(c[keep]) for n, c in cols.items()}
+        out["row_id"] = flat[keep]
+        out["n_microbatches"] = (self.space.spec.global_batch // (out["dp"] * out["micro_batch"])).astype(np.int32)
+        return Encoded(
+            columns=out,
+            n_combinations=int(flat.shape[0]),
+            first_reason=np.bincount(reason, minlength=len(Reason)).astype(np.int64),
+            breaks=breaks,
+        )
+
+    def chunks(self, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[Encoded]:
+        """Consecutive chunks of at most ``chunk_rows`` combinations."""
+        stop = self.n_combinations if stop is None else min(stop, self.n_combinations)
+        for lo in range(start, stop, chunk_rows):
+            yield self.encode(lo, min(lo + chunk_rows, stop))
+
+    def encode_all(self) -> Encoded:
+        return self.encode(0, self.n_combinations)
+
+    def _reasons(self, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        spec, model = self.space.spec, self.space.model
+        tp, pp, dp, cp, vpp, mb = (c[n].astype(np.int64) for n in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))
+        interleaved = c["schedule"] == Schedule.INTERLEAVED
+        per_step = dp * mb
+        n_micro = np.where(spec.global_batch % per_step == 0, spec.global_batch // per_step, 0)
+        rules: dict[Reason, np.ndarray] = {
+            Reason.DEVICE_COUNT: tp * pp * dp * cp != spec.devices,
+            Reason.TP_HEADS: (model.heads % tp != 0) | (model.kv_heads % tp != 0) | (model.ffn % tp != 0),
+            Reason.PP_LAYERS: model.layers % (pp * vpp) != 0,
+            Reason.CP_SEQUENCE: (cp > 1) & (spec.seq_len % (2 * cp) != 0),
+            Reason.BATCH: spec.global_batch % per_step != 0,
+            Reason.VPP_SCHEDULE: (vpp > 1) != interleaved,
+            Reason.INTERLEAVE_MICROBATCHES: interleaved & (n_micro % pp != 0),
+            Reason.PP1_SCHEDULE: (pp == 1) & (c["schedule"] != Schedule.ONE_F_ONE_B),
+            Reason.SP_WITHOUT_TP: (c["sequence_parallel"] != 0) & (tp == 1),
+            Reason.ZERO_WITHOUT_DP: (c["zero"] > 0) & (dp * cp == 1),
+        }
+        reason = np.zeros(tp.shape[0], dtype=np.int64)
+        breaks = np.zeros(len(Reason), np.int64)
+        for code, broken in rules.items():  # dict order = Reason order = precedence
+            reason[(reason == 0) & broken] = int(code)
+            breaks[int(code)] = int(broken.sum())
+        return reason, breaks
+
+
+REASON_TEXT: dict[Reason, str] = {
+    Reason.VALID: "valid candidates",
+    Reason.DEVICE_COUNT: "tp*pp*dp*cp != devices",
+    Reason.TP_HEADS: "tp does not divide heads, kv_heads and ffn",
+    Reason.PP_LAYERS: "pp*vpp does not divide layers",
+    Reason.CP_SEQUENCE: "2*cp does not divide seq_len",
+    Reason.BATCH: "dp*micro_batch does not divide global_batch",
+    Reason.VPP_SCHEDULE: "vpp>1 without the interleaved schedule (or interleaved with vpp=1)",
+    Reason.INTERLEAVE_MICROBATCHES: "interleaved schedule with micro-batches not divisible by pp",
+    Reason.PP1_SCHEDULE: "pp=1: schedules coincide, only 1f1b kept",
+    Reason.SP_WITHOUT_TP: "sequence_parallel with tp=1 (same as without)",
+    Reason.ZERO_WITHOUT_DP: "zero>0 with dp*cp=1 (nothing to shard)",
+}
+
+
+def enum_labels(dim: Dimension) -> list[str] | None:
+    """Names of an enum dimension's codes in code order (for output columns)."""
+    return None if dim.enum is None else [label(m) for m in sorted(dim.enum)]

@@ -1,0 +1,91 @@
+"""Every enumerated value of paraspace, defined once.
+
+Enums are small integers in the encoded arrays and in the kernels; their names
+(the spelling used in TOML files, on the command line and in Parquet output)
+live here. ``kernels.codes`` mirrors the integer values for jitted code (the
+kernels package may not import this one); ``tests/test_enums.py`` pins the
+mirror to these definitions.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Recompute(IntEnum):
+    """Activation recomputation (Korthikanti et al. 2022, section 4)."""
+
+    NONE = 0  #: keep every activation
+    SELECTIVE = 1  #: recompute the attention core only
+    FULL = 2  #: keep each layer's input, recompute the whole layer
+
+
+class Schedule(IntEnum):
+    """Pipeline schedule (modeling.md section 6)."""
+
+    GPIPE = 0  #: all forwards, then all backwards; holds m micro-batches
+    ONE_F_ONE_B = 1  #: warm-up, steady one-forward-one-backward, cool-down
+    INTERLEAVED = 2  #: interleaved 1F1B with vpp virtual chunks per device
+
+
+class Dtype(IntEnum):
+    """GEMM precision of a training run."""
+
+    BF16 = 0
+    FP16 = 1
+    FP8 = 2
+    TF32 = 3
+    FP32 = 4
+    INT8 = 5
+
+
+class Reason(IntEnum):
+    """Why a combination of strategy values is not a candidate.
+
+    The encoder applies the rules in this order; a dropped combination is
+    charged to the first rule it breaks. ``VALID`` marks a kept row.
+    """
+
+    VALID = 0
+    DEVICE_COUNT = 1  #: tp * pp * dp * cp != devices
+    TP_HEADS = 2  #: tp does not divide heads, kv_heads or ffn
+    PP_LAYERS = 3  #: pp * vpp does not divide the layers
+    CP_SEQUENCE = 4  #: 2 * cp does not divide the sequence (load-balanced causal CP)
+    BATCH = 5  #: dp * micro_batch does not divide the global batch
+    VPP_SCHEDULE = 6  #: vpp > 1 needs the interleaved schedule and it needs vpp > 1
+    INTERLEAVE_MICROBATCHES = 7  #: interleaving needs micro-batches divisible by pp
+    PP1_SCHEDULE = 8  #: with pp == 1 the schedules coincide; only 1f1b is kept
+    SP_WITHOUT_TP = 9  #: sequence parallel with tp == 1 is the same row without it
+    ZERO_WITHOUT_DP = 10  #: ZeRO with one data-parallel rank shards nothing
+
+
+class Feasibility(IntEnum):
+    """Whether an evaluated candidate can run, and if not why."""
+
+    OK = 0
+    OUT_OF_MEMORY = 1  #: peak device memory exceeds HBM capacity
+
+
+#: How each enum is spelt in TOML, on the command line and in Parquet.
+#: Lower-case member names, except where the field's literature spells it otherwise.
+_SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
+    Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved"},
+}
+
+
+def label(member: IntEnum) -> str:
+    """The user-facing name of an enum member (``Recompute.FULL`` -> ``"full"``)."""
+    return _SPELLING.get(type(member), {}).get(member, member.name.lower())
+
+
+def labels(enum: type[IntEnum]) -> list[str]:
+    """User-facing names of every member, in value order."""
+    return [label(m) for m in sorted(enum)]
+
+
+def parse(enum: type[IntEnum], text: str) -> IntEnum:
+    """The member of ``enum`` spelt ``text``; ``ValueError`` naming the choices otherwise."""
+    for member in enum:
+        if label(member) == text:
+            return member
+    raise ValueError(f"{text!r} is not one of {labels(enum)}")

@@ -1,0 +1,270 @@
+"""Typed, validated records of the catalog: hardware, models, strategy spaces.
+
+Each record is a frozen pydantic model in strict mode: an unknown key, a value
+of the wrong type or out of range is refused. Fields carry their unit in the
+name in the units people read off datasheets (``hbm_bandwidth_GB_per_s``,
+``latency_us``); the ``*_bytes``/``*_per_s``/``*_s`` properties convert to SI,
+and only those reach the kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spaces.enums import Dtype, labels
+from spaces.errors import MISSING, CatalogError
+
+GIB = 1024**3  #: bytes in a GiB (binary: capacities)
+GB = 1e9  #: bytes in a GB (decimal: bandwidths, as vendors quote them)
+TFLOP = 1e12
+
+Positive = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Text = Annotated[str, Field(min_length=1)]
+
+
+class Record(BaseModel):
+    """Base of every catalog record: frozen, strict, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class LinkTier(Record):
+    """One level of the interconnect, innermost first (NVLink, then the NIC, ...)."""
+
+    name: Text
+    #: devices that reach each other over this tier or a faster one (NVLink: 8);
+    #: omitted on the outermost tier, which spans the whole cluster
+    domain_devices: PositiveInt | None = None
+    #: unidirectional bandwidth per device
+    bandwidth_GB_per_s: Positive
+    #: per-message start-up cost (alpha) per algorithm step
+    latency_us: NonNegative
+    #: achieved bus bandwidth / link bandwidth for large messages (nccl-tests busbw)
+    efficiency: Fraction = 1.0
+    #: devices that share one link of this tier (1 = a NIC per device)
+    shared_by: PositiveInt = 1
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_GB_per_s * GB
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class Device(Record):
+    """One accelerator (a chip, or one die of a multi-die card)."""
+
+    #: dense tensor-core peak per GEMM precision (keys: Dtype labels)
+    peak_TFLOP_per_s: dict[str, Positive]
+    hbm_capacity_GiB: Positive
+    hbm_bandwidth_GB_per_s: Positive
+    #: streaming multiprocessors (or equivalent) for wave quantization
+    compute_units: PositiveInt
+    launch_overhead_us: NonNegative
+    #: achieved / peak FLOP/s of a large, perfectly tiled GEMM
+    gemm_max_efficiency: Fraction
+    #: output tile shapes (rows, cols) the GEMM library chooses from
+    gemm_tiles: tuple[tuple[PositiveInt, PositiveInt], ...]
+    #: achieved / peak FLOP/s of the FlashAttention-2 kernels
+    attention_efficiency: Fraction
+    #: achieved / peak HBM bandwidth of memory-bound kernels
+    memory_efficiency: Fraction
+    #: memory the framework holds beyond the model's tensors
+    #: (CUDA context, communication buffers, allocator fragmentation)
+    memory_overhead_GiB: NonNegative
+
+    @model_validator(mode="after")
+    def _known_dtypes(self) -> Device:
+        for key in self.peak_TFLOP_per_s:
+            if key not in labels(Dtype):
+                raise ValueError(f"peak_TFLOP_per_s.{key}: unknown precision; expected one of {labels(Dtype)}")
+        if not self.gemm_tiles:
+            raise ValueError("gemm_tiles: expected at least one (rows, cols) tile")
+        return self
+
+    @property
+    def hbm_capacity_bytes(self) -> float:
+        return self.hbm_capacity_GiB * GIB
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_GB_per_s * GB
+
+    @property
+    def launch_overhead_s(self) -> float:
+        return self.launch_overhead_us * 1e-6
+
+    @property
+    def memory_overhead_bytes(self) -> float:
+        return self.memory_overhead_GiB * GIB
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        return self.peak_TFLOP_per_s[dtype] * TFLOP
+
+
+class Hardware(Record):
+    """A cluster: identical devices joined by a hierarchy of link tiers."""
+
+    name: Text
+    description: Text
+    device: Device
+    links: tuple[LinkTier, ...]
+
+    @model_validator(mode="after")
+    def _tiers_nest(self) -> Hardware:
+        if not self.links:
+            raise ValueError("links: expected at least one link tier")
+        sizes = [t.domain_devices for t in self.links]
+        if sizes[-1] is not None:
+            raise ValueError("links: the outermost tier must omit domain_devices (it spans the cluster)")
+        inner = [s for s in sizes[:-1]]
+        if any(s is None for s in inner):
+            raise ValueError("links: only the outermost tier may omit domain_devices")
+        for a, b in zip(inner, inner[1:]):
+            if b <= a or b % a:  # type: ignore[operator]
+                raise ValueError(f"links: domain_devices must grow by whole multiples, got {inner}")
+        return self
+
+
+# --------------------------------------------------------------------------- models
+
+
+class Model(Record):
+    """A transformer's architecture. Dense for now; MoE/MLA tables come later."""
+
+    name: Text
+    description: Text
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    #: per-head width; hidden / heads when omitted
+    head_dim: PositiveInt | None = None
+    #: intermediate width of the MLP
+    ffn: PositiveInt
+    vocab: PositiveInt
+    #: gated MLP with three matrices (SwiGLU); two matrices (GeLU) otherwise
+    glu: bool
+    #: linear layers carry biases (GPT-2/3 style)
+    bias: bool = False
+    #: the output head shares the embedding matrix
+    tied_embeddings: bool = False
+    #: dropout after attention and MLP (adds masks to the stored activations)
+    dropout: bool = False
+
+    @model_validator(mode="after")
+    def _heads(self) -> Model:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads: {self.kv_heads} must divide heads = {self.heads}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"head_dim: hidden = {self.hidden} is not a multiple of heads = {self.heads}; give head_dim")
+        return self
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+
+# --------------------------------------------------------------------------- spaces
+
+Values = tuple[Any, ...]
+
+
+class Dimensions(Record):
+    """The values each strategy dimension may take. Omitted: its default."""
+
+    tp: tuple[PositiveInt, ...] = (1,)
+    pp: tuple[PositiveInt, ...] = (1,)
+    #: omitted (or "auto"): every divisor of the device count
+    dp: tuple[PositiveInt, ...] | None = None
+    cp: tuple[PositiveInt, ...] = (1,)
+    vpp: tuple[PositiveInt, ...] = (1,)
+    micro_batch: tuple[PositiveInt, ...] = (1,)
+    recompute: tuple[str, ...] = ("none",)
+    sequence_parallel: tuple[bool, ...] = (False,)
+    zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)
+    schedule: tuple[str, ...] = ("1f1b",)
+
+
+class SpaceSpec(Record):
+    """A strategy space as written in TOML (model and hardware by reference)."""
+
+    name: Text
+    description: Text
+    #: catalog name or path of a model TOML
+    model: Text
+    #: catalog name or path of a hardware TOML
+    hardware: Text
+    devices: PositiveInt
+    #: sequences per optimizer step
+    global_batch: PositiveInt
+    seq_len: PositiveInt
+    dtype: Text = "bf16"
+    flash_attention: bool = True
+    dimensions: Dimensions = Dimensions()
+
+
+def validate(record: type[Record], data: dict[str, Any], source: str) -> Any:
+    """Build ``record`` from ``data``; a ``CatalogError`` naming source, field, value otherwise."""
+    try:
+        return record.model_validate(_tuples(data))
+    except ValidationError as err:
+        raise _as_catalog_error(record, err, data, source) from None
+
+
+def _tuples(value: Any) -> Any:
+    """TOML arrays as tuples (strict mode wants the declared container type)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+def _as_catalog_error(record: type[Record], err: ValidationError, data: dict, source: str) -> CatalogError:
+    first = err.errors()[0]
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("int", "float", "none")))]
+    field = ".".join(str(p) for p in loc) or "(record)"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return CatalogError(source, field, first["input"], f"no such key; known keys: {sorted(_fields_at(record, loc[:-1]))}")
+    if kind == "missing":
+        return CatalogError(source, field, MISSING, "a value (this field is required)")
+    if kind == "value_error":  # from a model_validator: the message already names the field
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        sub, _, rest = msg.partition(": ")
+        value = _lookup(data, loc + sub.split("."))
+        return CatalogError(source, ".".join(map(str, loc + [sub])).lstrip("."), value, rest)
+    expected = str(first["msg"]).replace("Input should be ", "").replace("Input ", "")
+    return CatalogError(source, field, first.get("input", MISSING), expected)
+
+
+def _fields_at(record: type[Record], loc: list) -> set[str]:
+    cls: Any = record
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        ann = cls.model_fields[part].annotation
+        cls = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, Record)), ann)
+        if hasattr(ann, "__args__") and not (isinstance(cls, type) and issubclass(cls, Record)):
+            cls = next(a for a in ann.__args__ if isinstance(a, type) and issubclass(a, Record))
+    return set(cls.model_fields)
+
+
+def _lookup(data: Any, path: list) -> Any:
+    for part in path:
+        try:
+            data = data[int(part)] if isinstance(data, list | tuple) else data[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return MISSING
+    return data
