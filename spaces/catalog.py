@@ -35,19 +35,19 @@ def names(kind: str) -> list[str]:
     return sorted(p.stem for p in (CATALOG_DIR / folder).glob("*.toml"))
 
 
-def resolve(kind: str, ref: str, *, relative_to: Path | None = None) -> Path:
-    """The file behind a catalog name or a path."""
+def resolve(kind: str, ref: str, *, relative_to: Path | None = None, source: str = "command line") -> Path:
+    """The file behind a catalog name or a path; ``source`` names the referrer in errors."""
     folder, _ = KINDS[kind]
     as_path = Path(ref)
     if relative_to is not None and not as_path.is_absolute():
         as_path = relative_to / as_path
     if ref.endswith(".toml") or as_path.exists():
         if not as_path.is_file():
-            raise CatalogError(relative_to or "command line", kind, ref, "an existing TOML file")
+            raise CatalogError(source, kind, ref, "an existing TOML file")
         return as_path
     candidate = CATALOG_DIR / folder / f"{ref}.toml"
     if not candidate.is_file():
-        raise CatalogError(relative_to or "command line", kind, ref, f"a {kind} TOML path or one of {names(kind)}")
+        raise CatalogError(source, kind, ref, f"a {kind} TOML path or one of {names(kind)}")
     return candidate
 
 
@@ -68,7 +68,7 @@ def read_with_extends(kind: str, path: Path, seen: tuple[Path, ...] = ()) -> dic
         return raw
     if not isinstance(base_ref, str):
         raise CatalogError(path, "extends", base_ref, f"the name or path of a {kind} to extend")
-    base_path = resolve(kind, base_ref, relative_to=None if _is_name(base_ref) else path.parent)
+    base_path = resolve(kind, base_ref, relative_to=None if _is_name(base_ref) else path.parent, source=str(path))
     if base_path.resolve() in seen:
         raise CatalogError(path, "extends", base_ref, "no cycle of extends")
     return _merge(read_with_extends(kind, base_path, (*seen, path.resolve())), raw)
@@ -81,19 +81,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(kind: str, ref: str, *, relative_to: Path | None = None) -> Any:
+def load(kind: str, ref: str, *, relative_to: Path | None = None, source: str = "command line") -> Any:
     """Load and validate a catalog record of ``kind`` by name or path."""
-    path = resolve(kind, ref, relative_to=relative_to)
+    path = resolve(kind, ref, relative_to=relative_to, source=source)
     _, record = KINDS[kind]
     return validate(record, read_with_extends(kind, path), str(path))
 
 
-def load_hardware(ref: str, *, relative_to: Path | None = None) -> Hardware:
-    return load("hardware", ref, relative_to=relative_to)
+def load_hardware(ref: str, *, relative_to: Path | None = None, source: str = "command line") -> Hardware:
+    return load("hardware", ref, relative_to=relative_to, source=source)
 
 
-def load_model(ref: str, *, relative_to: Path | None = None) -> Model:
-    return load("model", ref, relative_to=relative_to)
+def load_model(ref: str, *, relative_to: Path | None = None, source: str = "command line") -> Model:
+    return load("model", ref, relative_to=relative_to, source=source)
 
 
 @dataclass(frozen=True)
@@ -108,18 +108,36 @@ class LoadedSpace:
     raw: dict[str, Any]
 
 
-def load_space(ref: str) -> LoadedSpace:
+def load_space(ref: str, overrides: dict[str, Any] | None = None) -> LoadedSpace:
+    """A space by catalog name or path; ``overrides`` replace top-level keys
+    (model, hardware, devices, ...) as given on the command line, where paths
+    are relative to the working directory rather than to the space file."""
     path = resolve("space", ref)
     raw = read_toml(path)
+    source = str(path)
+    if overrides:
+        raw = {**raw, **{k: _absolute(v) for k, v in overrides.items()}}
+        source += f" (with command-line {', '.join(sorted(overrides))})"
+    return space_from_raw(raw, source, path.parent)
+
+
+def space_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> LoadedSpace:
+    """Validate a space given as a TOML-shaped dict; model/hardware paths resolve against ``base_dir``."""
     data = dict(raw)
     dims = dict(data.get("dimensions", {}))
     if dims.get("dp") == "auto":  # explicit spelling of the default
         dims.pop("dp")
         data["dimensions"] = dims
-    spec = validate(SpaceSpec, data, str(path))
-    model = load_model(spec.model, relative_to=path.parent if not _is_name(spec.model) else None)
-    hardware = load_hardware(spec.hardware, relative_to=path.parent if not _is_name(spec.hardware) else None)
-    return LoadedSpace(spec=spec, model=model, hardware=hardware, source=str(path), raw=raw)
+    spec = validate(SpaceSpec, data, source)
+    model = load_model(spec.model, relative_to=None if _is_name(spec.model) else base_dir, source=source)
+    hardware = load_hardware(spec.hardware, relative_to=None if _is_name(spec.hardware) else base_dir, source=source)
+    return LoadedSpace(spec=spec, model=model, hardware=hardware, source=source, raw=raw)
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, str) and not _is_name(value):
+        return str(Path(value).resolve())
+    return value
 
 
 def _is_name(ref: str) -> bool:

@@ -25,22 +25,25 @@ class Dimension:
 
     name: str
     dtype: type[np.generic]
-    enum: type[IntEnum] | None
     doc: str
+    #: values are members of this enum (stored as their codes)
+    enum: type[IntEnum] | None = None
+    #: values are 0/1 flags
+    boolean: bool = False
 
 
 #: Every strategy dimension, in the order of the product (slowest first).
 DIMENSIONS: tuple[Dimension, ...] = (
-    Dimension("tp", np.int32, None, "tensor-parallel size"),
-    Dimension("pp", np.int32, None, "pipeline-parallel size (stages)"),
-    Dimension("dp", np.int32, None, "data-parallel size"),
-    Dimension("cp", np.int32, None, "context-parallel size"),
-    Dimension("vpp", np.int32, None, "virtual pipeline chunks per device"),
-    Dimension("micro_batch", np.int32, None, "sequences per micro-batch"),
-    Dimension("recompute", np.int8, Recompute, "activation recomputation"),
-    Dimension("sequence_parallel", np.int8, None, "Megatron sequence parallelism (0/1)"),
-    Dimension("zero", np.int8, None, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
-    Dimension("schedule", np.int8, Schedule, "pipeline schedule"),
+    Dimension("tp", np.int32, "tensor-parallel size"),
+    Dimension("pp", np.int32, "pipeline-parallel size (stages)"),
+    Dimension("dp", np.int32, "data-parallel size"),
+    Dimension("cp", np.int32, "context-parallel size"),
+    Dimension("vpp", np.int32, "virtual pipeline chunks per device"),
+    Dimension("micro_batch", np.int32, "sequences per micro-batch"),
+    Dimension("recompute", np.int8, "activation recomputation", enum=Recompute),
+    Dimension("sequence_parallel", np.int8, "Megatron sequence parallelism", boolean=True),
+    Dimension("zero", np.int8, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
+    Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
 )
 DIMENSION_NAMES = tuple(d.name for d in DIMENSIONS)
 BY_NAME = {d.name: d for d in DIMENSIONS}
@@ -53,14 +56,19 @@ DERIVED = {
 
 
 def dimension_values(space: LoadedSpace) -> dict[str, np.ndarray]:
-    """Each dimension's allowed values as an integer array, checked."""
+    """Each dimension's allowed values as an integer array, checked.
+
+    An omitted ``dp`` is the single placeholder value 0: the encoder derives it
+    per row as devices / (tp * pp * cp), so the product never enumerates data-
+    parallel sizes that cannot fill the cluster."""
     spec = space.spec
     out: dict[str, np.ndarray] = {}
     for dim in DIMENSIONS:
         raw = getattr(spec.dimensions, dim.name)
         where = f"dimensions.{dim.name}"
-        if raw is None:  # dp omitted: every divisor of the device count
-            raw = tuple(d for d in range(1, spec.devices + 1) if spec.devices % d == 0)
+        if raw is None:  # dp omitted: derived per row as devices / (tp * pp * cp)
+            out[dim.name] = np.zeros(1, dtype=dim.dtype)
+            continue
         if len(raw) == 0:
             raise CatalogError(space.source, where, list(raw), "at least one value")
         if len(set(raw)) != len(raw):
@@ -108,6 +116,7 @@ class Encoder:
         check_space(space)
         self.space = space
         self.values = dimension_values(space)
+        self.derive_dp = space.spec.dimensions.dp is None
         self.shape = tuple(len(self.values[n]) for n in DIMENSION_NAMES)
         self.n_combinations = int(np.prod(self.shape, dtype=np.int64))
 
@@ -117,6 +126,10 @@ class Encoder:
         flat = np.arange(start, stop, dtype=np.int64)
         index = np.unravel_index(flat, self.shape)
         cols = {n: self.values[n][i] for n, i in zip(DIMENSION_NAMES, index)}
+        if self.derive_dp:
+            others = cols["tp"].astype(np.int64) * cols["pp"] * cols["cp"]
+            devices = self.space.spec.devices
+            cols["dp"] = np.where(devices % others == 0, devices // others, 0).astype(cols["dp"].dtype)
         reason, breaks = self._reasons(cols)
         keep = reason == Reason.VALID
         out = {n: np.ascontiguousarray(c[keep]) for n, c in cols.items()}
@@ -142,19 +155,20 @@ class Encoder:
         spec, model = self.space.spec, self.space.model
         tp, pp, dp, cp, vpp, mb = (c[n].astype(np.int64) for n in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))
         interleaved = c["schedule"] == Schedule.INTERLEAVED
-        per_step = dp * mb
+        has_dp = dp > 0  # a derived dp is 0 where tp * pp * cp does not divide the devices
+        per_step = np.maximum(dp, 1) * mb
         n_micro = np.where(spec.global_batch % per_step == 0, spec.global_batch // per_step, 0)
         rules: dict[Reason, np.ndarray] = {
             Reason.DEVICE_COUNT: tp * pp * dp * cp != spec.devices,
             Reason.TP_HEADS: (model.heads % tp != 0) | (model.kv_heads % tp != 0) | (model.ffn % tp != 0),
             Reason.PP_LAYERS: model.layers % (pp * vpp) != 0,
             Reason.CP_SEQUENCE: (cp > 1) & (spec.seq_len % (2 * cp) != 0),
-            Reason.BATCH: spec.global_batch % per_step != 0,
+            Reason.BATCH: has_dp & (spec.global_batch % per_step != 0),
             Reason.VPP_SCHEDULE: (vpp > 1) != interleaved,
-            Reason.INTERLEAVE_MICROBATCHES: interleaved & (n_micro % pp != 0),
+            Reason.INTERLEAVE_MICROBATCHES: has_dp & interleaved & (n_micro % pp != 0),
             Reason.PP1_SCHEDULE: (pp == 1) & (c["schedule"] != Schedule.ONE_F_ONE_B),
             Reason.SP_WITHOUT_TP: (c["sequence_parallel"] != 0) & (tp == 1),
-            Reason.ZERO_WITHOUT_DP: (c["zero"] > 0) & (dp * cp == 1),
+            Reason.ZERO_WITHOUT_DP: has_dp & (c["zero"] > 0) & (dp * cp == 1),
         }
         reason = np.zeros(tp.shape[0], dtype=np.int64)
         breaks = np.zeros(len(Reason), np.int64)
@@ -178,7 +192,3 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.ZERO_WITHOUT_DP: "zero>0 with dp*cp=1 (nothing to shard)",
 }
 
-
-def enum_labels(dim: Dimension) -> list[str] | None:
-    """Names of an enum dimension's codes in code order (for output columns)."""
-    return None if dim.enum is None else [label(m) for m in sorted(dim.enum)]

@@ -47,16 +47,16 @@ class Reason(IntEnum):
     """
 
     VALID = 0
-    DEVICE_COUNT = 1  #: tp * pp * dp * cp != devices
+    DEVICE_COUNT = 1  #: tp * pp * dp * cp != devices (derived dp: tp * pp * cp does not divide devices)
     TP_HEADS = 2  #: tp does not divide heads, kv_heads or ffn
     PP_LAYERS = 3  #: pp * vpp does not divide the layers
     CP_SEQUENCE = 4  #: 2 * cp does not divide the sequence (load-balanced causal CP)
-    BATCH = 5  #: dp * micro_batch does not divide the global batch
+    BATCH = 5  #: dp * micro_batch does not divide the global batch (rows with a dp only)
     VPP_SCHEDULE = 6  #: vpp > 1 needs the interleaved schedule and it needs vpp > 1
-    INTERLEAVE_MICROBATCHES = 7  #: interleaving needs micro-batches divisible by pp
+    INTERLEAVE_MICROBATCHES = 7  #: interleaving needs micro-batches divisible by pp (rows with a dp only)
     PP1_SCHEDULE = 8  #: with pp == 1 the schedules coincide; only 1f1b is kept
     SP_WITHOUT_TP = 9  #: sequence parallel with tp == 1 is the same row without it
-    ZERO_WITHOUT_DP = 10  #: ZeRO with one data-parallel rank shards nothing
+    ZERO_WITHOUT_DP = 10  #: ZeRO with dp * cp == 1 shards nothing (rows with a dp only)
 
 
 class Feasibility(IntEnum):

@@ -185,7 +185,7 @@ class Dimensions(Record):
 
     tp: tuple[PositiveInt, ...] = (1,)
     pp: tuple[PositiveInt, ...] = (1,)
-    #: omitted (or "auto"): every divisor of the device count
+    #: omitted (or "auto"): derived per candidate as devices / (tp * pp * cp)
     dp: tuple[PositiveInt, ...] | None = None
     cp: tuple[PositiveInt, ...] = (1,)
     vpp: tuple[PositiveInt, ...] = (1,)

@@ -1,0 +1,249 @@
+"""The ``paraspace`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import polars as pl
+
+from explorer.evaluate import pack
+from explorer.sweep import DEFAULT_CHUNK, enum_labels, evaluate_encoded, result_schema, run_sweep
+from results.rank import top
+from results.writer import to_arrow
+from spaces import catalog
+from spaces.catalog import LoadedSpace
+from spaces.encode import DIMENSION_NAMES, Encoder
+from spaces.enums import Reason
+from spaces.errors import CatalogError
+
+DEFAULT_SPACE = "llama3-70b-h100-1024"
+GIB = 1024**3
+#: columns shown in the top-N table after the strategy columns
+TOP_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_bytes", "feasible")
+
+
+class InputError(click.ClickException):
+    """Bad user input: printed as 'error: ...', exit status 2."""
+
+    exit_code = 2
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def _guard(fn):  # noqa: ANN001, ANN202 - decorator
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CatalogError as err:
+            raise InputError(str(err)) from None
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="paraspace")
+def main() -> None:
+    """Evaluate parallel strategies for LLM training: step time and memory per device, ranked."""
+
+
+@main.command("catalog")
+def catalog_cmd() -> None:
+    """List the shipped hardware profiles, models and strategy spaces."""
+    for kind, entries in catalog.describe().items():
+        click.echo(f"{kind}:")
+        width = max(len(n) for n, _ in entries)
+        for name, desc in entries:
+            click.echo(f"  {name:<{width}}  {desc}")
+
+
+def _overrides(model: str | None, hardware: str | None, devices: int | None) -> dict[str, Any]:
+    given = {"model": model, "hardware": hardware, "devices": devices}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
+    from spaces.encode import REASON_TEXT
+
+    lines = [f"{'rule':<26}{'removed':>12}{'breaks':>12}  meaning", "-" * 100]
+    for reason in Reason:
+        if reason == Reason.VALID:
+            continue
+        lines.append(f"{reason.name.lower():<26}{int(first[reason]):>12,}{int(breaks[reason]):>12,}  {REASON_TEXT[reason]}")
+    lines.append("-" * 100)
+    lines.append(f"{'kept':<26}{int(first[Reason.VALID]):>12,}{'':>12}  of {n_combinations:,} combinations")
+    lines.append("removed: charged to the first rule a combination breaks; breaks: combinations breaking the rule at all")
+    return "\n".join(lines)
+
+
+def _top_table(frame: pl.DataFrame) -> str:
+    shown = frame.select(
+        [*DIMENSION_NAMES, "n_microbatches"]
+        + [pl.col(c) for c in TOP_METRICS if c != "mem_peak_bytes"]
+        + [(pl.col("mem_peak_bytes") / GIB).round(1).alias("mem_peak_GiB")]
+    ).with_columns(pl.col("step_time_s").round(3), pl.col("tokens_per_s_per_gpu").round(0), pl.col("mfu").round(3))
+    with pl.Config(tbl_rows=len(shown), tbl_cols=len(shown.columns), tbl_width_chars=250,
+                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+        return str(shown)
+
+
+@main.command()
+@click.argument("space", required=False, default=None)
+@click.option("--space", "space_opt", default=None, help="Space name or TOML path (same as the argument).")
+@click.option("--model", default=None, help="Replace the space's model (catalog name or TOML path).")
+@click.option("--hardware", default=None, help="Replace the space's hardware (catalog name or TOML path).")
+@click.option("--devices", type=int, default=None, help="Replace the space's device count.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Output Parquet file [default: results/SPACE.parquet].")
+@click.option("-n", "--top", "n_top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Rows of the ranking to print.")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=DEFAULT_CHUNK, show_default=True,
+              help="Combinations encoded and evaluated per chunk.")
+@click.option("--explain", is_flag=True, help="Print how many combinations each validity rule removed.")
+@click.option("--dry-run", is_flag=True, help="Encode and explain only; evaluate and write nothing.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
+@_guard
+def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
+          out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool) -> None:
+    """Evaluate every candidate of a strategy space and write them ranked to Parquet.
+
+    With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
+    if space and space_opt and space != space_opt:
+        raise InputError(f"command line: space given twice ({space!r} and {space_opt!r}): expected one")
+    loaded = catalog.load_space(space or space_opt or DEFAULT_SPACE, _overrides(model, hardware, devices))
+    encoder = Encoder(loaded)
+    if dry_run:
+        enc = encoder.encode_all() if encoder.n_combinations <= 50_000_000 else None
+        if enc is None:
+            raise InputError(f"{loaded.source}: space = {encoder.n_combinations:,} combinations: expected at most "
+                             "50,000,000 for --dry-run")
+        click.echo(explain_table(enc.first_reason, enc.breaks, enc.n_combinations))
+        return
+    target = out or Path("results") / f"{loaded.spec.name}.parquet"
+    summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress)
+    if summary.n_rows == 0:
+        click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
+        raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "
+                         f"one valid candidate (see the table above; {target} holds no rows)")
+    spec = loaded.spec
+    click.echo(f"{spec.name}: {loaded.model.name} on {spec.devices} x {loaded.hardware.name}, "
+               f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}")
+    click.echo(f"{summary.n_combinations:,} combinations -> {summary.n_rows:,} candidates "
+               f"({summary.n_feasible:,} fit in memory) in {summary.seconds:.2f} s "
+               f"({summary.n_combinations / max(summary.seconds, 1e-9):,.0f} combinations/s)")
+    click.echo(f"wrote {summary.path}")
+    if explain:
+        click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations))
+    if n_top:
+        click.echo(f"top {n_top} by step time (feasible first):")
+        click.echo(_top_table(top(summary.path, n_top)))
+
+
+def _parse_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text.strip()
+
+
+def _eval_space(space: str | None, model: str | None, hardware: str | None, devices: int | None,
+                global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]) -> LoadedSpace:
+    dims: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY one of {list(DIMENSION_NAMES)}")
+        dims[key.strip()] = (_parse_value(value),)
+    if space:
+        base = catalog.read_toml(catalog.resolve("space", space))
+        raw = {k: base[k] for k in ("model", "hardware", "devices", "global_batch", "seq_len", "dtype",
+                                    "flash_attention") if k in base}
+        base_dir = catalog.resolve("space", space).parent
+    else:
+        raw, base_dir = {}, Path.cwd()
+    given = {"model": model, "hardware": hardware, "devices": devices, "global_batch": global_batch,
+             "seq_len": seq_len, "dtype": dtype}
+    raw.update({k: v for k, v in given.items() if v is not None})
+    for key in ("model", "hardware", "devices", "global_batch", "seq_len"):
+        if key not in raw:
+            raise InputError(f"command line: --{key.replace('_', '-')} = (missing): expected a value (or --space)")
+    if "dp" not in dims and isinstance(raw["devices"], int):
+        others = 1
+        for key in ("tp", "pp", "cp"):
+            value = dims.get(key, (1,))[0]
+            others *= value if isinstance(value, int) and value > 0 else 1
+        if raw["devices"] % others:
+            raise InputError(f"command line: tp*pp*cp = {others}: expected a divisor of devices = {raw['devices']}")
+        dims["dp"] = (raw["devices"] // others,)
+    raw.update(name="eval", description="one configuration from the command line", dimensions=dims)
+    return catalog.space_from_raw(raw, "command line", base_dir)
+
+
+@main.command("eval")
+@click.option("--space", default=None, help="Take model, hardware, devices, batch and sequence from this space.")
+@click.option("--model", default=None, help="Model: catalog name or TOML path.")
+@click.option("--hardware", default=None, help="Hardware: catalog name or TOML path.")
+@click.option("--devices", type=int, default=None, help="Number of devices.")
+@click.option("--global-batch", type=int, default=None, help="Sequences per optimizer step.")
+@click.option("--seq-len", type=int, default=None, help="Tokens per sequence.")
+@click.option("--dtype", default=None, help="GEMM precision (bf16, fp16, fp8, ...) [default: bf16].")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A strategy value, e.g. --set tp=8 --set recompute=selective (dp defaults to devices/(tp*pp*cp)).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the Parquet column names.")
+@_guard
+def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices: int | None,
+             global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
+             as_json: bool) -> None:
+    """Evaluate one configuration and print its metrics and breakdown."""
+    from spaces.encode import REASON_TEXT
+
+    loaded = _eval_space(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    enc = Encoder(loaded).encode_all()
+    if enc.n_rows != 1:
+        reason = Reason(int(enc.first_reason[1:].argmax()) + 1)
+        strategy = " ".join(f"{k}={v[0]}" for k, v in loaded.raw["dimensions"].items())
+        raise InputError(f"command line: {strategy}: expected a valid configuration, but {REASON_TEXT[reason]} "
+                         f"(rule {reason.name.lower()})")
+    cols = evaluate_encoded(pack(loaded), enc)
+    row = to_arrow(cols, result_schema(), enum_labels()).to_pylist()[0]
+    if as_json:
+        click.echo(json.dumps(row))
+        return
+    click.echo(_report(loaded, row))
+
+
+def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
+    spec = loaded.spec
+    step = row["step_time_s"]
+    lines = [
+        f"{loaded.model.name} on {spec.devices} x {loaded.hardware.name}, "
+        f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}",
+        "strategy: " + " ".join(f"{n}={row[n]}" for n in DIMENSION_NAMES) + f" (n_microbatches={row['n_microbatches']})",
+        f"step time {step:.4f} s   tokens/s/gpu {row['tokens_per_s_per_gpu']:,.0f}   MFU {100 * row['mfu']:.1f}%",
+        "time breakdown (bottleneck device):",
+    ]
+    for col in ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s"):
+        lines.append(f"  {col:<14}{row[col]:>10.4f} s  {100 * row[col] / step:5.1f}%")
+    lines.append(f"  {'(recompute_s)':<14}{row['recompute_s']:>10.4f} s  included above")
+    cap = loaded.hardware.device.hbm_capacity_bytes
+    lines.append(f"memory (stage {row['mem_peak_stage']}, the most loaded device):")
+    for col in ("mem_weights_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_activations_bytes",
+                "mem_overhead_bytes"):
+        lines.append(f"  {col:<22}{row[col] / GIB:>8.2f} GiB")
+    verdict = "fits" if row["feasible"] else f"does NOT fit ({row['infeasible_reason']})"
+    lines.append(f"  {'mem_peak_bytes':<22}{row['mem_peak_bytes'] / GIB:>8.2f} GiB of {cap / GIB:.1f} GiB: {verdict}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""``paraspace sweep``: encode -> evaluate in chunks -> stream to Parquet."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from explorer.evaluate import Packed, evaluate, pack
+from results import schema
+from results.writer import ResultWriter, arrow_schema, to_arrow
+from spaces.catalog import LoadedSpace, catalog_hash
+from spaces.encode import DIMENSIONS, Encoded, Encoder
+from spaces.enums import Feasibility, Reason, labels
+
+#: combinations encoded and evaluated per chunk: bounds memory whatever the space size
+DEFAULT_CHUNK = 1 << 20
+
+
+def paraspace_version() -> str:
+    try:
+        return version("paraspace")
+    except PackageNotFoundError:  # running from a source tree without installation
+        return "0+unknown"
+
+
+def strategy_columns() -> list[tuple[str, pa.DataType, str]]:
+    """(name, Arrow type, doc) of each strategy column, from the dimension table."""
+    out = []
+    for dim in DIMENSIONS:
+        if dim.enum is not None:
+            typ = pa.dictionary(pa.int8(), pa.string())
+        elif dim.boolean:
+            typ = pa.bool_()
+        else:
+            typ = pa.from_numpy_dtype(dim.dtype)
+        out.append((dim.name, typ, dim.doc))
+    return out
+
+
+def enum_labels() -> dict[str, list[str]]:
+    """Dictionary values of every enum column, indexed by code."""
+    out = {d.name: labels(d.enum) for d in DIMENSIONS if d.enum is not None}
+    out["infeasible_reason"] = labels(Feasibility)
+    return out
+
+
+def result_schema() -> pa.Schema:
+    return arrow_schema(strategy_columns(), schema.METRICS)
+
+
+def column_docs() -> dict[str, dict[str, str]]:
+    docs = {name: {"unit": "enum" if pa.types.is_dictionary(t) else "value", "doc": doc}
+            for name, t, doc in strategy_columns()}
+    for col in (schema.ROW_ID, schema.N_MICROBATCHES, *schema.METRICS):
+        docs[col.name] = {"unit": col.unit, "doc": col.doc}
+    return docs
+
+
+def evaluate_encoded(packed: Packed, enc: Encoded) -> dict[str, np.ndarray]:
+    """Strategy and metric columns of one encoded chunk."""
+    return {**enc.columns, **evaluate(packed, enc.columns)}
+
+
+@dataclass
+class SweepSummary:
+    path: Path
+    n_combinations: int = 0
+    n_rows: int = 0
+    n_feasible: int = 0
+    first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
+    breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
+    seconds: float = 0.0
+
+    def encoding(self) -> dict[str, object]:
+        return {
+            "n_combinations": self.n_combinations,
+            "n_rows": self.n_rows,
+            "n_feasible": self.n_feasible,
+            "dropped_first": {r.name.lower(): int(self.first_reason[r]) for r in Reason if r != Reason.VALID},
+            "breaks": {r.name.lower(): int(self.breaks[r]) for r in Reason if r != Reason.VALID},
+        }
+
+
+def provenance(space: LoadedSpace) -> dict[str, object]:
+    return {
+        schema.META_VERSION: paraspace_version(),
+        schema.META_SPACE: {
+            "source": space.source,
+            "toml": space.raw,
+            "model": space.model.model_dump(),
+            "hardware": space.hardware.model_dump(),
+        },
+        schema.META_CATALOG: catalog_hash(),
+    }
+
+
+def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK, progress: bool = True,
+              start: int = 0, stop: int | None = None) -> SweepSummary:
+    """Evaluate combinations ``start:stop`` of ``space`` and write them to ``out``."""
+    encoder = Encoder(space)
+    packed = pack(space)
+    stop = encoder.n_combinations if stop is None else min(stop, encoder.n_combinations)
+    summary = SweepSummary(path=out)
+    began = time.perf_counter()
+    labels_ = enum_labels()
+    table_schema = result_schema()
+    with ResultWriter(out, table_schema, provenance(space), column_docs()) as writer, tqdm(
+        total=stop - start, unit="comb", unit_scale=True, disable=None if progress else True,
+        desc=space.spec.name, leave=False,
+    ) as bar:
+        for enc in encoder.chunks(chunk_rows, start, stop):
+            cols = evaluate_encoded(packed, enc)
+            writer.write(to_arrow(cols, table_schema, labels_))
+            summary.n_combinations += enc.n_combinations
+            summary.n_rows += enc.n_rows
+            summary.n_feasible += int(np.count_nonzero(cols["feasible"]))
+            summary.first_reason += enc.first_reason
+            summary.breaks += enc.breaks
+            bar.update(enc.n_combinations)
+            bar.set_postfix(rows=summary.n_rows, feasible=summary.n_feasible, refresh=False)
+        summary.seconds = time.perf_counter() - began
+        writer.close({schema.META_ENCODING: summary.encoding()})
+    return summary

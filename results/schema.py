@@ -1,0 +1,66 @@
+"""The Parquet schema: every metric column's name, unit, storage type and meaning.
+
+This is the one place that names output columns. Strategy columns come from
+the space's dimension table (``spaces.encode.DIMENSIONS``) and are passed in
+by the explorer; metric columns are the kernels' outputs
+(``kernels.training.OUTPUTS``, pinned to this table by ``tests/test_schema.py``).
+Units are in the names (``_s`` seconds, ``_bytes`` bytes, ``_per_s`` rates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    doc: str
+
+
+#: Identity and derived columns written before the strategy columns.
+ROW_ID = Column("row_id", pa.int64(), "index", "position of the combination in the space's flat product (stable id)")
+N_MICROBATCHES = Column("n_microbatches", pa.int32(), "count", "micro-batches per pipeline per step")
+
+#: Metric columns, in output order.
+METRICS: tuple[Column, ...] = (
+    Column("step_time_s", pa.float64(), "s", "predicted time of one optimizer step"),
+    Column("compute_s", pa.float64(), "s", "compute on the bottleneck device: GEMMs, attention, memory-bound ops, recompute"),
+    Column("tp_comm_s", pa.float64(), "s", "exposed tensor-parallel collectives (incl. vocab-parallel embedding and loss)"),
+    Column("cp_comm_s", pa.float64(), "s", "context-parallel K/V ring traffic not hidden behind attention"),
+    Column("pp_comm_s", pa.float64(), "s", "pipeline send/recv on the fill and drain critical path"),
+    Column("dp_comm_s", pa.float64(), "s", "data-parallel gradient / ZeRO traffic not hidden behind backward or forward"),
+    Column("bubble_s", pa.float64(), "s", "pipeline bubble: idle time of the bottleneck device"),
+    Column("optimizer_s", pa.float64(), "s", "Adam update of this device's shard"),
+    Column("recompute_s", pa.float64(), "s", "part of compute_s and tp_comm_s spent recomputing activations"),
+    Column("stage_fwd_s", pa.float64(), "s", "forward of one micro-batch on the bottleneck device"),
+    Column("stage_bwd_s", pa.float64(), "s", "backward of one micro-batch on the bottleneck device"),
+    Column("tokens_per_s_per_gpu", pa.float64(), "tokens/s", "global_batch * seq_len / (step_time_s * devices)"),
+    Column("mfu", pa.float64(), "fraction", "model FLOP (3 passes, causal attention) / (step time * devices * dense peak)"),
+    Column("model_flop_per_step", pa.float64(), "FLOP", "model FLOP of one step: 3 x forward, causal attention, no recompute"),
+    Column("mem_weights_bytes", pa.float64(), "bytes", "16-bit weights on the peak-memory device"),
+    Column("mem_grads_bytes", pa.float64(), "bytes", "fp32 main gradients on the peak-memory device"),
+    Column("mem_optimizer_bytes", pa.float64(), "bytes", "fp32 master weights and Adam moments on the peak-memory device"),
+    Column("mem_activations_bytes", pa.float64(), "bytes", "activations held at the schedule's peak (and fp32 logits on the last stage)"),
+    Column("mem_overhead_bytes", pa.float64(), "bytes", "framework overhead from the hardware profile"),
+    Column("mem_peak_bytes", pa.float64(), "bytes", "peak memory of the most loaded device"),
+    Column("mem_peak_stage", pa.int32(), "index", "pipeline stage of the most loaded device"),
+    Column("feasible", pa.bool_(), "bool", "mem_peak_bytes fits in HBM"),
+    Column("infeasible_reason", pa.dictionary(pa.int8(), pa.string()), "enum", "why not feasible ('ok' when feasible)"),
+)
+METRIC_NAMES = tuple(c.name for c in METRICS)
+BY_NAME = {c.name: c for c in (ROW_ID, N_MICROBATCHES, *METRICS)}
+
+#: default ranking: feasible first, then fastest, then least memory
+RANK_BY = ("step_time_s", "mem_peak_bytes")
+
+#: metadata keys in the Parquet footer
+META_VERSION = "paraspace.version"
+META_SPACE = "paraspace.space"
+META_CATALOG = "paraspace.catalog_sha256"
+META_ENCODING = "paraspace.encoding"
+META_COLUMNS = "paraspace.columns"

@@ -1,0 +1,100 @@
+"""Streaming Parquet output that never looks complete before it is.
+
+Batches are appended to ``NAME.partial`` next to the target; ``close()``
+writes the footer (with metadata known only at the end, such as the encoder's
+reason counts) and atomically renames it onto the target. If the writer exits
+with an exception (Ctrl-C included) the partial file is removed and any
+earlier complete file at the target is left untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from results.schema import BY_NAME, META_COLUMNS, Column
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def arrow_schema(strategy: list[tuple[str, pa.DataType, str]], metrics: tuple[Column, ...]) -> pa.Schema:
+    """Schema of a result file: row id, strategy columns, n_microbatches, metrics."""
+    fields = [pa.field(BY_NAME["row_id"].name, BY_NAME["row_id"].type, nullable=False)]
+    fields += [pa.field(name, typ, nullable=False) for name, typ, _ in strategy]
+    fields.append(pa.field(BY_NAME["n_microbatches"].name, BY_NAME["n_microbatches"].type, nullable=False))
+    fields += [pa.field(c.name, c.type, nullable=False) for c in metrics]
+    return pa.schema(fields)
+
+
+def to_arrow(columns: dict[str, np.ndarray], schema: pa.Schema, labels: dict[str, list[str]]) -> pa.Table:
+    """Columns (enum codes as integers) as a table of ``schema``; enum codes become dictionary strings."""
+    arrays = []
+    for field in schema:
+        values = columns[field.name]
+        if pa.types.is_dictionary(field.type):
+            names = pa.array(labels[field.name], type=pa.string())
+            arrays.append(pa.DictionaryArray.from_arrays(pa.array(values.astype(np.int8)), names))
+        elif pa.types.is_boolean(field.type):
+            arrays.append(pa.array(values != 0))
+        else:
+            arrays.append(pa.array(values.astype(field.type.to_pandas_dtype(), copy=False)))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class ResultWriter:
+    """Context manager that streams tables into a Parquet file, atomically."""
+
+    def __init__(self, path: str | Path, schema: pa.Schema, metadata: dict[str, Any],
+                 column_docs: dict[str, dict[str, str]]) -> None:
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
+        self.schema = schema.with_metadata({k: _text(v) for k, v in metadata.items()}
+                                           | {META_COLUMNS: json.dumps(column_docs)})
+        self.rows = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    def __enter__(self) -> ResultWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
+        return self
+
+    def write(self, table: pa.Table) -> None:
+        assert self._writer is not None, "write() outside the with-block"
+        if table.num_rows:
+            self._writer.write_table(table)
+            self.rows += table.num_rows
+
+    def close(self, final_metadata: dict[str, Any] | None = None) -> Path:
+        """Finish the file and rename it onto the target; returns the target."""
+        assert self._writer is not None
+        if final_metadata:
+            self._writer.add_key_value_metadata({k: _text(v) for k, v in final_metadata.items()})
+        self._writer.close()
+        self._writer = None
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._writer is not None:  # not closed: an error or interrupt; leave nothing that looks done
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
+                self.partial.unlink(missing_ok=True)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The paraspace key-value metadata of a result file."""
+    meta = pq.ParquetFile(path).metadata.metadata or {}
+    return {k.decode(): v.decode() for k, v in meta.items() if k.startswith(b"paraspace.")}

@@ -1,0 +1,98 @@
+"""Shared fixtures: packed parameter records the kernels take.
+
+Session-scoped (they are read-only arrays), so hypothesis tests may use them.
+Toy records use round numbers for hand-derived expectations; catalog records
+come through the same packing code the explorer uses.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from explorer.evaluate import pack_hardware, pack_model
+from kernels import params
+from spaces.catalog import load_hardware, load_model
+
+GIB = 2.0**30
+
+
+def _device(**overrides: float) -> np.ndarray:
+    """A device with round numbers and ideal efficiencies: 100 TFLOP/s, 1 TB/s
+    HBM, 100 compute units, no launch cost, no framework overhead."""
+    values = dict(
+        peak_flops_per_s=100e12, hbm_bytes_per_s=1e12, hbm_capacity_bytes=80 * GIB, compute_units=100.0,
+        launch_s=0.0, gemm_max_efficiency=1.0, attention_efficiency=1.0, memory_efficiency=1.0,
+        memory_overhead_bytes=0.0,
+    )
+    values.update(overrides)
+    return params.record(params.DEVICE, **values)
+
+
+def _tiers(*levels: tuple[float, float, float]) -> np.ndarray:
+    """Tier records from ``(domain_devices, bytes_per_s, latency_s)``, innermost first."""
+    out = np.zeros(len(levels), dtype=params.TIER)
+    for i, level in enumerate(levels):
+        out[i] = level
+    return out
+
+
+def _workload(**overrides: float) -> np.ndarray:
+    """A bf16 training workload with fp32 main gradients and Adam (2/2/4/12 bytes)."""
+    values = dict(devices=8.0, global_batch=64.0, seq_len=4096.0, act_bytes=2.0, weight_bytes=2.0, grad_bytes=4.0,
+                  optimizer_bytes=12.0, flash_attention=1.0)
+    values.update(overrides)
+    return params.record(params.WORKLOAD, **values)
+
+
+@pytest.fixture(scope="session")
+def make_device():
+    """``make_device(**fields)``: the toy device with some fields changed."""
+    return _device
+
+
+@pytest.fixture(scope="session")
+def make_tiers():
+    """``make_tiers((domain_devices, bytes_per_s, latency_s), ...)``, innermost first."""
+    return _tiers
+
+
+@pytest.fixture(scope="session")
+def make_workload():
+    """``make_workload(**fields)``: the bf16 workload with some fields changed."""
+    return _workload
+
+
+@pytest.fixture(scope="session")
+def toy_dev() -> np.ndarray:
+    return _device()
+
+
+@pytest.fixture(scope="session")
+def toy_tiles() -> np.ndarray:
+    """One 128 x 128 output tile."""
+    return np.array([[128.0, 128.0]])
+
+
+@pytest.fixture(scope="session")
+def h100() -> SimpleNamespace:
+    """H100 SXM5 80GB in bf16: ``device``, ``tiers`` (NVLink 8, IB) and ``tiles``."""
+    device, tier_records, tiles = pack_hardware(load_hardware("h100-sxm5-80gb"), "bf16")
+    return SimpleNamespace(device=device, tiers=tier_records, tiles=tiles)
+
+
+@pytest.fixture(scope="session")
+def llama3_70b() -> np.ndarray:
+    return pack_model(load_model("llama3-70b"))
+
+
+@pytest.fixture(scope="session")
+def llama3_8b() -> np.ndarray:
+    return pack_model(load_model("llama3-8b"))
+
+
+@pytest.fixture(scope="session")
+def gpt3_175b() -> np.ndarray:
+    return pack_model(load_model("gpt3-175b"))

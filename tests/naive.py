@@ -1,0 +1,448 @@
+"""Slow, obviously correct references for the kernels (stumpy's ``tests/naive.py``).
+
+Plain Python over plain values: hardware, model and workload are dicts keyed
+by the field names of ``kernels.params`` (``fields`` turns a record into one),
+tiers a list of ``(domain_devices, bytes_per_s, latency_s)`` and tiles a list
+of ``(rows, cols)``. Each function is re-derived from the formula in the
+kernel's docstring or in ``shared/design/modeling.md``, written the long way
+round where there is one (counting ranks by coordinate, summing work per
+stage), never by calling a kernel. The enum codes are spelt out here so that a
+renumbering in ``kernels.codes`` shows up as a failure.
+"""
+
+from __future__ import annotations
+
+import math
+
+# kernels.codes / spaces.enums, spelt out on purpose
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = 0, 1, 2, 3, 4
+NONE, SELECTIVE, FULL = 0, 1, 2
+GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
+ADAM_BYTES_PER_PARAM = 34.0  # read master, m, v, grad (16) + write master, m, v (12) + weight (2) + clip read (4)
+
+
+def fields(rec) -> dict[str, float]:
+    """A one-element record array (or one record) as ``{field: float}``."""
+    row = rec[0] if getattr(rec, "shape", ()) else rec
+    return {name: float(row[name]) for name in row.dtype.names}
+
+
+def tier_list(tiers) -> list[tuple[float, float, float]]:
+    return [(float(t["domain_devices"]), float(t["bytes_per_s"]), float(t["latency_s"])) for t in tiers]
+
+
+def tile_list(tiles) -> list[tuple[float, float]]:
+    return [(float(r[0]), float(r[1])) for r in tiles]
+
+
+# --------------------------------------------------------------------------- ops
+
+
+def tile_efficiency(m, n, units, tiles):
+    """Useful output area over the area the device's tile slots sweep.
+
+    With tile (tm, tn) the output needs ceil(m/tm) * ceil(n/tn) tiles, which
+    run in ceil(count/units) waves; each wave occupies ``units`` slots of
+    tm x tn, so the device sweeps waves * units * tm * tn elements for m * n
+    useful ones. The best tile wins."""
+    best = 0.0
+    for tm, tn in tiles:
+        count = math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(count / units)
+        swept = waves * units * tm * tn
+        best = max(best, m * n / swept)
+    return best
+
+
+def gemm_time_s(m, n, k, dev, tiles, dtype_bytes):
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k
+    achieved = dev["peak_flops_per_s"] * dev["gemm_max_efficiency"] * tile_efficiency(m, n, dev["compute_units"], tiles)
+    operands = m * k + k * n + m * n
+    bandwidth = dev["hbm_bytes_per_s"] * dev["memory_efficiency"]
+    return max(flops / achieved, operands * dtype_bytes / bandwidth) + dev["launch_s"]
+
+
+def gemm_fwd_bwd_s(m, n, k, dev, tiles, dtype_bytes):
+    """Forward (m,k)@(k,n); backward dX (m,n)@(n,k) and dW (k,m)@(m,n)."""
+    fwd = gemm_time_s(m, n, k, dev, tiles, dtype_bytes)
+    d_x = gemm_time_s(m, k, n, dev, tiles, dtype_bytes)
+    d_w = gemm_time_s(k, n, m, dev, tiles, dtype_bytes)
+    return fwd, d_x + d_w
+
+
+def attention_fwd_bwd_s(b, s_q, s_kv, heads, kv_heads, head_dim, causal, flash, dev, dtype_bytes):
+    """FlashAttention-2: QK^T and PV are two GEMMs of 2*b*s_q*s_kv*heads*head_dim
+    FLOP each (half of it causal); backward 2.5x the FLOP and 2x the traffic.
+    Traffic: Q and O (heads), K and V (kv_heads); without flash also the score
+    matrix 4 times."""
+    flops = 2 * (2.0 * b * s_q * s_kv * heads * head_dim)
+    if causal:
+        flops /= 2
+    q_bytes = b * s_q * heads * head_dim * dtype_bytes
+    o_bytes = q_bytes
+    k_bytes = b * s_kv * kv_heads * head_dim * dtype_bytes
+    v_bytes = k_bytes
+    traffic = q_bytes + k_bytes + v_bytes + o_bytes
+    if not flash:
+        traffic += 4 * (b * heads * s_q * s_kv * dtype_bytes)
+    flop_rate = dev["peak_flops_per_s"] * dev["attention_efficiency"]
+    byte_rate = dev["hbm_bytes_per_s"] * dev["memory_efficiency"]
+    fwd = max(flops / flop_rate, traffic / byte_rate) + dev["launch_s"]
+    bwd = max(2.5 * flops / flop_rate, 2 * traffic / byte_rate) + 2 * dev["launch_s"]
+    return fwd, bwd
+
+
+def memory_bound_s(bytes_moved, n_kernels, dev):
+    return bytes_moved / (dev["hbm_bytes_per_s"] * dev["memory_efficiency"]) + n_kernels * dev["launch_s"]
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def flat_time_s(op, n, size_bytes, bytes_per_s, latency_s):
+    """nccl-tests: algorithm steps x alpha + buffer x bus factor / bandwidth."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    if op == SEND_RECV:
+        steps, factor = 1, 1.0
+    elif op == ALL_REDUCE:  # reduce-scatter then all-gather
+        steps, factor = 2 * (n - 1), 2 * (n - 1) / n
+    elif op in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL):
+        steps, factor = n - 1, (n - 1) / n
+    else:
+        raise ValueError(f"unknown collective {op}")
+    return steps * latency_s + size_bytes * factor / bytes_per_s
+
+
+def _same_domain(pos_a, pos_b, domain):
+    """Aligned blocks of ``domain`` devices; domain 0 is the whole cluster."""
+    return domain <= 0 or pos_a // domain == pos_b // domain
+
+
+def _members_by_tier(size, stride, tiers):
+    """Members of the group of rank 0 (positions 0, stride, ...) that share
+    rank 0's tier-i domain, cumulatively, by counting coordinates."""
+    size = int(size)
+    counts = []
+    for domain, _, _ in tiers:
+        counts.append(sum(1 for j in range(size) if _same_domain(0, j * stride, domain)))
+    return counts
+
+
+def collective_time_s(op, size, stride, size_bytes, tiers):
+    """The hierarchical algorithm of ``kernels.collectives``.
+
+    SEND_RECV: the slowest neighbour hop of any of the ``stride`` interleaved
+    pipelines (offset o: devices o + j*stride) sets the message time.
+    Others: walk the tiers innermost first; at tier i the k_(i-1) members
+    already combined by faster tiers form one sub-group, r_i = k_i / k_(i-1)
+    sub-groups combine over tier i, each rank carrying 1/k_(i-1) of the
+    buffer. All-to-all instead sends to each of the k_i - k_(i-1) members that
+    are first reached at tier i its 1/size share of the buffer, with r_i - 1
+    message steps. Valid for domains that are multiples of the stride (or
+    smaller than it), as the catalog's tiers and power-of-two layouts are.
+    """
+    if size <= 1 or size_bytes <= 0:
+        return 0.0
+    if op == SEND_RECV:
+        worst = 0.0
+        for offset in range(int(stride)):
+            for j in range(int(size) - 1):
+                a, b = offset + j * stride, offset + (j + 1) * stride
+                tier = next(i for i, (dom, _, _) in enumerate(tiers) if _same_domain(a, b, dom))
+                _, bw, lat = tiers[tier]
+                worst = max(worst, flat_time_s(SEND_RECV, 2, size_bytes, bw, lat))
+        return worst
+    counts = _members_by_tier(size, stride, tiers)
+    total = 0.0
+    combined = 1
+    for (_, bw, lat), k in zip(tiers, counts):
+        if k > combined:
+            r = k / combined
+            if op == ALL_TO_ALL:
+                new_peers = k - combined
+                total += (r - 1) * lat + new_peers * (size_bytes / size) / bw
+            else:
+                total += flat_time_s(op, r, size_bytes / combined, bw, lat)
+        combined = k
+    return total
+
+
+# --------------------------------------------------------------------------- training
+
+
+def layer_params(model, t):
+    """Per TP rank: column-parallel QKV and up/gate (weights and biases split
+    by t), row-parallel out-proj and down (weights split, biases replicated),
+    two norms (weight, + bias) replicated."""
+    h, dh, f = model["hidden"], model["head_dim"], model["ffn"]
+    q, kv = model["heads"] * dh, model["kv_heads"] * dh
+    glu = model["glu"] > 0
+    bias = model["bias"] > 0
+    up_cols = 2 * f if glu else f
+    split = h * (q + 2 * kv)  # W_qkv
+    split += q * h  # W_o
+    split += h * up_cols  # W_up (and W_gate)
+    split += f * h  # W_down
+    replicated = 2 * h  # two norm weights
+    if bias:
+        split += (q + 2 * kv) + up_cols  # b_qkv, b_up (b_gate)
+        replicated += 2 * h  # norm biases
+        replicated += h + h  # b_o, b_down (added after the TP reduction)
+    return split / t + replicated
+
+
+def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab):
+    """Korthikanti et al. 2022, eq. 1-2, term by term for one layer (tokens
+    b*s/c on this CP rank; 'rep' terms split by t only with SP)."""
+    tokens = b * s / c
+    h, dh = model["hidden"], model["head_dim"]
+    if recompute == FULL:
+        return ab * tokens * h / (t if sp else 1)
+    heads, kv = model["heads"] / t, model["kv_heads"] / t
+    dropout = model["dropout"] > 0
+    rep = 0.0
+    rep += ab * tokens * h  # input of norm 1
+    rep += ab * tokens * h  # input of QKV (norm 1 output)
+    rep += ab * tokens * h  # input of norm 2
+    rep += ab * tokens * h  # input of the MLP (norm 2 output)
+    if dropout:
+        rep += 1 * tokens * h  # attention dropout mask
+        rep += 1 * tokens * h  # MLP dropout mask
+    if sp:
+        rep /= t
+    split = 0.0
+    split += ab * tokens * heads * dh  # Q
+    split += ab * tokens * kv * dh  # K
+    split += ab * tokens * kv * dh  # V
+    split += ab * tokens * heads * dh  # attention output (out-proj input)
+    mlp_tensors = 3 if model["glu"] > 0 else 2  # gate, up, down input | GeLU input, down input
+    split += mlp_tensors * ab * tokens * model["ffn"] / t
+    scores = 0.0
+    elems = b * heads * (s / c) * s
+    if flash:
+        scores = 4.0 * b * heads * (s / c)  # fp32 log-sum-exp per query row
+    elif recompute == NONE:
+        scores = ab * elems  # softmax output
+        if dropout:
+            scores += 1 * elems + ab * elems  # dropout mask and dropout output
+    return rep + split + scores
+
+
+def in_flight_chunks(schedule, p, v, m, stage):
+    if schedule == GPIPE:
+        return m
+    if schedule == INTERLEAVED:
+        warmup = 2 * (p - stage - 1) + (v - 1) * p  # Megatron-LM's warm-up forwards
+        return min(warmup + 1, m * v)
+    return min(p - stage, m)
+
+
+def model_flop_per_sequence(model, s):
+    h, f, dh = model["hidden"], model["ffn"], model["head_dim"]
+    q, kv = model["heads"] * dh, model["kv_heads"] * dh
+    mats = h * (q + 2 * kv) + q * h + (3 if model["glu"] > 0 else 2) * h * f
+    per_layer = 2 * s * mats + 0.5 * 4 * s * s * q
+    return model["layers"] * per_layer + 2 * s * h * model["vocab"]
+
+
+def evaluate_one(strategy, model, dev, tiers, tiles, work):
+    """One candidate, the long way round. ``strategy`` keys: tp pp dp cp vpp
+    mb recompute sp zero schedule n_micro. Returns {OUTPUTS name: value}."""
+    t, p, d, c = (float(strategy[k]) for k in ("tp", "pp", "dp", "cp"))
+    v, b, m = float(strategy["vpp"]), float(strategy["mb"]), float(strategy["n_micro"])
+    recompute, zero, schedule = strategy["recompute"], strategy["zero"], strategy["schedule"]
+    sp = bool(strategy["sp"]) and t > 1
+    pp = int(p)
+    s, ab = work["seq_len"], work["act_bytes"]
+    flash = work["flash_attention"] > 0
+    h, dh, V = model["hidden"], model["head_dim"], model["vocab"]
+    glu, dropout = model["glu"] > 0, model["dropout"] > 0
+    tokens = b * s / c  # per CP rank
+    q_cols = model["heads"] / t * dh
+    kv_cols = model["kv_heads"] / t * dh
+    f_cols = model["ffn"] / t
+
+    def coll(op, size, stride, nbytes):
+        return collective_time_s(op, size, stride, nbytes, tiers)
+
+    # -- one transformer layer, one micro-batch
+    gemms = [
+        gemm_fwd_bwd_s(tokens, q_cols + 2 * kv_cols, h, dev, tiles, ab),  # QKV
+        gemm_fwd_bwd_s(tokens, h, q_cols, dev, tiles, ab),  # out-proj
+        gemm_fwd_bwd_s(tokens, (2 if glu else 1) * f_cols, h, dev, tiles, ab),  # up (+gate)
+        gemm_fwd_bwd_s(tokens, h, f_cols, dev, tiles, ab),  # down
+    ]
+    attn_f, attn_b = attention_fwd_bwd_s(b, s / c, s, model["heads"] / t, model["kv_heads"] / t, dh, True,
+                                         flash, dev, ab)
+    seq_tokens = tokens / t if sp else tokens  # norms/residuals run on the SP shard
+    elementwise = [
+        (2 * 2 * seq_tokens * h * ab, 2),  # two norms: read + write
+        (2 * 3 * seq_tokens * h * ab, 2),  # two residual adds: 2 reads + write
+        (2 * tokens * (q_cols + kv_cols) * ab, 1),  # rotary on Q and K
+        ((3 if glu else 2) * tokens * f_cols * ab, 1),  # activation function
+    ]
+    if dropout:
+        elementwise.append((5 * seq_tokens * h * ab, 2))
+    layer_mem_f = memory_bound_s(sum(x for x, _ in elementwise), sum(n for _, n in elementwise), dev)
+    layer_f = sum(g[0] for g in gemms) + attn_f + layer_mem_f
+    layer_b = sum(g[1] for g in gemms) + attn_b + 2 * layer_mem_f
+
+    act_msg = tokens * h * ab
+    if sp:
+        tp_fwd = 2 * coll(ALL_GATHER, t, 1, act_msg) + 2 * coll(REDUCE_SCATTER, t, 1, act_msg)
+    else:
+        tp_fwd = 2 * coll(ALL_REDUCE, t, 1, act_msg)
+    tp_bwd = tp_fwd
+
+    cp_fwd = cp_bwd = 0.0
+    if c > 1:
+        chunk = b * (s / c) * 2 * kv_cols * ab
+        ring_pass = (c - 1) * coll(SEND_RECV, c, t, chunk)
+        cp_fwd = max(0.0, ring_pass - attn_f)
+        cp_bwd = max(0.0, 2 * ring_pass - attn_b)
+
+    rc_work, rc_comm = 0.0, 0.0
+    if recompute == FULL:
+        rc_work, rc_comm = layer_f, tp_fwd + cp_fwd
+    elif recompute == SELECTIVE:
+        rc_work = attn_f
+
+    # -- embedding, output head and loss
+    embed_f = memory_bound_s(2 * tokens * h * ab, 1, dev)
+    embed_b = memory_bound_s(3 * tokens * h * ab, 1, dev)
+    if sp:
+        embed_comm = coll(REDUCE_SCATTER, t, 1, act_msg) + coll(ALL_GATHER, t, 1, act_msg)
+    else:
+        embed_comm = coll(ALL_REDUCE, t, 1, act_msg)
+    logits = tokens * V / t
+    head_gemm_f, head_gemm_b = gemm_fwd_bwd_s(tokens, V / t, h, dev, tiles, ab)
+    head_f = head_gemm_f + memory_bound_s(2 * seq_tokens * h * ab + 12 * logits, 4, dev)
+    head_b = head_gemm_b + memory_bound_s(2 * seq_tokens * h * ab + 8 * logits, 3, dev)
+    head_comm = coll(ALL_REDUCE, t, 1, 4 * tokens) * 2
+    if sp:
+        head_comm += coll(ALL_GATHER, t, 1, act_msg) + coll(REDUCE_SCATTER, t, 1, act_msg)
+
+    # -- every stage
+    n_layers = model["layers"] / p
+    embedding = V * h / t
+
+    def stage_params(i):
+        total = n_layers * layer_params(model, t)
+        if i == 0:
+            total += embedding
+        if i == pp - 1:
+            total += h  # final norm
+            if model["tied_embeddings"] == 0 or pp > 1:
+                total += embedding  # output matrix (a copy on the last stage when tied)
+        return total
+
+    stages = []
+    for i in range(pp):
+        st = {
+            "compute": n_layers * (layer_f + layer_b + rc_work),
+            "tp": n_layers * (tp_fwd + tp_bwd + rc_comm),
+            "cp": n_layers * (cp_fwd + cp_bwd),
+            "fwd": n_layers * (layer_f + tp_fwd + cp_fwd),
+            "rc": n_layers * (rc_work + rc_comm),
+        }
+        if i == 0:
+            st["compute"] += embed_f + embed_b
+            st["tp"] += embed_comm
+            st["fwd"] += embed_f
+        if i == pp - 1:
+            st["compute"] += head_f + head_b
+            st["tp"] += head_comm
+            st["fwd"] += head_f
+        st["total"] = st["compute"] + st["tp"] + st["cp"]
+        st["bwd"] = st["total"] - st["fwd"]
+        stages.append(st)
+    slowest = stages[0]
+    for st in stages[1:]:
+        if st["total"] > slowest["total"]:
+            slowest = st
+    t_max = slowest["total"]
+    others = sum(st["total"] for st in stages) - t_max
+
+    # -- pipeline: m micro-batches at the slowest stage's pace, plus the fill
+    #    and drain of the other stages (1/v of them when interleaved)
+    busy = m * t_max
+    fill_drain = others / v if schedule == INTERLEAVED else others
+    p2p_bytes = act_msg / t if sp else act_msg
+    hop = coll(SEND_RECV, p, t * c * d, p2p_bytes)
+    pp_comm = 2 * (p - 1) * hop * (v if schedule == INTERLEAVED else 1)
+
+    # -- data parallel over DP x CP
+    group = d * c
+    max_params = max(stage_params(i) for i in range(pp))
+    grads_b = max_params * work["grad_bytes"]
+    weights_b = max_params * work["weight_bytes"]
+    dp_comm = 0.0
+    if group > 1:
+        if zero >= 3:
+            gather_reduce = 2 * coll(ALL_GATHER, group, t, weights_b) + coll(REDUCE_SCATTER, group, t, grads_b)
+            dp_comm = max(0.0, m * (gather_reduce - t_max))
+        elif zero >= 1:
+            dp_comm = max(0.0, coll(REDUCE_SCATTER, group, t, grads_b) - slowest["bwd"])
+            dp_comm += max(0.0, coll(ALL_GATHER, group, t, weights_b) - slowest["fwd"])
+        else:
+            dp_comm = max(0.0, coll(ALL_REDUCE, group, t, grads_b) - slowest["bwd"])
+    optimizer = memory_bound_s(ADAM_BYTES_PER_PARAM * max_params / (group if zero >= 1 else 1), 1, dev)
+
+    step = busy + fill_drain + pp_comm + dp_comm + optimizer
+    flop = 3 * work["global_batch"] * model_flop_per_sequence(model, s)
+    out = {
+        "step_time_s": step,
+        "compute_s": m * slowest["compute"],
+        "tp_comm_s": m * slowest["tp"],
+        "cp_comm_s": m * slowest["cp"],
+        "pp_comm_s": pp_comm,
+        "dp_comm_s": dp_comm,
+        "bubble_s": fill_drain,
+        "optimizer_s": optimizer,
+        "recompute_s": m * slowest["rc"],
+        "stage_fwd_s": slowest["fwd"],
+        "stage_bwd_s": slowest["bwd"],
+        "tokens_per_s_per_gpu": work["global_batch"] * s / step / work["devices"],
+        "mfu": flop / step / work["devices"] / dev["peak_flops_per_s"],
+        "model_flop_per_step": flop,
+    }
+
+    # -- memory, per stage; report the stage with the highest total
+    act = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    recompute_buffer = 0.0
+    if recompute == FULL:
+        recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab)
+    best = None
+    for i in range(pp):
+        params = stage_params(i)
+        if zero >= 3:  # own shard + two gathered layers (current and prefetched)
+            weights = params / group * work["weight_bytes"] + 2 * layer_params(model, t) * work["weight_bytes"]
+        else:
+            weights = params * work["weight_bytes"]
+        grads = params * work["grad_bytes"] / (group if zero >= 2 else 1)
+        optim = params * work["optimizer_bytes"] / (group if zero >= 1 else 1)
+        chunks = in_flight_chunks(schedule, p, v, m, i)
+        stage_equivalents = chunks / v if schedule == INTERLEAVED else chunks
+        acts = stage_equivalents * n_layers * act + recompute_buffer
+        if i == pp - 1:
+            acts += 4 * logits  # fp32 logits
+        total = weights + grads + optim + acts + dev["memory_overhead_bytes"]
+        if best is None or total > best[0]:
+            best = (total, weights, grads, optim, acts, i)
+    total, weights, grads, optim, acts, i = best
+    fits = total <= dev["hbm_capacity_bytes"]
+    out.update({
+        "mem_weights_bytes": weights,
+        "mem_grads_bytes": grads,
+        "mem_optimizer_bytes": optim,
+        "mem_activations_bytes": acts,
+        "mem_overhead_bytes": dev["memory_overhead_bytes"],
+        "mem_peak_bytes": total,
+        "mem_peak_stage": float(i),
+        "feasible": 1.0 if fits else 0.0,
+        "infeasible_reason": 0.0 if fits else 1.0,
+    })
+    return out
