@@ -156,6 +156,21 @@ def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) 
 
 
 @jit
+def stage_params(stage: int, pp: int, layers_dev: float, lp: float, emb_params: float, model) -> float:
+    """Parameters on the device of pipeline stage ``stage``: its layers, the
+    embedding on the first stage, the final norm and output head on the last
+    (tied embeddings share one matrix only when both ends are on one device)."""
+    params = layers_dev * lp
+    if stage == 0:
+        params += emb_params
+    if stage == pp - 1:
+        params += model.hidden
+        if model.tied_embeddings == 0 or pp > 1:
+            params += emb_params
+    return params
+
+
+@jit
 def model_flop_per_sequence(model, s: float) -> float:
     """Forward FLOP of the whole model for one sequence (causal attention)."""
     h = model.hidden
@@ -266,19 +281,15 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
         bwd_compute = layers_dev * (layer_bwd + rc_compute)
         tp_time = layers_dev * (2.0 * tp_layer + rc_comm)
         cp_time = layers_dev * (cp_f + cp_b)
-        params = layers_dev * lp
+        params = stage_params(stage, pp, layers_dev, lp, emb_params, model)
         if stage == 0:
             fwd_compute += emb_f
             bwd_compute += emb_b
             tp_time += emb_comm
-            params += emb_params
         if stage == pp - 1:
             fwd_compute += head_f
             bwd_compute += head_b
             tp_time += head_comm
-            params += h
-            if model.tied_embeddings == 0 or pp > 1:
-                params += emb_params
         total = fwd_compute + bwd_compute + tp_time + cp_time
         t_sum += total
         params_max = max(params_max, params)
@@ -344,13 +355,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
         work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab)
     peak = -1.0
     for stage in range(pp):
-        params = layers_dev * lp
-        if stage == 0:
-            params += emb_params
-        if stage == pp - 1:
-            params += h
-            if model.tied_embeddings == 0 or pp > 1:
-                params += emb_params
+        params = stage_params(stage, pp, layers_dev, lp, emb_params, model)
         if zero >= 3:
             weights = params * work.weight_bytes / dc + 2.0 * lp * work.weight_bytes
         else:

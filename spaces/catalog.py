@@ -123,12 +123,7 @@ def load_space(ref: str, overrides: dict[str, Any] | None = None) -> LoadedSpace
 
 def space_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> LoadedSpace:
     """Validate a space given as a TOML-shaped dict; model/hardware paths resolve against ``base_dir``."""
-    data = dict(raw)
-    dims = dict(data.get("dimensions", {}))
-    if dims.get("dp") == "auto":  # explicit spelling of the default
-        dims.pop("dp")
-        data["dimensions"] = dims
-    spec = validate(SpaceSpec, data, source)
+    spec = validate(SpaceSpec, raw, source)
     model = load_model(spec.model, relative_to=None if _is_name(spec.model) else base_dir, source=source)
     hardware = load_hardware(spec.hardware, relative_to=None if _is_name(spec.hardware) else base_dir, source=source)
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=source, raw=raw)

@@ -195,6 +195,14 @@ class Dimensions(Record):
     zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)
     schedule: tuple[str, ...] = ("1f1b",)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _dp_auto(cls, data: Any) -> Any:
+        """``dp = "auto"`` is the explicit spelling of the default."""
+        if isinstance(data, dict) and data.get("dp") == "auto":
+            return {k: v for k, v in data.items() if k != "dp"}
+        return data
+
 
 class SpaceSpec(Record):
     """A strategy space as written in TOML (model and hardware by reference)."""

@@ -1,0 +1,205 @@
+"""The paraspace CLI end to end on small spaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from explorer.cli import main
+from explorer.sweep import result_schema
+from results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
+from results.writer import read_metadata
+from spaces.catalog import names
+
+SMALL = "llama3-8b-h100-64"
+
+
+def run(*args: str) -> "Result":  # noqa: F821
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sweep") / "small.parquet"
+    result = run("sweep", SMALL, "--out", str(out), "--no-progress", "-n", "5")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_catalog_lists_everything():
+    result = run("catalog")
+    assert result.exit_code == 0
+    for kind in ("hardware", "model", "space"):
+        for name in names(kind):
+            assert name in result.output
+
+
+def test_sweep_writes_ranked_parquet(small_sweep):
+    df = pl.read_parquet(small_sweep)
+    # 2304 combinations of the small space, 840 valid (also counted by test_encode's reference)
+    assert df.height == 840
+    assert df.columns == result_schema().names
+    assert df["row_id"].is_unique().all()
+    steps = df.select(
+        (pl.col("compute_s") + pl.col("tp_comm_s") + pl.col("cp_comm_s") + pl.col("bubble_s") + pl.col("pp_comm_s")
+         + pl.col("dp_comm_s") + pl.col("optimizer_s") - pl.col("step_time_s")).abs().max()
+    ).item()
+    assert steps < 1e-9
+    assert set(df["recompute"].unique()) == {"none", "selective", "full"}
+    assert df.filter(~pl.col("feasible"))["infeasible_reason"].unique().to_list() in ([], ["out_of_memory"])
+
+
+def test_sweep_metadata_has_provenance(small_sweep):
+    meta = read_metadata(small_sweep)
+    assert set(meta) >= {META_VERSION, META_SPACE, META_CATALOG, META_ENCODING}
+    space = json.loads(meta[META_SPACE])
+    assert space["toml"]["name"] == SMALL
+    assert space["model"]["hidden"] == 4096
+    enc = json.loads(meta[META_ENCODING])
+    assert enc["n_rows"] == 840
+    assert enc["n_rows"] + sum(enc["dropped_first"].values()) == enc["n_combinations"] == 2304
+    assert len(meta[META_CATALOG]) == 64
+
+
+def test_sweep_prints_top_table_sorted(small_sweep, tmp_path):
+    out = tmp_path / "again.parquet"
+    result = run("sweep", SMALL, "--out", str(out), "--no-progress", "-n", "3", "--explain")
+    assert result.exit_code == 0
+    assert "840 candidates" in result.output
+    assert "device_count" in result.output and "kept" in result.output
+    best = pl.read_parquet(out).filter(pl.col("feasible")).sort("step_time_s").row(0, named=True)
+    assert f"{best['step_time_s']:.3f}" in result.output
+    # identical inputs give identical files' data (determinism across runs)
+    assert pl.read_parquet(out).equals(pl.read_parquet(small_sweep))
+
+
+def test_dry_run_explains_without_writing(tmp_path):
+    result = run("sweep", SMALL, "--dry-run", "--out", str(tmp_path / "x.parquet"))
+    assert result.exit_code == 0
+    assert "pp1_schedule" in result.output
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_eval_json_matches_the_sweep_row(small_sweep):
+    df = pl.read_parquet(small_sweep)
+    row = df.filter(
+        (pl.col("tp") == 2) & (pl.col("pp") == 2) & (pl.col("cp") == 1) & (pl.col("vpp") == 1)
+        & (pl.col("micro_batch") == 1) & (pl.col("recompute") == "selective") & pl.col("sequence_parallel")
+        & (pl.col("zero") == 1) & (pl.col("schedule") == "1f1b")
+    ).row(0, named=True)
+    result = run("eval", "--space", SMALL, "--set", "tp=2", "--set", "pp=2", "--set", "recompute=selective",
+                 "--set", "sequence_parallel=true", "--set", "zero=1", "--json")
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    assert list(got) == df.columns
+    for key, value in row.items():
+        if key == "row_id":
+            continue  # position in a different (one-row) space
+        assert got[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_eval_human_report():
+    result = run("eval", "--model", "llama3-70b", "--hardware", "h100-sxm5-80gb", "--devices", "1024",
+                 "--global-batch", "512", "--seq-len", "8192", "--set", "tp=8", "--set", "pp=4",
+                 "--set", "sequence_parallel=true", "--set", "zero=1")
+    assert result.exit_code == 0, result.output
+    assert "strategy: tp=8 pp=4 dp=32" in result.output
+    assert "bubble_s" in result.output and "mem_peak_bytes" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--set", "tp=16"], ["tp does not divide heads", "tp_heads"]),
+        (["--set", "tp=5"], ["tp*pp*cp = 5", "devices = 64"]),
+        (["--set", "pp=2", "--set", "vpp=2"], ["vpp_schedule"]),
+        (["--set", "foo=1"], ["dimensions.foo", "known keys", "micro_batch"]),
+        (["--set", "recompute=partial"], ["dimensions.recompute", "'partial'", "['none', 'selective', 'full']"]),
+        (["--set", "tp"], ["--set 'tp'", "KEY=VALUE"]),
+        (["--dtype", "fp4"], ["dtype", "'fp4'"]),
+    ],
+)
+def test_eval_rejects_bad_input(args, needles):
+    result = run("eval", "--space", SMALL, *args)
+    assert result.exit_code == 2, result.output
+    for needle in needles:
+        assert needle in result.output
+
+
+def test_eval_needs_the_workload():
+    result = run("eval", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb")
+    assert result.exit_code == 2
+    assert "--devices" in result.output
+
+
+def test_sweep_user_files_and_overrides(tmp_path):
+    model = tmp_path / "tiny.toml"
+    model.write_text(
+        'extends = "llama3-8b"\nname = "tiny"\ndescription = "llama3-8b with 8 layers"\nlayers = 8\n'
+    )
+    space = tmp_path / "space.toml"
+    space.write_text(
+        'name = "mine"\ndescription = "user space"\nmodel = "tiny.toml"\nhardware = "a100-sxm4-80gb"\n'
+        'devices = 16\nglobal_batch = 64\nseq_len = 2048\n[dimensions]\ntp = [1, 2, 4, 8]\npp = [1, 2]\n'
+    )
+    out = tmp_path / "mine.parquet"
+    result = run("sweep", str(space), "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(out)
+    assert df.height > 0 and set(df["pp"].unique()) <= {1, 2}
+    # --hardware replaces the space's hardware
+    out2 = tmp_path / "mine-h100.parquet"
+    result = run("sweep", str(space), "--hardware", "h100-sxm5-80gb", "--out", str(out2), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert json.loads(read_metadata(out2)[META_SPACE])["hardware"]["name"] == "h100-sxm5-80gb"
+    assert pl.read_parquet(out2)["step_time_s"].sum() < df["step_time_s"].sum()
+
+
+def test_sweep_bad_input_keeps_existing_output(tmp_path, small_sweep):
+    out = tmp_path / "keep.parquet"
+    shutil.copy(small_sweep, out)
+    before = out.read_bytes()
+    space = tmp_path / "bad.toml"
+    space.write_text('name = "bad"\ndescription = "x"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
+                     'devices = 0\nglobal_batch = 8\nseq_len = 128\n')
+    result = run("sweep", str(space), "--out", str(out), "--no-progress")
+    assert result.exit_code == 2
+    assert str(space) in result.output and "devices = 0" in result.output and "greater than 0" in result.output
+    assert out.read_bytes() == before
+
+
+def test_sweep_with_no_valid_row_fails_clearly(tmp_path):
+    space = tmp_path / "empty.toml"
+    space.write_text('name = "empty"\ndescription = "x"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
+                     'devices = 3\nglobal_batch = 8\nseq_len = 128\n[dimensions]\ntp = [2]\n')
+    result = run("sweep", str(space), "--out", str(tmp_path / "e.parquet"), "--no-progress")
+    assert result.exit_code == 2
+    assert "expected at least one valid candidate" in result.output
+    assert "device_count" in result.output
+
+
+def test_default_sweep_through_the_console_script(tmp_path):
+    """`paraspace sweep` with no arguments, as README's first command runs it."""
+    exe = shutil.which("paraspace")
+    cmd = [exe] if exe else [sys.executable, "-m", "explorer.cli"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([*cmd, "sweep", "--no-progress"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "results" / "llama3-70b-h100-1024.parquet"
+    assert out.is_file()
+    assert not list((tmp_path / "results").glob("*.partial"))
+    df = pl.read_parquet(out)
+    assert df.height == 11784
+    best = df.filter(pl.col("feasible")).sort("step_time_s").row(0, named=True)
+    assert best["mem_peak_bytes"] <= 80 * 1024**3
+    assert "top 10" in proc.stdout

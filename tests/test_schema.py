@@ -1,0 +1,39 @@
+"""One source of truth for column names and units."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from explorer.sweep import result_schema, strategy_columns
+from kernels.training import OUTPUTS
+from results import schema
+from spaces.encode import DIMENSION_NAMES
+
+SUFFIX_UNITS = {"_s": "s", "_bytes": "bytes", "_per_s_per_gpu": "tokens/s", "_per_step": "FLOP"}
+
+
+def test_kernel_outputs_are_the_metric_columns_in_order():
+    assert OUTPUTS == schema.METRIC_NAMES
+
+
+def test_units_match_name_suffixes():
+    for col in schema.METRICS:
+        for suffix, unit in SUFFIX_UNITS.items():
+            if col.name.endswith(suffix):
+                assert col.unit == unit, col.name
+        assert col.doc
+
+
+def test_result_schema_layout():
+    s = result_schema()
+    assert s.names == ["row_id", *DIMENSION_NAMES, "n_microbatches", *schema.METRIC_NAMES]
+    assert len(set(s.names)) == len(s.names)
+    types = dict(zip(s.names, s.types))
+    assert types["recompute"] == pa.dictionary(pa.int8(), pa.string())
+    assert types["sequence_parallel"] == pa.bool_()
+    assert types["tp"] == pa.int32()
+    assert types["feasible"] == pa.bool_()
+
+
+def test_strategy_columns_follow_the_dimension_table():
+    assert [name for name, _, _ in strategy_columns()] == list(DIMENSION_NAMES)
