@@ -87,9 +87,9 @@ class Device(Record):
     def _known_dtypes(self) -> Device:
         for key in self.peak_TFLOP_per_s:
             if key not in labels(Dtype):
-                raise ValueError(f"peak_TFLOP_per_s.{key}: unknown precision; expected one of {labels(Dtype)}")
+                raise ValueError(f"peak_TFLOP_per_s.{key}: a precision named one of {labels(Dtype)}")
         if not self.gemm_tiles:
-            raise ValueError("gemm_tiles: expected at least one (rows, cols) tile")
+            raise ValueError("gemm_tiles: at least one (rows, cols) tile")
         return self
 
     @property
@@ -123,16 +123,17 @@ class Hardware(Record):
     @model_validator(mode="after")
     def _tiers_nest(self) -> Hardware:
         if not self.links:
-            raise ValueError("links: expected at least one link tier")
+            raise ValueError("links: at least one link tier")
         sizes = [t.domain_devices for t in self.links]
         if sizes[-1] is not None:
-            raise ValueError("links: the outermost tier must omit domain_devices (it spans the cluster)")
+            raise ValueError(f"links.{len(sizes) - 1}.domain_devices: no value on the outermost tier (it spans the cluster)")
         inner = [s for s in sizes[:-1]]
-        if any(s is None for s in inner):
-            raise ValueError("links: only the outermost tier may omit domain_devices")
-        for a, b in zip(inner, inner[1:]):
+        for i, size in enumerate(inner):
+            if size is None:
+                raise ValueError(f"links.{i}.domain_devices: a value on every tier but the outermost")
+        for i, (a, b) in enumerate(zip(inner, inner[1:])):
             if b <= a or b % a:  # type: ignore[operator]
-                raise ValueError(f"links: domain_devices must grow by whole multiples, got {inner}")
+                raise ValueError(f"links.{i + 1}.domain_devices: a whole multiple (> 1) of the inner tier's {a}")
         return self
 
 
@@ -165,9 +166,9 @@ class Model(Record):
     @model_validator(mode="after")
     def _heads(self) -> Model:
         if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads: {self.kv_heads} must divide heads = {self.heads}")
+            raise ValueError(f"kv_heads: a divisor of heads = {self.heads}")
         if self.head_dim is None and self.hidden % self.heads:
-            raise ValueError(f"head_dim: hidden = {self.hidden} is not a multiple of heads = {self.heads}; give head_dim")
+            raise ValueError(f"head_dim: a value, since hidden = {self.hidden} is not a multiple of heads = {self.heads}")
         return self
 
     @property
@@ -240,32 +241,39 @@ def _tuples(value: Any) -> Any:
 
 
 def _as_catalog_error(record: type[Record], err: ValidationError, data: dict, source: str) -> CatalogError:
-    first = err.errors()[0]
+    errors = err.errors()
+    # a misspelt key also makes the key it replaced "missing": name the misspelling first
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("int", "float", "none")))]
     field = ".".join(str(p) for p in loc) or "(record)"
     kind = first["type"]
+    value = _lookup(data, loc)  # as written (lists, not the tuples validation saw)
+    if value is MISSING:
+        value = first.get("input", MISSING)
     if kind == "extra_forbidden":
-        return CatalogError(source, field, first["input"], f"no such key; known keys: {sorted(_fields_at(record, loc[:-1]))}")
+        return CatalogError(source, field, value, f"no such key; known keys: {sorted(_fields_at(record, loc[:-1]))}")
     if kind == "missing":
         return CatalogError(source, field, MISSING, "a value (this field is required)")
-    if kind == "value_error":  # from a model_validator: the message already names the field
+    if kind == "value_error":  # a model validator's "FIELD: what was expected"
         msg = str(first["msg"]).removeprefix("Value error, ")
-        sub, _, rest = msg.partition(": ")
-        value = _lookup(data, loc + sub.split("."))
-        return CatalogError(source, ".".join(map(str, loc + [sub])).lstrip("."), value, rest)
+        sub, _, expected = msg.partition(": ")
+        path = loc + sub.split(".")
+        return CatalogError(source, ".".join(map(str, path)), _lookup(data, path), expected)
     expected = str(first["msg"]).replace("Input should be ", "").replace("Input ", "")
-    return CatalogError(source, field, first.get("input", MISSING), expected)
+    return CatalogError(source, field, value, expected)
 
 
 def _fields_at(record: type[Record], loc: list) -> set[str]:
+    """Keys allowed in the record reached by following ``loc`` from ``record``."""
     cls: Any = record
     for part in loc:
         if isinstance(part, int):
             continue
         ann = cls.model_fields[part].annotation
-        cls = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, Record)), ann)
-        if hasattr(ann, "__args__") and not (isinstance(cls, type) and issubclass(cls, Record)):
-            cls = next(a for a in ann.__args__ if isinstance(a, type) and issubclass(a, Record))
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        for arg in list(candidates):
+            candidates += list(getattr(arg, "__args__", ()))
+        cls = next(a for a in candidates if isinstance(a, type) and issubclass(a, Record))
     return set(cls.model_fields)
 
 
