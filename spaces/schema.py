@@ -251,7 +251,7 @@ def _as_catalog_error(record: type[Record], err: ValidationError, data: dict, so
     if value is MISSING:
         value = first.get("input", MISSING)
     if kind == "extra_forbidden":
-        return CatalogError(source, field, value, f"no such key; known keys: {sorted(_fields_at(record, loc[:-1]))}")
+        return CatalogError(source, field, value, f"one of the known keys {sorted(_fields_at(record, loc[:-1]))}")
     if kind == "missing":
         return CatalogError(source, field, MISSING, "a value (this field is required)")
     if kind == "value_error":  # a model validator's "FIELD: what was expected"

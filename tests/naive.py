@@ -134,8 +134,9 @@ def _members_by_tier(size, stride, tiers):
 def collective_time_s(op, size, stride, size_bytes, tiers):
     """The hierarchical algorithm of ``kernels.collectives``.
 
-    SEND_RECV: the slowest neighbour hop of any of the ``stride`` interleaved
-    pipelines (offset o: devices o + j*stride) sets the message time.
+    SEND_RECV: the outermost tier that a neighbour hop of any of the
+    ``stride`` interleaved pipelines (offset o: devices o + j*stride) crosses
+    sets the message time (tiers are taken to slow down outwards).
     Others: walk the tiers innermost first; at tier i the k_(i-1) members
     already combined by faster tiers form one sub-group, r_i = k_i / k_(i-1)
     sub-groups combine over tier i, each rank carrying 1/k_(i-1) of the
@@ -147,14 +148,14 @@ def collective_time_s(op, size, stride, size_bytes, tiers):
     if size <= 1 or size_bytes <= 0:
         return 0.0
     if op == SEND_RECV:
-        worst = 0.0
+        outermost = 0
         for offset in range(int(stride)):
             for j in range(int(size) - 1):
                 a, b = offset + j * stride, offset + (j + 1) * stride
-                tier = next(i for i, (dom, _, _) in enumerate(tiers) if _same_domain(a, b, dom))
-                _, bw, lat = tiers[tier]
-                worst = max(worst, flat_time_s(SEND_RECV, 2, size_bytes, bw, lat))
-        return worst
+                hop = next(i for i, (dom, _, _) in enumerate(tiers) if _same_domain(a, b, dom))
+                outermost = max(outermost, hop)
+        _, bw, lat = tiers[outermost]
+        return flat_time_s(SEND_RECV, 2, size_bytes, bw, lat)
     counts = _members_by_tier(size, stride, tiers)
     total = 0.0
     combined = 1
