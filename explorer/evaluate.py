@@ -48,10 +48,10 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
         memory_overhead_bytes=dev.memory_overhead_bytes,
     )
-    tiers = np.zeros(len(hw.links), dtype=params.TIER)
-    for i, link in enumerate(hw.links):
-        tiers[i] = (link.domain_devices or 0, link.bandwidth_bytes_per_s * link.efficiency / link.shared_by,
-                    link.latency_s)
+    tiers = params.tier_table([
+        (link.domain_devices or 0, link.bandwidth_bytes_per_s * link.efficiency / link.shared_by, link.latency_s)
+        for link in hw.links
+    ])
     tiles = np.asarray(dev.gemm_tiles, dtype=np.float64)
     return device, tiers, tiles
 

@@ -3,7 +3,7 @@
 A communication group is ``size`` ranks laid ``stride`` devices apart (the rank
 layout puts TP innermost, then CP, DP, PP outermost). Tier i's domain holds
 ``domain_devices`` consecutive devices, so a group has
-k_i = clamp(domain_i / stride, 1, size) members inside one tier-i domain.
+k_i = clamp(floor(domain_i / stride), 1, size) members inside one tier-i domain.
 A collective runs hierarchically: at tier i, r_i = k_i / k_(i-1) sub-groups
 combine, each rank carrying 1/k_(i-1) of the data (two-level NCCL algorithms:
 intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather). The

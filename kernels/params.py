@@ -66,7 +66,10 @@ WORKLOAD = np.dtype(
 
 
 def record(dtype: np.dtype, **values: float) -> np.ndarray:
-    """A one-element record array of ``dtype``; every field must be given."""
+    """A one-element record array of ``dtype``; every field must be given.
+
+    Returned as a ``np.recarray`` view (numba sees the same type) so that the
+    kernels' attribute access also works with ``NUMBA_DISABLE_JIT=1``."""
     missing = set(dtype.names or ()) - set(values)
     extra = set(values) - set(dtype.names or ())
     if missing or extra:
@@ -74,4 +77,13 @@ def record(dtype: np.dtype, **values: float) -> np.ndarray:
     out = np.zeros(1, dtype=dtype)
     for key, value in values.items():
         out[key] = value
-    return out
+    return out.view(np.recarray)
+
+
+def tier_table(levels: list[tuple[float, float, float]] | tuple[tuple[float, float, float], ...]) -> np.ndarray:
+    """TIER records from ``(domain_devices, bytes_per_s, latency_s)``, innermost first
+    (a ``np.recarray``, as ``record`` returns)."""
+    out = np.zeros(len(levels), dtype=TIER)
+    for i, level in enumerate(levels):
+        out[i] = level
+    return out.view(np.recarray)

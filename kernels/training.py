@@ -80,7 +80,9 @@ def layer_params(model, t: float) -> float:
 
     Attention: Q, K, V (GQA: K and V have kv_heads), output projection; MLP:
     3 h f (gated) or 2 h f; sharded by t. Norm weights (2h; 4h with biases)
-    are replicated; biases of sharded matrices are sharded.
+    are replicated. Biases of column-parallel matrices (QKV, MLP up) are
+    sharded; those of row-parallel ones (output projection, MLP down) are
+    added after the TP reduction and replicated (Megatron-LM).
     """
     h = model.hidden
     dh = model.head_dim
@@ -164,7 +166,7 @@ def stage_params(stage: int, pp: int, layers_dev: float, lp: float, emb_params: 
     if stage == 0:
         params += emb_params
     if stage == pp - 1:
-        params += model.hidden
+        params += model.hidden * (2.0 if model.bias > 0 else 1.0)  # final norm (LayerNorm has a bias)
         if model.tied_embeddings == 0 or pp > 1:
             params += emb_params
     return params
@@ -350,14 +352,14 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
 
     # ---- memory per device; the peak over stages
     act_layer = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
-    work_layer = 0.0
-    if recompute == RECOMPUTE_FULL:  # one layer's full activations live while it is recomputed
-        work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab)
+    # while a layer's backward recomputes, what it did not keep lives again for that one layer:
+    # (all of it) - (what is kept), so more recompute never needs more memory
+    work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab) - act_layer
     peak = -1.0
     for stage in range(pp):
         params = stage_params(stage, pp, layers_dev, lp, emb_params, model)
-        if zero >= 3:
-            weights = params * work.weight_bytes / dc + 2.0 * lp * work.weight_bytes
+        if zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
+            weights = min(params, params / dc + 2.0 * lp) * work.weight_bytes
         else:
             weights = params * work.weight_bytes
         grads = params * work.grad_bytes / (dc if zero >= 2 else 1.0)

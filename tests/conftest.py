@@ -33,10 +33,7 @@ def _device(**overrides: float) -> np.ndarray:
 
 def _tiers(*levels: tuple[float, float, float]) -> np.ndarray:
     """Tier records from ``(domain_devices, bytes_per_s, latency_s)``, innermost first."""
-    out = np.zeros(len(levels), dtype=params.TIER)
-    for i, level in enumerate(levels):
-        out[i] = level
-    return out
+    return params.tier_table(levels)
 
 
 def _workload(**overrides: float) -> np.ndarray:

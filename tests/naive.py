@@ -335,7 +335,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         if i == 0:
             total += embedding
         if i == pp - 1:
-            total += h  # final norm
+            total += 2 * h if model["bias"] > 0 else h  # final norm (weight, and bias for LayerNorm)
             if model["tied_embeddings"] == 0 or pp > 1:
                 total += embedding  # output matrix (a copy on the last stage when tied)
         return total
@@ -413,14 +413,14 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
 
     # -- memory, per stage; report the stage with the highest total
     act = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
-    recompute_buffer = 0.0
-    if recompute == FULL:
-        recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab)
+    # the layer being recomputed holds again what it did not keep (nothing without recompute)
+    recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab) - act
     best = None
     for i in range(pp):
         params = stage_params(i)
-        if zero >= 3:  # own shard + two gathered layers (current and prefetched)
-            weights = params / group * work["weight_bytes"] + 2 * layer_params(model, t) * work["weight_bytes"]
+        if zero >= 3:  # own shard + two gathered layers (current and prefetched), never more than all
+            sharded = params / group + 2 * layer_params(model, t)
+            weights = (params if sharded > params else sharded) * work["weight_bytes"]
         else:
             weights = params * work["weight_bytes"]
         grads = params * work["grad_bytes"] / (group if zero >= 2 else 1)

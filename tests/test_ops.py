@@ -1,0 +1,286 @@
+"""Operator latency kernels (``kernels.ops``): hand-derived numbers, the naive
+references on seeded random inputs, and hypothesis properties."""
+
+from __future__ import annotations
+
+import math
+
+import naive
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import ops
+from kernels.params import DEVICE, record
+
+TILES_H100 = np.array([[128.0, 128.0], [128.0, 256.0], [256.0, 128.0], [64.0, 128.0], [128.0, 64.0], [64.0, 64.0]])
+PROPS = settings(max_examples=60, deadline=None)
+
+
+# --------------------------------------------------------------------------- hand-derived
+
+
+def test_tile_efficiency_waves(toy_tiles):
+    """4096 x 4096 output, 128 x 128 tiles, 100 units: 32 * 32 = 1024 tiles in
+    ceil(1024 / 100) = 11 waves of 100 slots: eff = 1024 / 1100."""
+    assert ops.tile_efficiency(4096.0, 4096.0, 100.0, toy_tiles) == pytest.approx(1024 / 1100, rel=1e-15)
+
+
+def test_tile_efficiency_exact_fit(toy_tiles):
+    """1280 x 1280: 10 * 10 = 100 tiles, one full wave of 100 units: eff = 1."""
+    assert ops.tile_efficiency(1280.0, 1280.0, 100.0, toy_tiles) == 1.0
+
+
+def test_tile_efficiency_padding(toy_tiles):
+    """192 x 192 pads to 256 x 256 (2 x 2 tiles) and fills 4 of 100 slots:
+    eff = (192^2 / 256^2) * 4 / 100 = 0.5625 * 0.04 = 0.0225."""
+    assert ops.tile_efficiency(192.0, 192.0, 100.0, toy_tiles) == pytest.approx(0.0225, rel=1e-14)
+
+
+def test_tile_efficiency_picks_best_tile():
+    """4096 x 4096 on 100 units: 128x128 gives 1024/1100 = 0.9309 (above);
+    256x128 gives 16 * 32 = 512 tiles in 6 waves, 512/600 = 0.8533. Best wins
+    whatever the order."""
+    for tiles in ([[128.0, 128.0], [256.0, 128.0]], [[256.0, 128.0], [128.0, 128.0]]):
+        assert ops.tile_efficiency(4096.0, 4096.0, 100.0, np.array(tiles)) == pytest.approx(1024 / 1100, rel=1e-15)
+    assert ops.tile_efficiency(4096.0, 4096.0, 100.0, np.array([[256.0, 128.0]])) == pytest.approx(512 / 600)
+
+
+def test_gemm_compute_bound(toy_dev, toy_tiles):
+    """4096^3 on 100 TFLOP/s at tile eff 1024/1100: 2 * 4096^3 = 2^37 FLOP
+    -> 2^37 / (1e14 * 1024 / 1100) = 1.476395008e-3 s; the traffic
+    3 * 4096^2 * 2 B = 100.7 MB at 1 TB/s is 0.1 ms, below it."""
+    expected = 2.0**37 / (1e14 * 1024 / 1100)
+    assert expected == pytest.approx(1.476395008e-3, rel=1e-12)
+    assert ops.gemm_time_s(4096.0, 4096.0, 4096.0, toy_dev[0], toy_tiles, 2.0) == pytest.approx(expected, rel=1e-14)
+
+
+def test_gemm_memory_bound_with_launch(make_device, toy_tiles):
+    """GEMV 1 x 8192 x 8192 at 100 GB/s HBM, 5 us launch.
+    Compute: 1 x 8192 pads to 128 x 8192 (64 tiles, one wave of 100 slots):
+    eff = (1/128) * 0.64 = 0.005 -> 2 * 8192^2 / (1e14 * 0.005) = 0.268 ms.
+    Traffic: (8192 + 8192^2 + 8192) * 2 B = 134,250,496 B / 1e11 = 1.34250496 ms.
+    Total = 1.34250496e-3 + 5e-6."""
+    dev = make_device(hbm_bytes_per_s=1e11, launch_s=5e-6)
+    assert ops.tile_efficiency(1.0, 8192.0, 100.0, toy_tiles) == pytest.approx(0.005, rel=1e-14)
+    got = ops.gemm_time_s(1.0, 8192.0, 8192.0, dev[0], toy_tiles, 2.0)
+    assert got == pytest.approx(1.34250496e-3 + 5e-6, rel=1e-14)
+
+
+def test_gemm_efficiencies_scale(make_device, toy_tiles):
+    """gemm_max_efficiency 0.5 doubles a compute-bound time; memory_efficiency
+    0.5 doubles a memory-bound one."""
+    base = ops.gemm_time_s(4096.0, 4096.0, 4096.0, make_device()[0], toy_tiles, 2.0)
+    half = ops.gemm_time_s(4096.0, 4096.0, 4096.0, make_device(gemm_max_efficiency=0.5)[0], toy_tiles, 2.0)
+    assert half == pytest.approx(2 * base, rel=1e-14)
+    slow = make_device(hbm_bytes_per_s=1e11)
+    gemv = ops.gemm_time_s(1.0, 8192.0, 8192.0, slow[0], toy_tiles, 2.0)
+    gemv_half = ops.gemm_time_s(1.0, 8192.0, 8192.0, make_device(hbm_bytes_per_s=1e11, memory_efficiency=0.5)[0],
+                                toy_tiles, 2.0)
+    assert gemv_half == pytest.approx(2 * gemv, rel=1e-14)
+
+
+@pytest.mark.parametrize("shape", [(0.0, 10.0, 10.0), (10.0, 0.0, 10.0), (10.0, 10.0, 0.0)])
+def test_gemm_empty_is_free(make_device, toy_tiles, shape):
+    """An empty GEMM launches nothing: 0 s even with a launch cost."""
+    assert ops.gemm_time_s(*shape, make_device(launch_s=1e-5)[0], toy_tiles, 2.0) == 0.0
+
+
+def test_gemm_fwd_bwd_square(toy_dev, toy_tiles):
+    """Square GEMM: dX and dW are the same shape as the forward: bwd = 2 fwd; FLOP 2 * 4096^3."""
+    fwd, bwd, flops = ops.gemm_fwd_bwd_s(4096.0, 4096.0, 4096.0, toy_dev[0], toy_tiles, 2.0)
+    assert bwd == pytest.approx(2 * fwd, rel=1e-15)
+    assert flops == 2.0**37
+
+
+def test_gemm_fwd_bwd_shapes(toy_dev, toy_tiles):
+    """(m, n, k) = (8192, 1024, 4096), each GEMM 2 * 2^35 = 2^36 FLOP = 0.68719476736 ms
+    at 100 TFLOP/s before tile losses (traffic <= 0.1 ms, compute bound):
+      forward Y (8192 x 1024):  64 x 8 = 512 tiles in 6 waves   -> x 600/512
+      dX = dY W^T (8192 x 4096 over n): 64 x 32 = 2048 tiles, 21 waves -> x 2100/2048
+      dW = X^T dY (4096 x 1024 over m): 32 x 8 = 256 tiles, 3 waves    -> x 300/256"""
+    fwd, bwd, flops = ops.gemm_fwd_bwd_s(8192.0, 1024.0, 4096.0, toy_dev[0], toy_tiles, 2.0)
+    unit = 2.0**36 / 1e14
+    assert flops == 2.0**36
+    assert fwd == pytest.approx(unit * 600 / 512, rel=1e-14)
+    assert bwd == pytest.approx(unit * (2100 / 2048 + 300 / 256), rel=1e-14)
+
+
+def test_attention_flash_causal(toy_dev):
+    """b=1, s=4096, 32 heads (8 KV), d_h=128, causal, flash, 100 TFLOP/s, 1 TB/s, bf16.
+    FLOP fwd = 4 * 1 * 4096^2 * 32 * 128 / 2 = 2^37 -> 1.37438953472 ms (compute bound:
+    traffic Q,O 2*4096*32*128*2 = 64 MiB + K,V 2*4096*8*128*2 = 16 MiB = 83.9 us).
+    Backward 2.5x the FLOP: 3.4359738368 ms."""
+    fwd, bwd, flops = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, toy_dev[0], 2.0)
+    assert flops == 2.0**37
+    assert fwd == pytest.approx(1.37438953472e-3, rel=1e-14)
+    assert bwd == pytest.approx(3.4359738368e-3, rel=1e-14)
+
+
+def test_attention_not_causal_doubles(toy_dev):
+    fwd_c, bwd_c, flops_c = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, toy_dev[0], 2.0)
+    fwd, bwd, flops = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, False, True, toy_dev[0], 2.0)
+    assert flops == 2 * flops_c
+    assert fwd == pytest.approx(2 * fwd_c, rel=1e-15)
+    assert bwd == pytest.approx(2 * bwd_c, rel=1e-15)
+
+
+def test_attention_without_flash_is_memory_bound(toy_dev):
+    """Same shape without flash: the 32 x 4096 x 4096 score matrix (bf16) moves 4 times:
+    4 * 32 * 4096^2 * 2 = 4,294,967,296 B, + 83,886,080 B of Q, K, V, O
+    -> fwd 4.378853376 ms at 1 TB/s (> 1.374 ms of compute), bwd twice the traffic 8.757706752 ms."""
+    fwd, bwd, _ = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, False, toy_dev[0], 2.0)
+    assert fwd == pytest.approx(4.378853376e-3, rel=1e-14)
+    assert bwd == pytest.approx(8.757706752e-3, rel=1e-14)
+
+
+def test_attention_launches(make_device):
+    """Launch cost: 1 kernel forward, 2 backward (dQ and dK/dV passes)."""
+    fwd0, bwd0, _ = ops.attention_fwd_bwd_s(1.0, 512.0, 512.0, 8.0, 8.0, 64.0, True, True, make_device()[0], 2.0)
+    fwd1, bwd1, _ = ops.attention_fwd_bwd_s(1.0, 512.0, 512.0, 8.0, 8.0, 64.0, True, True,
+                                            make_device(launch_s=1e-5)[0], 2.0)
+    assert fwd1 - fwd0 == pytest.approx(1e-5, rel=1e-9)
+    assert bwd1 - bwd0 == pytest.approx(2e-5, rel=1e-9)
+
+
+def test_memory_bound(make_device):
+    """1 GB over 1 TB/s at 80% with 3 launches of 4 us: 1e9 / 8e11 + 12 us = 1.262 ms."""
+    dev = make_device(memory_efficiency=0.8, launch_s=4e-6)
+    assert ops.memory_bound_s(1e9, 3.0, dev[0]) == pytest.approx(1.25e-3 + 12e-6, rel=1e-14)
+    assert ops.memory_bound_s(0.0, 0.0, dev[0]) == 0.0
+
+
+# --------------------------------------------------------------------------- against the naive reference
+
+
+def _random_device(rng) -> dict[str, float]:
+    return dict(
+        peak_flops_per_s=rng.uniform(1e13, 2e15), hbm_bytes_per_s=rng.uniform(5e11, 5e12),
+        hbm_capacity_bytes=80 * 2.0**30, compute_units=float(rng.integers(16, 200)), launch_s=rng.uniform(0.0, 1e-5),
+        gemm_max_efficiency=rng.uniform(0.3, 1.0), attention_efficiency=rng.uniform(0.2, 1.0),
+        memory_efficiency=rng.uniform(0.5, 1.0), memory_overhead_bytes=0.0,
+    )
+
+
+def _record(dev: dict[str, float]):
+    return record(DEVICE, **dev)
+
+
+def _random_tiles(rng):
+    n = int(rng.integers(1, 5))
+    return np.array([[float(rng.choice([32, 64, 128, 256])), float(rng.choice([32, 64, 128, 256]))] for _ in range(n)])
+
+
+def test_tile_efficiency_matches_naive():
+    rng = np.random.default_rng(20240601)
+    for _ in range(400):
+        tiles = _random_tiles(rng)
+        m, n = float(rng.integers(1, 20000)), float(rng.integers(1, 20000))
+        units = float(rng.integers(1, 200))
+        got = ops.tile_efficiency(m, n, units, tiles)
+        assert got == pytest.approx(naive.tile_efficiency(m, n, units, naive.tile_list(tiles)), rel=1e-12)
+        assert 0.0 < got <= 1.0
+
+
+def test_gemm_matches_naive():
+    rng = np.random.default_rng(20240602)
+    for _ in range(400):
+        dev = _random_device(rng)
+        tiles = _random_tiles(rng)
+        m, n, k = (float(x) for x in rng.integers(1, 65536, size=3))
+        ab = float(rng.choice([1.0, 2.0, 4.0]))
+        fwd, bwd, flops = ops.gemm_fwd_bwd_s(m, n, k, _record(dev)[0], tiles, ab)
+        ref_fwd, ref_bwd = naive.gemm_fwd_bwd_s(m, n, k, dev, naive.tile_list(tiles), ab)
+        assert fwd == pytest.approx(ref_fwd, rel=1e-12)
+        assert bwd == pytest.approx(ref_bwd, rel=1e-12)
+        assert flops == 2 * m * n * k
+
+
+def test_attention_matches_naive():
+    rng = np.random.default_rng(20240603)
+    for _ in range(400):
+        dev = _random_device(rng)
+        kv = float(rng.choice([1, 2, 4, 8]))
+        heads = kv * float(rng.choice([1, 2, 4, 8]))
+        b, s_kv = float(rng.integers(1, 8)), float(rng.choice([512, 1024, 4096, 8192, 32768]))
+        s_q = s_kv / float(rng.choice([1, 2, 4]))
+        dh = float(rng.choice([64, 128, 192]))
+        causal, flash = bool(rng.integers(2)), bool(rng.integers(2))
+        ab = float(rng.choice([1.0, 2.0]))
+        fwd, bwd, flops = ops.attention_fwd_bwd_s(b, s_q, s_kv, heads, kv, dh, causal, flash, _record(dev)[0], ab)
+        ref_fwd, ref_bwd = naive.attention_fwd_bwd_s(b, s_q, s_kv, heads, kv, dh, causal, flash, dev, ab)
+        assert fwd == pytest.approx(ref_fwd, rel=1e-12)
+        assert bwd == pytest.approx(ref_bwd, rel=1e-12)
+        assert flops == pytest.approx(4 * b * s_q * s_kv * heads * dh / (2 if causal else 1), rel=1e-15)
+
+
+def test_memory_bound_matches_naive():
+    rng = np.random.default_rng(20240604)
+    for _ in range(300):
+        dev = _random_device(rng)
+        nbytes, kernels = rng.uniform(0, 1e11), float(rng.integers(0, 10))
+        got = ops.memory_bound_s(nbytes, kernels, _record(dev)[0])
+        assert got == pytest.approx(naive.memory_bound_s(nbytes, kernels, dev), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- properties
+
+dims = st.integers(1, 1 << 16).map(float)
+speedup = st.floats(1.0, 1e3)
+
+
+def _scaled(peak: float = 1.0, hbm: float = 1.0, **fixed: float):
+    """An H100-like device record with peak FLOP/s and HBM bandwidth scaled up."""
+    base = dict(peak_flops_per_s=989e12, hbm_bytes_per_s=3.35e12, hbm_capacity_bytes=80 * 2.0**30,
+                compute_units=132.0, launch_s=4e-6, gemm_max_efficiency=0.75, attention_efficiency=0.4,
+                memory_efficiency=0.8, memory_overhead_bytes=0.0)
+    base.update(fixed)
+    base["peak_flops_per_s"] *= peak
+    base["hbm_bytes_per_s"] *= hbm
+    return record(DEVICE, **base)[0]
+
+
+@PROPS
+@given(m=dims, n=dims, k=dims, flops_up=speedup, bw_up=speedup)
+def test_gemm_faster_device_never_slower(m, n, k, flops_up, bw_up):
+    slow = ops.gemm_time_s(m, n, k, _scaled(), TILES_H100, 2.0)
+    fast = ops.gemm_time_s(m, n, k, _scaled(flops_up, bw_up), TILES_H100, 2.0)
+    assert 0.0 < fast <= slow
+    assert math.isfinite(slow)
+
+
+@PROPS
+@given(m=st.integers(1, 1 << 15).map(float), n=dims, k=dims)
+def test_gemm_doubling_m_at_most_doubles_time(m, n, k):
+    """Per tile, ceil(2m/tm) <= 2 ceil(m/tm), so waves and traffic at most double."""
+    one = ops.gemm_time_s(m, n, k, _scaled(), TILES_H100, 2.0)
+    two = ops.gemm_time_s(2 * m, n, k, _scaled(), TILES_H100, 2.0)
+    assert one <= two <= 2 * one * (1 + 1e-12)
+
+
+@PROPS
+@given(m=dims, n=dims, units=st.integers(1, 256).map(float))
+def test_tile_efficiency_is_a_fraction(m, n, units):
+    eff = ops.tile_efficiency(m, n, units, TILES_H100)
+    assert 0.0 < eff <= 1.0
+
+
+@PROPS
+@given(b=st.integers(1, 16).map(float), s=st.integers(1, 1 << 17).map(float), heads=st.integers(1, 128).map(float),
+       head_dim=st.sampled_from([64.0, 128.0, 192.0]), causal=st.booleans(), flash=st.booleans(),
+       flops_up=speedup, bw_up=speedup)
+def test_attention_faster_device_never_slower(b, s, heads, head_dim, causal, flash, flops_up, bw_up):
+    slow = ops.attention_fwd_bwd_s(b, s, s, heads, heads, head_dim, causal, flash, _scaled(), 2.0)
+    fast = ops.attention_fwd_bwd_s(b, s, s, heads, heads, head_dim, causal, flash, _scaled(flops_up, bw_up), 2.0)
+    for f, sl in zip(fast[:2], slow[:2]):
+        assert 0.0 < f <= sl and math.isfinite(sl)
+    assert slow[1] >= slow[0]  # backward never cheaper than forward
+
+
+@PROPS
+@given(nbytes=st.floats(0.0, 1e12), kernels=st.integers(0, 100).map(float), bw_up=speedup)
+def test_memory_bound_more_bandwidth_never_slower(nbytes, kernels, bw_up):
+    slow = ops.memory_bound_s(nbytes, kernels, _scaled())
+    fast = ops.memory_bound_s(nbytes, kernels, _scaled(hbm=bw_up))
+    assert 0.0 <= fast <= slow and math.isfinite(slow)

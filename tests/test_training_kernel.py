@@ -1,0 +1,572 @@
+"""The analytic training kernel (``kernels.training``): golden numbers from the
+literature and by hand, the naive reference on seeded random candidates, and
+the invariants of modeling.md section 9 as hypothesis properties."""
+
+from __future__ import annotations
+
+import math
+
+import naive
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import params
+from kernels.codes import (
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
+    SCHEDULE_1F1B,
+    SCHEDULE_GPIPE,
+    SCHEDULE_INTERLEAVED,
+)
+from kernels.training import (
+    N_OUT,
+    OUTPUTS,
+    activation_bytes_per_layer,
+    evaluate_one,
+    evaluate_rows,
+    in_flight_chunks,
+    layer_params,
+)
+
+PROPS = settings(max_examples=60, deadline=None)
+
+#: the strategy columns of ``evaluate_rows`` with the dtypes ``spaces.encode`` gives them
+COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
+           ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("zero", np.int8), ("schedule", np.int8),
+           ("n_micro", np.int32))
+BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, zero=0, schedule=SCHEDULE_1F1B,
+            n_micro=1)
+TIME_FIELDS = ("step_time_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+               "optimizer_s", "recompute_s", "stage_fwd_s", "stage_bwd_s")
+PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
+
+
+def strategy(**changes: int) -> dict[str, int]:
+    unknown = set(changes) - set(BASE)
+    if unknown:
+        raise ValueError(f"unknown strategy keys {sorted(unknown)}")
+    return {**BASE, **changes}
+
+
+def run_rows(strategies, model, dev, tiers, tiles, work) -> list[dict[str, float]]:
+    """``evaluate_rows`` over a list of strategy dicts; one {OUTPUTS name: value} per row."""
+    cols = [np.array([s[name] for s in strategies], dtype=dtype) for name, dtype in COLUMNS]
+    out = evaluate_rows(*cols, model, dev, tiers, tiles, work)
+    return [dict(zip(OUTPUTS, (float(x) for x in row))) for row in out]
+
+
+def run(model, dev, tiers, tiles, work, **changes: int) -> dict[str, float]:
+    return run_rows([strategy(**changes)], model, dev, tiers, tiles, work)[0]
+
+
+def run_naive(s, model, dev, tiers, tiles, work) -> dict[str, float]:
+    return naive.evaluate_one(s, naive.fields(model), naive.fields(dev), naive.tier_list(tiers),
+                              naive.tile_list(tiles), naive.fields(work))
+
+
+def _tiers(*levels) -> np.ndarray:
+    return params.tier_table(levels)
+
+
+def _model(**values: float) -> np.ndarray:
+    base = dict(layers=32.0, hidden=4096.0, heads=32.0, kv_heads=8.0, head_dim=128.0, ffn=14336.0, vocab=128256.0,
+                glu=1.0, bias=0.0, tied_embeddings=0.0, dropout=0.0)
+    base.update(values)
+    return params.record(params.MODEL, **base)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def test_llama3_parameter_counts(llama3_8b, llama3_70b):
+    """Whole-model counts on one device (t = 1, untied): L * layer + 2 V h + h
+    (embedding, output matrix, final norm). Hugging Face reports
+    8,030,261,248 for Llama-3-8B and 70,553,706,496 for Llama-3-70B.
+    8B layer: 4096 (4096 + 2*1024) + 4096^2 + 3 * 4096 * 14336 + 2 * 4096 = 218,112,000."""
+    assert layer_params(llama3_8b[0], 1.0) == 218_112_000
+    for model, total in ((llama3_8b, 8_030_261_248), (llama3_70b, 70_553_706_496)):
+        m = model[0]
+        assert m["layers"] * layer_params(m, 1.0) + 2 * m["vocab"] * m["hidden"] + m["hidden"] == total
+
+
+def test_gpt3_layer_parameters(gpt3_175b):
+    """GPT with biases (Narayanan et al. 2021, eq. for P): 12 h^2 + 13 h per layer.
+    Under TP t the 12 h^2 weights and the 7 h column-parallel biases (QKV 3h,
+    MLP up 4h) split; the 6 h of norm weights/biases and row-parallel biases stay."""
+    m = gpt3_175b[0]
+    h = 12288.0
+    assert layer_params(m, 1.0) == 12 * h**2 + 13 * h
+    for t in (2.0, 4.0, 8.0):
+        assert layer_params(m, t) == pytest.approx((12 * h**2 + 7 * h) / t + 6 * h, rel=1e-15)
+
+
+def test_layer_params_matches_naive():
+    rng = np.random.default_rng(20240701)
+    for _ in range(300):
+        model = _random_model(rng)
+        t = float(rng.choice([1, 2, 4, 8]))
+        assert layer_params(model[0], t) == pytest.approx(naive.layer_params(naive.fields(model), t), rel=1e-13)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+SBH = 2048.0 * 12288.0  # GPT-3: s = 2048, b = 1, h = 12288, a = 96; 5 a s / h = 80
+
+
+@pytest.mark.parametrize(("t", "sp", "recompute", "per_sbh"), [
+    # Korthikanti et al. 2022, eq. 2 / table 2, ab = 2, f = 4h, dropout, no flash
+    (1.0, False, RECOMPUTE_NONE, 34 + 80),  # 34 + 5as/h
+    (8.0, False, RECOMPUTE_NONE, 10 + 24 / 8 + 80 / 8),  # 10 + 24/t + 5as/(ht) = 23
+    (8.0, True, RECOMPUTE_NONE, (34 + 80) / 8),  # (34 + 5as/h) / t = 14.25
+    (8.0, False, RECOMPUTE_SELECTIVE, 10 + 24 / 8),  # the 5as/h term dropped: 13
+    (8.0, True, RECOMPUTE_SELECTIVE, 34 / 8),  # 4.25
+    (8.0, False, RECOMPUTE_FULL, 2.0),  # the layer input, 2sbh
+    (8.0, True, RECOMPUTE_FULL, 2.0 / 8),  # split by SP
+    (1.0, False, RECOMPUTE_FULL, 2.0),
+])
+def test_korthikanti_activation_memory(gpt3_175b, t, sp, recompute, per_sbh):
+    """s b h = 25,165,824; e.g. t = 8 without SP: 23 sbh = 578,813,952 bytes,
+    with SP 14.25 sbh = 358,612,992 bytes."""
+    got = activation_bytes_per_layer(1.0, 2048.0, t, 1.0, sp, recompute, False, gpt3_175b[0], 2.0)
+    assert got == pytest.approx(per_sbh * SBH, rel=1e-14)
+
+
+def test_korthikanti_spot_values(gpt3_175b):
+    m = gpt3_175b[0]
+    assert activation_bytes_per_layer(1.0, 2048.0, 8.0, 1.0, False, RECOMPUTE_NONE, False, m, 2.0) == 578_813_952
+    assert activation_bytes_per_layer(1.0, 2048.0, 8.0, 1.0, True, RECOMPUTE_NONE, False, m, 2.0) == 358_612_992
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_flash_keeps_log_sum_exp_instead_of_scores(gpt3_175b, sp):
+    """FlashAttention stores no s x s matrix, only the fp32 log-sum-exp per
+    query row and head: selective activations + 4 * b * (a/t) * s bytes."""
+    m = gpt3_175b[0]
+    for recompute in (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE):
+        got = activation_bytes_per_layer(2.0, 2048.0, 8.0, 1.0, sp, recompute, True, m, 2.0)
+        selective = activation_bytes_per_layer(2.0, 2048.0, 8.0, 1.0, sp, RECOMPUTE_SELECTIVE, False, m, 2.0)
+        assert got == pytest.approx(selective + 4 * 2 * 12 * 2048, rel=1e-14)
+
+
+@pytest.mark.parametrize("recompute", [RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL])
+@pytest.mark.parametrize("flash", [False, True])
+def test_context_parallel_halves_activations(gpt3_175b, recompute, flash):
+    """CP splits the queries (and the rows of the scores) across c ranks."""
+    one = activation_bytes_per_layer(1.0, 4096.0, 4.0, 1.0, True, recompute, flash, gpt3_175b[0], 2.0)
+    two = activation_bytes_per_layer(1.0, 4096.0, 4.0, 2.0, True, recompute, flash, gpt3_175b[0], 2.0)
+    assert two == pytest.approx(one / 2, rel=1e-14)
+
+
+def test_activations_match_naive():
+    rng = np.random.default_rng(20240702)
+    for _ in range(400):
+        model = _random_model(rng)
+        b, s = float(rng.integers(1, 9)), float(rng.choice([512, 1024, 2048, 4096, 8192]))
+        t, c = float(rng.choice([1, 2, 4, 8])), float(rng.choice([1, 2, 4]))
+        sp, flash = bool(rng.integers(2)), bool(rng.integers(2))
+        recompute, ab = int(rng.integers(3)), float(rng.choice([1.0, 2.0, 4.0]))
+        got = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model[0], ab)
+        ref = naive.activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, naive.fields(model), ab)
+        assert got == pytest.approx(ref, rel=1e-13)
+
+
+# --------------------------------------------------------------------------- pipeline in-flight
+
+
+def test_in_flight_1f1b():
+    """1F1B: stage i holds p - i micro-batches (at most m); GPipe holds all m."""
+    assert [in_flight_chunks(SCHEDULE_1F1B, 8.0, 1.0, 32.0, float(i)) for i in range(8)] == [8, 7, 6, 5, 4, 3, 2, 1]
+    assert in_flight_chunks(SCHEDULE_1F1B, 8.0, 1.0, 4.0, 0.0) == 4.0
+    assert in_flight_chunks(SCHEDULE_GPIPE, 8.0, 1.0, 32.0, 3.0) == 32.0
+
+
+@pytest.mark.parametrize(("p", "v"), [(4.0, 2.0), (8.0, 3.0), (2.0, 4.0), (16.0, 2.0)])
+def test_in_flight_interleaved_first_stage(p, v):
+    """Narayanan et al. 2021, section 2.2: stage 0 holds p (1 + (p-1)/(p v))
+    stage-equivalents: 2 (p - 1) + (v - 1) p + 1 chunks of 1/v of a stage.
+    p = 4, v = 2: 6 + 4 + 1 = 11 chunks = 5.5 = 4 * (1 + 3/8)."""
+    chunks = in_flight_chunks(SCHEDULE_INTERLEAVED, p, v, 64.0, 0.0)
+    assert chunks / v == pytest.approx(p * (1 + (p - 1) / (p * v)), rel=1e-15)
+    if (p, v) == (4.0, 2.0):
+        assert chunks == 11.0
+
+
+def test_in_flight_interleaved_last_stage_and_cap():
+    """Last stage: (v - 1) p + 1; never more than m v chunks (all micro-batches)."""
+    assert in_flight_chunks(SCHEDULE_INTERLEAVED, 4.0, 2.0, 64.0, 3.0) == 5.0
+    assert in_flight_chunks(SCHEDULE_INTERLEAVED, 4.0, 2.0, 2.0, 0.0) == 4.0
+
+
+def test_in_flight_matches_naive():
+    rng = np.random.default_rng(20240703)
+    for _ in range(300):
+        schedule, p, v = int(rng.integers(3)), float(rng.integers(1, 33)), float(rng.integers(1, 6))
+        m, stage = float(rng.integers(1, 128)), float(rng.integers(0, 32))
+        stage = min(stage, p - 1)
+        assert in_flight_chunks(schedule, p, v, m, stage) == naive.in_flight_chunks(schedule, p, v, m, stage)
+
+
+# --------------------------------------------------------------------------- whole-step golden numbers
+
+
+@pytest.fixture(scope="module")
+def h100_8b(h100, llama3_8b, make_workload):
+    """Llama 3 8B on H100s, s = 4096, bf16 with fp32 grads and Adam."""
+    return llama3_8b, h100.device, h100.tiers, h100.tiles, make_workload(devices=8.0, global_batch=64.0)
+
+
+@pytest.mark.parametrize("d", [2, 4, 8, 64])
+def test_distributed_optimizer_bytes_per_param(h100_8b, d):
+    """Megatron's distributed optimizer: 2 (bf16 weight) + 4 (fp32 grad) + 12
+    (fp32 master, m, v) = 18 bytes/param unsharded, 6 + 12/d with ZeRO-1;
+    ZeRO-2 also shards the gradient: 2 + 16/d. One device holds the whole
+    8B model here: P = 8,030,261,248."""
+    model, dev, tiers, tiles, work = h100_8b
+    p_total = 8_030_261_248
+    expected = {0: 18.0, 1: 6 + 12 / d, 2: 2 + 16 / d}
+    for zero, per_param in expected.items():
+        out = run(model, dev, tiers, tiles, work, dp=d, zero=zero)
+        states = out["mem_weights_bytes"] + out["mem_grads_bytes"] + out["mem_optimizer_bytes"]
+        assert states == pytest.approx(per_param * p_total, rel=1e-14), zero
+    out = run(model, dev, tiers, tiles, work, dp=d, zero=0)
+    assert out["mem_weights_bytes"] == 2 * p_total
+
+
+def test_zero3_weights(h100_8b):
+    """ZeRO-3 keeps 1/d of the weights plus two gathered layers (the current
+    and the prefetched one): 2 P / d + 2 * 2 * 218,112,000 bytes."""
+    model, dev, tiers, tiles, work = h100_8b
+    out = run(model, dev, tiers, tiles, work, dp=8, zero=3)
+    assert out["mem_weights_bytes"] == pytest.approx(2 * 8_030_261_248 / 8 + 4 * 218_112_000, rel=1e-14)
+
+
+def test_model_flop_and_throughput(h100_8b):
+    """Causal Llama 3 8B, s = 4096, one sequence forward:
+    32 * (2 s * 218,103,808 + 2 s^2 * 4096) + 2 s h V
+    = 61,572,651,155,456 + 4,303,557,230,592 = 65,876,208,386,048 FLOP;
+    x3 (forward + backward) = 197,628,625,158,144 per sequence (cf. 6 N s = 1.9735e14)."""
+    model, dev, tiers, tiles, work = h100_8b
+    out = run(model, dev, tiers, tiles, work, dp=8, n_micro=8)
+    assert out["model_flop_per_step"] == pytest.approx(64 * 197_628_625_158_144, rel=1e-14)
+    assert out["tokens_per_s_per_gpu"] * out["step_time_s"] * 8 == pytest.approx(64 * 4096, rel=1e-13)
+    assert out["mfu"] == pytest.approx(out["model_flop_per_step"] / (out["step_time_s"] * 8 * 989.4e12), rel=1e-13)
+    assert 0.0 < out["mfu"] < 1.0
+
+
+def test_single_device_is_sequential(h100_8b):
+    """No parallelism: no communication, no bubble; step = compute + optimizer."""
+    model, dev, tiers, tiles, work = h100_8b
+    out = run(model, dev, tiers, tiles, work, n_micro=4)
+    for name in ("tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s"):
+        assert out[name] == 0.0, name
+    assert out["step_time_s"] == pytest.approx(out["compute_s"] + out["optimizer_s"], rel=1e-15)
+    assert out["compute_s"] == pytest.approx(4 * (out["stage_fwd_s"] + out["stage_bwd_s"]), rel=1e-15)
+
+
+def test_pipeline_p2p_by_hand(make_device, toy_tiles, make_workload):
+    """pp = 4 on one 100 GB/s tier, b s = 4096 tokens of h = 4096 in bf16:
+    one activation message 4096 * 4096 * 2 B = 32 MiB -> 335.54432 us;
+    2 (p - 1) = 6 exposed hops = 2.01326592 ms; interleaving (v = 2) doubles it."""
+    model, tiers = _model(), _tiers((0.0, 100e9, 0.0))
+    work = make_workload(devices=4.0, global_batch=8.0)
+    args = (model, make_device(), tiers, toy_tiles, work)
+    plain = run(*args, pp=4, n_micro=8)
+    inter = run(*args, pp=4, n_micro=8, vpp=2, schedule=SCHEDULE_INTERLEAVED)
+    assert plain["pp_comm_s"] == pytest.approx(2.01326592e-3, rel=1e-14)
+    assert inter["pp_comm_s"] == pytest.approx(2 * 2.01326592e-3, rel=1e-14)
+
+
+@pytest.fixture(scope="module")
+def even_stages(make_device, toy_tiles, make_workload):
+    """Near-equal stages: vocab 8 makes the embedding and head negligible,
+    bandwidth 1e30 and no latency make communication vanish."""
+    model = _model(vocab=8.0)
+    tiers = _tiers((0.0, 1e30, 0.0))
+    return model, make_device(), tiers, toy_tiles, make_workload(devices=4.0, global_batch=64.0)
+
+
+@pytest.mark.parametrize("m", [1, 4, 8, 32])
+def test_1f1b_bubble_fraction(even_stages, m):
+    """GPipe and 1F1B: bubble / pipeline time = (p - 1) / (m + p - 1)."""
+    p = 4
+    for schedule in (SCHEDULE_GPIPE, SCHEDULE_1F1B):
+        out = run(*even_stages, pp=p, n_micro=m, schedule=schedule)
+        busy = out["compute_s"] + out["tp_comm_s"] + out["cp_comm_s"]
+        assert out["bubble_s"] / (busy + out["bubble_s"]) == pytest.approx((p - 1) / (m + p - 1), rel=2e-3)
+
+
+@pytest.mark.parametrize(("m", "v"), [(4, 2), (8, 2), (8, 4)])
+def test_interleaved_bubble_fraction(even_stages, m, v):
+    """Interleaved 1F1B: bubble / ideal time = (p - 1) / (v m)."""
+    p = 4
+    out = run(*even_stages, pp=p, n_micro=m, vpp=v, schedule=SCHEDULE_INTERLEAVED)
+    busy = out["compute_s"] + out["tp_comm_s"] + out["cp_comm_s"]
+    assert out["bubble_s"] / busy == pytest.approx((p - 1) / (v * m), rel=2e-3)
+
+
+def test_one_microbatch_1f1b_equals_gpipe(h100_8b):
+    """modeling.md section 9: with one micro-batch the schedules coincide (time and memory)."""
+    model, dev, tiers, tiles, work = h100_8b
+    gpipe, one = run_rows([strategy(pp=4, dp=2, n_micro=1, schedule=s) for s in (SCHEDULE_GPIPE, SCHEDULE_1F1B)],
+                          model, dev, tiers, tiles, work)
+    assert gpipe == one
+
+
+def test_gpipe_holds_more_than_1f1b(h100_8b):
+    model, dev, tiers, tiles, work = h100_8b
+    gpipe, one = run_rows([strategy(pp=4, dp=2, n_micro=16, schedule=s) for s in (SCHEDULE_GPIPE, SCHEDULE_1F1B)],
+                          model, dev, tiers, tiles, work)
+    assert gpipe["step_time_s"] == one["step_time_s"]
+    assert gpipe["mem_activations_bytes"] > one["mem_activations_bytes"]
+
+
+def test_out_of_memory_flagged(h100, llama3_70b, make_workload):
+    """Llama 3 70B on one 80 GB device needs 18 bytes/param x 70.6e9 = 1.27 TB: infeasible."""
+    out = run(llama3_70b, h100.device, h100.tiers, h100.tiles, make_workload(devices=1.0, global_batch=1.0))
+    assert out["mem_peak_bytes"] > 18 * 70e9
+    assert out["feasible"] == 0.0 and out["infeasible_reason"] == 1.0
+    fits = run(llama3_70b, h100.device, h100.tiers, h100.tiles, make_workload(devices=64.0, global_batch=64.0),
+               tp=8, pp=8, n_micro=64, sp=1, recompute=RECOMPUTE_SELECTIVE)
+    assert fits["feasible"] == 1.0 and fits["infeasible_reason"] == 0.0
+    assert fits["mem_overhead_bytes"] == 4 * 2.0**30
+
+
+# --------------------------------------------------------------------------- against the naive reference
+
+
+def _random_model(rng) -> np.ndarray:
+    heads = float(rng.choice([8, 16, 32, 64]))
+    kv = float(rng.choice([8.0, heads]))
+    head_dim = float(rng.choice([64, 128]))
+    hidden = heads * head_dim * float(rng.choice([1.0, 1.0, 0.5]))
+    return params.record(
+        params.MODEL, layers=8.0 * float(rng.integers(1, 7)), hidden=hidden, heads=heads, kv_heads=kv,
+        head_dim=head_dim, ffn=1024.0 * float(rng.integers(1, 40)), vocab=float(rng.integers(1000, 200000)),
+        glu=float(rng.integers(2)), bias=float(rng.integers(2)), tied_embeddings=float(rng.integers(2)),
+        dropout=float(rng.integers(2)),
+    )
+
+
+def _random_device(rng) -> np.ndarray:
+    return params.record(
+        params.DEVICE, peak_flops_per_s=rng.uniform(1e14, 2e15), hbm_bytes_per_s=rng.uniform(1e12, 5e12),
+        hbm_capacity_bytes=rng.uniform(16, 192) * 2.0**30, compute_units=float(rng.integers(16, 200)),
+        launch_s=rng.uniform(0.0, 1e-5), gemm_max_efficiency=rng.uniform(0.4, 1.0),
+        attention_efficiency=rng.uniform(0.2, 0.8), memory_efficiency=rng.uniform(0.5, 1.0),
+        memory_overhead_bytes=rng.uniform(0, 8) * 2.0**30,
+    )
+
+
+def _random_tiers(rng) -> np.ndarray:
+    n = int(rng.integers(1, 4))
+    levels, domain, bw, lat = [], 1, rng.uniform(1e11, 1e12), rng.uniform(0.0, 5e-6)
+    for i in range(n):
+        domain *= int(2 ** rng.integers(1, 4))
+        levels.append((0.0 if i == n - 1 else float(domain), bw, lat))
+        bw *= rng.uniform(0.05, 1.0)
+        lat += rng.uniform(0.0, 1e-5)
+    return _tiers(*levels)
+
+
+def _random_strategy(rng) -> dict[str, int]:
+    tp, pp = int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4]))
+    dp, cp = int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4]))
+    schedule = SCHEDULE_1F1B if pp == 1 else int(rng.integers(3))
+    interleaved = schedule == SCHEDULE_INTERLEAVED
+    return dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=2 if interleaved else 1, mb=int(rng.integers(1, 5)),
+                recompute=int(rng.integers(3)), sp=int(rng.integers(2)) if tp > 1 else 0,
+                zero=int(rng.integers(4)) if dp > 1 else 0, schedule=schedule,
+                n_micro=int(rng.integers(1, 17)) * (pp if interleaved else 1))
+
+
+def _assert_outputs_close(got: dict[str, float], ref: dict[str, float], context) -> None:
+    for name in OUTPUTS:
+        if name in TIME_FIELDS:
+            atol = 1e-12 * ref["step_time_s"]
+        elif name.startswith("mem_") and name != "mem_peak_stage":
+            atol = 1e-12 * ref["mem_peak_bytes"]
+        else:
+            atol = 0.0
+        assert got[name] == pytest.approx(ref[name], rel=1e-9, abs=atol), (name, context)
+
+
+def test_evaluate_matches_naive():
+    """30 random models x hardware x workloads, 10 random candidates each."""
+    rng = np.random.default_rng(20240710)
+    for _ in range(30):
+        model, dev, tiers = _random_model(rng), _random_device(rng), _random_tiers(rng)
+        tiles = np.array([[float(rng.choice([64, 128, 256])), float(rng.choice([64, 128, 256]))]
+                          for _ in range(int(rng.integers(1, 4)))])
+        strategies = [_random_strategy(rng) for _ in range(10)]
+        work = params.record(
+            params.WORKLOAD, devices=float(rng.integers(1, 1024)), global_batch=float(rng.integers(1, 2048)),
+            seq_len=float(rng.choice([512, 1024, 2048, 4096, 8192])), act_bytes=2.0, weight_bytes=2.0,
+            grad_bytes=float(rng.choice([2.0, 4.0])), optimizer_bytes=float(rng.choice([12.0, 16.0])),
+            flash_attention=float(rng.integers(2)),
+        )
+        for s, got in zip(strategies, run_rows(strategies, model, dev, tiers, tiles, work)):
+            _assert_outputs_close(got, run_naive(s, model, dev, tiers, tiles, work), s)
+
+
+def test_evaluate_one_matches_rows(h100_8b):
+    """The single-row kernel fills ``out`` exactly as the row-parallel one does."""
+    model, dev, tiers, tiles, work = h100_8b
+    rng = np.random.default_rng(20240711)
+    strategies = [_random_strategy(rng) for _ in range(20)]
+    rows = run_rows(strategies, model, dev, tiers, tiles, work)
+    for s, row in zip(strategies, rows):
+        out = np.full(N_OUT, np.nan)
+        evaluate_one(*(dtype(s[name]) for name, dtype in COLUMNS), model[0], dev[0], tiers, tiles, work[0], out)
+        assert dict(zip(OUTPUTS, out.tolist())) == row
+
+
+# --------------------------------------------------------------------------- properties (modeling.md section 9)
+
+
+@st.composite
+def candidates(draw) -> dict[str, int]:
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    schedule = SCHEDULE_1F1B if pp == 1 else draw(st.sampled_from([SCHEDULE_GPIPE, SCHEDULE_1F1B,
+                                                                   SCHEDULE_INTERLEAVED]))
+    interleaved = schedule == SCHEDULE_INTERLEAVED
+    return dict(
+        tp=tp, pp=pp, dp=dp, cp=draw(st.sampled_from([1, 2])), vpp=2 if interleaved else 1,
+        mb=draw(st.sampled_from([1, 2])), recompute=draw(st.sampled_from([0, 1, 2])),
+        sp=draw(st.sampled_from([0, 1])) if tp > 1 else 0, zero=draw(st.integers(0, 3)) if dp > 1 else 0,
+        schedule=schedule, n_micro=draw(st.integers(1, 16)) * (pp if interleaved else 1),
+    )
+
+
+#: the models the properties run on: Llama 3 8B (GQA + SwiGLU), GPT-3 175B (MHA +
+#: GeLU + biases + dropout) and an 8-layer Llama 3 8B, whose stages can hold a
+#: single layer (the corner where memory invariants are easiest to break)
+MODELS = st.sampled_from(["llama3_8b", "gpt3_175b", "llama3_8b_8_layers"])
+WORKLOADS = st.fixed_dictionaries({"seq_len": st.sampled_from([2048.0, 4096.0]),
+                                   "flash_attention": st.sampled_from([0.0, 1.0])})
+
+
+@pytest.fixture(scope="module")
+def setup(h100, llama3_8b, gpt3_175b, make_workload):
+    """(model name, workload overrides) -> the kernel arguments on H100s."""
+    shallow = llama3_8b.copy()
+    shallow["layers"] = 8.0
+    models = {"llama3_8b": llama3_8b, "gpt3_175b": gpt3_175b, "llama3_8b_8_layers": shallow}
+
+    def build(name: str, work: dict[str, float], s: dict[str, int], tiers=None, device=None):
+        devices = s["tp"] * s["pp"] * s["dp"] * s["cp"]
+        workload = make_workload(devices=float(devices), global_batch=float(s["dp"] * s["mb"] * s["n_micro"]), **work)
+        return (models[name], h100.device if device is None else device, h100.tiers if tiers is None else tiers,
+                h100.tiles, workload)
+
+    return build
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_step_time_is_conserved(setup, name, work, s):
+    """step = compute + tp + cp + bubble + pp + dp + optimizer; all parts >= 0;
+    step and throughput positive and finite."""
+    out = run_rows([s], *setup(name, work, s))[0]
+    assert sum(out[p] for p in PARTS) == pytest.approx(out["step_time_s"], rel=1e-9)
+    assert all(out[p] >= 0.0 for p in PARTS)
+    assert 0.0 < out["step_time_s"] < math.inf
+    assert 0.0 < out["tokens_per_s_per_gpu"] < math.inf and 0.0 < out["mfu"] < 1.0
+    assert out["recompute_s"] <= out["compute_s"] + out["tp_comm_s"] + out["cp_comm_s"]
+    assert out["mem_peak_bytes"] == pytest.approx(sum(out[k] for k in (
+        "mem_weights_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_activations_bytes",
+        "mem_overhead_bytes")), rel=1e-12)
+    assert 0 <= out["mem_peak_stage"] < s["pp"]
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_deterministic(setup, name, work, s):
+    args = setup(name, work, s)
+    first = evaluate_rows(*(np.array([s[n]], dtype=dt) for n, dt in COLUMNS), *args)
+    second = evaluate_rows(*(np.array([s[n]], dtype=dt) for n, dt in COLUMNS), *args)
+    assert first.tobytes() == second.tobytes()
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_one_stage_has_no_bubble(setup, name, work, s):
+    s = {**s, "pp": 1, "schedule": SCHEDULE_1F1B, "vpp": 1}
+    out = run_rows([s], *setup(name, work, s))[0]
+    assert out["bubble_s"] == 0.0 and out["pp_comm_s"] == 0.0
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_more_recompute_never_faster(setup, name, work, s):
+    """none -> selective -> full: the step never gets shorter."""
+    rows = [{**s, "recompute": r} for r in (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)]
+    none, selective, full = run_rows(rows, *setup(name, work, s))
+    assert none["step_time_s"] <= selective["step_time_s"] * (1 + 1e-12)
+    assert selective["step_time_s"] <= full["step_time_s"] * (1 + 1e-12)
+    assert none["recompute_s"] == 0.0 < selective["recompute_s"] < full["recompute_s"]
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_more_recompute_never_more_memory(setup, name, work, s):
+    """none -> selective -> full never raises the stored activations or the peak.
+
+    Recompute keeps less per layer and, transiently, the layer being recomputed
+    holds again what it did not keep; with A_none >= A_sel >= A_full and n >= 1
+    layers in flight, n A_sel + (A_none - A_sel) <= n A_none and the full-vs-
+    selective difference is (n - 1)(A_full - A_sel) <= 0, down to one layer."""
+    rows = [{**s, "recompute": r} for r in (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)]
+    none, selective, full = run_rows(rows, *setup(name, work, s))
+    for key in ("mem_activations_bytes", "mem_peak_bytes"):
+        assert full[key] <= selective[key] * (1 + 1e-12) and selective[key] <= none[key] * (1 + 1e-12), key
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_higher_zero_stage_never_more_memory(setup, name, work, s):
+    """ZeRO 0 -> 1 -> 2 -> 3 never raises the peak (dp >= 2): ZeRO-3's shard
+    plus two gathered layers is capped at the unsharded weights."""
+    s = {**s, "dp": max(s["dp"], 2)}
+    rows = [{**s, "zero": z} for z in range(4)]
+    peaks = [r["mem_peak_bytes"] for r in run_rows(rows, *setup(name, work, s))]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(peaks, peaks[1:])), peaks
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates(), ups=st.lists(st.floats(1.0, 1e3), min_size=2, max_size=2))
+def test_more_link_bandwidth_never_slower(setup, h100, name, work, s, ups):
+    fast_tiers = h100.tiers.copy()
+    fast_tiers["bytes_per_s"] *= np.array(ups)
+    slow, fast = (run_rows([s], *setup(name, work, s, tiers=t))[0] for t in (h100.tiers, fast_tiers))
+    assert fast["step_time_s"] <= slow["step_time_s"] * (1 + 1e-12)
+    for key in ("tp_comm_s", "cp_comm_s", "pp_comm_s"):
+        assert fast[key] <= slow[key] * (1 + 1e-12) + 1e-15, key
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates(), flops_up=st.floats(1.0, 1e3), hbm_up=st.floats(1.0, 1e3))
+def test_faster_device_never_slower(setup, h100, name, work, s, flops_up, hbm_up):
+    fast_dev = h100.device.copy()
+    fast_dev["peak_flops_per_s"] *= flops_up
+    fast_dev["hbm_bytes_per_s"] *= hbm_up
+    slow, fast = (run_rows([s], *setup(name, work, s, device=d))[0] for d in (h100.device, fast_dev))
+    assert fast["step_time_s"] <= slow["step_time_s"] * (1 + 1e-12)
+    assert fast["compute_s"] <= slow["compute_s"] * (1 + 1e-12)
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_infinite_bandwidth_removes_communication(setup, h100, name, work, s):
+    """Links at 1e30 B/s with no latency: TP, CP, PP and DP communication vanish."""
+    ideal = h100.tiers.copy()
+    ideal["bytes_per_s"] = 1e30
+    ideal["latency_s"] = 0.0
+    out = run_rows([s], *setup(name, work, s, tiers=ideal))[0]
+    for key in ("tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s"):
+        assert out[key] <= 1e-12 * out["step_time_s"], key
