@@ -38,7 +38,7 @@ CHUNK = 1 << 20
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--space", default=str(DEFAULT_SPACE))
-    ap.add_argument("--sample", type=int, default=3000, help="rows evaluated by the plain-Python reference")
+    ap.add_argument("--sample", type=int, default=500, help="rows evaluated by the plain-Python reference")
     args = ap.parse_args()
 
     space = load_space(args.space)

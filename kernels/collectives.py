@@ -3,7 +3,11 @@
 A communication group is ``size`` ranks laid ``stride`` devices apart (the rank
 layout puts TP innermost, then CP, DP, PP outermost). Tier i's domain holds
 ``domain_devices`` consecutive devices, so a group has
-k_i = clamp(floor(domain_i / stride), 1, size) members inside one tier-i domain.
+k_i = clamp(floor(domain_i / stride), 1, size) members inside one tier-i domain:
+the fewest any run of domain_i devices holds, i.e. the worst-aligned domain,
+which bounds the collective when the stride does not divide the domain
+(tp = 3 on 8-GPU nodes: nodes hold 3, 3, 2, ... members; 2 counts). A group
+whose size is not a multiple of k_i is treated as if every domain were full.
 A collective runs hierarchically: at tier i, r_i = k_i / k_(i-1) sub-groups
 combine, each rank carrying 1/k_(i-1) of the data (two-level NCCL algorithms:
 intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather). The

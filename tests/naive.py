@@ -122,12 +122,20 @@ def _same_domain(pos_a, pos_b, domain):
 
 
 def _members_by_tier(size, stride, tiers):
-    """Members of the group of rank 0 (positions 0, stride, ...) that share
-    rank 0's tier-i domain, cumulatively, by counting coordinates."""
-    size = int(size)
+    """Members of a strided group inside one tier-i domain, by counting
+    coordinates: the layout repeats groups at every offset, so count the
+    multiples of ``stride`` in each window of ``domain`` consecutive devices
+    and take the fewest (the worst-aligned domain bounds the collective),
+    clamped to [1, size]. Domain 0 is the whole cluster."""
+    size, stride = int(size), int(stride)
     counts = []
     for domain, _, _ in tiers:
-        counts.append(sum(1 for j in range(size) if _same_domain(0, j * stride, domain)))
+        domain = int(domain)
+        if domain <= 0:
+            counts.append(size)
+            continue
+        fewest = min(sum(1 for x in range(start, start + domain) if x % stride == 0) for start in range(stride))
+        counts.append(min(size, max(1, fewest)))
     return counts
 
 
@@ -142,8 +150,7 @@ def collective_time_s(op, size, stride, size_bytes, tiers):
     sub-groups combine over tier i, each rank carrying 1/k_(i-1) of the
     buffer. All-to-all instead sends to each of the k_i - k_(i-1) members that
     are first reached at tier i its 1/size share of the buffer, with r_i - 1
-    message steps. Valid for domains that are multiples of the stride (or
-    smaller than it), as the catalog's tiers and power-of-two layouts are.
+    message steps.
     """
     if size <= 1 or size_bytes <= 0:
         return 0.0

@@ -275,3 +275,15 @@ def test_uniform_bandwidth_hierarchy_equals_flat(op, size, stride, nbytes, bw, l
     n = 2.0 if op == SEND_RECV else size
     got = coll.collective_time_s(op, size, stride, nbytes, _tiers(*uniform))
     assert got == pytest.approx(coll.flat_time_s(op, n, nbytes, bw, 0.0), rel=1e-12)
+
+
+def test_stride_not_dividing_the_node_is_bound_by_the_worst_node():
+    """A data-parallel group of 8 ranks 3 devices apart (tp = 3) on 8-device
+    nodes: nodes hold 3, 3, 2, ... members; the worst, floor(8/3) = 2, bounds it.
+    All-reduce of 1 GiB, NVLink 400 GB/s and IB 50 GB/s, no latency:
+    intra 2 * (2-1)/2 * 2^30 / 400e9 + inter 2 * (4-1)/4 * 2^30/2 / 50e9
+    = 2.684354560e-3 + 16.10612736e-3 = 18.79048192e-3 s."""
+    tiers = _tiers((8.0, 400e9, 0.0), (0.0, 50e9, 0.0))
+    expected = 2 * 0.5 * GIB / 400e9 + 2 * 0.75 * (GIB / 2) / 50e9
+    assert expected == pytest.approx(18.79048192e-3, rel=1e-12)
+    assert coll.collective_time_s(ALL_REDUCE, 8.0, 3.0, GIB, tiers) == pytest.approx(expected, rel=1e-14)
