@@ -68,6 +68,19 @@ N_OUT = len(OUTPUTS)
     O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS, O_REASON,
 ) = range(N_OUT)
 
+#: Cost components of one candidate (``row_costs``), seconds unless noted:
+#: per layer per micro-batch forward/backward compute, one direction of its TP
+#: collectives, exposed CP ring time, recompute added to the backward, the
+#: embedding and the LM head + loss with their TP traffic, one pipeline
+#: message, the device's whole gradient reduction and parameter gather (ZeRO-3:
+#: one pass's), the optimizer step, logits per micro-batch (elements), the
+#: largest stage's parameters (count).
+(
+    C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
+    C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
+) = range(19)
+N_COST = 19
+
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
 #: one more gradient read for clipping (4)
@@ -185,16 +198,16 @@ def model_flop_per_sequence(model, s: float) -> float:
 
 
 @jit
-def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_micro,
-                 model, dev, tiers, tiles, work, out):
-    """Fill ``out`` (length N_OUT) for one candidate."""
+def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, tiles, work, costs):
+    """Fill ``costs`` (length N_COST, seconds) with the latencies one candidate is built from.
+
+    Shared by the analytic tier (``evaluate_one``) and the event tier
+    (``kernels.event_tier``), so both rank the same operator and collective costs."""
     t = float(tp)
     p = float(pp)
     d = float(dp)
     c = float(cp)
-    v = float(vpp)
     b = float(mb)
-    m = float(n_micro)
     sp = sp_flag != 0 and tp > 1
     s = work.seq_len
     ab = work.act_bytes
@@ -265,6 +278,76 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
         head_comm += collective_time_s(ALL_GATHER, t, 1.0, msg, tiers) + collective_time_s(
             REDUCE_SCATTER, t, 1.0, msg, tiers)
 
+    # ---- pipeline and data-parallel traffic
+    p2p_msg = msg / t if sp else msg
+    costs[C_P2P] = collective_time_s(SEND_RECV, p, t * c * d, p2p_msg, tiers)
+    layers_dev = model.layers / p
+    lp = layer_params(model, t)
+    emb_params = model.vocab * h / t
+    params_max = 0.0
+    for stage in range(pp):
+        params_max = max(params_max, stage_params(stage, pp, layers_dev, lp, emb_params, model))
+    dc = d * c
+    grad_total = params_max * work.grad_bytes
+    param_total = params_max * work.weight_bytes
+    if zero >= 1:
+        costs[C_DP_GRAD] = collective_time_s(REDUCE_SCATTER, dc, t, grad_total, tiers)
+        costs[C_DP_PARAM] = collective_time_s(ALL_GATHER, dc, t, param_total, tiers)
+    else:
+        costs[C_DP_GRAD] = collective_time_s(ALL_REDUCE, dc, t, grad_total, tiers)
+        costs[C_DP_PARAM] = 0.0
+    opt_shard = params_max / dc if zero >= 1 else params_max
+    costs[C_OPT] = memory_bound_s(ADAM_BYTES_PER_PARAM * opt_shard, 1.0, dev)
+    costs[C_LAYER_FWD] = layer_fwd
+    costs[C_LAYER_BWD] = layer_bwd
+    costs[C_TP_LAYER] = tp_layer
+    costs[C_CP_F] = cp_f
+    costs[C_CP_B] = cp_b
+    costs[C_RC_COMPUTE] = rc_compute
+    costs[C_RC_COMM] = rc_comm
+    costs[C_EMB_F] = emb_f
+    costs[C_EMB_B] = emb_b
+    costs[C_EMB_COMM] = emb_comm
+    costs[C_HEAD_F] = head_f
+    costs[C_HEAD_B] = head_b
+    costs[C_HEAD_COMM] = head_comm
+    costs[C_LOGITS] = logits
+    costs[C_PARAMS_MAX] = params_max
+
+
+@jit
+def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_micro,
+                 model, dev, tiers, tiles, work, out):
+    """Fill ``out`` (length N_OUT) for one candidate."""
+    costs = np.empty(N_COST, dtype=np.float64)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, tiles, work, costs)
+    t = float(tp)
+    p = float(pp)
+    d = float(dp)
+    c = float(cp)
+    v = float(vpp)
+    b = float(mb)
+    m = float(n_micro)
+    sp = sp_flag != 0 and tp > 1
+    s = work.seq_len
+    ab = work.act_bytes
+    flash = work.flash_attention > 0
+    h = model.hidden
+    layer_fwd = costs[C_LAYER_FWD]
+    layer_bwd = costs[C_LAYER_BWD]
+    tp_layer = costs[C_TP_LAYER]
+    cp_f = costs[C_CP_F]
+    cp_b = costs[C_CP_B]
+    rc_compute = costs[C_RC_COMPUTE]
+    rc_comm = costs[C_RC_COMM]
+    emb_f = costs[C_EMB_F]
+    emb_b = costs[C_EMB_B]
+    emb_comm = costs[C_EMB_COMM]
+    head_f = costs[C_HEAD_F]
+    head_b = costs[C_HEAD_B]
+    head_comm = costs[C_HEAD_COMM]
+    logits = costs[C_LOGITS]
+
     # ---- per device: forward and backward of one micro-batch
     layers_dev = model.layers / p
     lp = layer_params(model, t)
@@ -277,13 +360,11 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
     best_f = 0.0
     best_b = 0.0
     best_rc = 0.0
-    params_max = 0.0
     for stage in range(pp):
         fwd_compute = layers_dev * layer_fwd
         bwd_compute = layers_dev * (layer_bwd + rc_compute)
         tp_time = layers_dev * (2.0 * tp_layer + rc_comm)
         cp_time = layers_dev * (cp_f + cp_b)
-        params = stage_params(stage, pp, layers_dev, lp, emb_params, model)
         if stage == 0:
             fwd_compute += emb_f
             bwd_compute += emb_b
@@ -294,7 +375,6 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
             tp_time += head_comm
         total = fwd_compute + bwd_compute + tp_time + cp_time
         t_sum += total
-        params_max = max(params_max, params)
         if total > t_max:
             t_max = total
             best_compute = fwd_compute + bwd_compute
@@ -310,28 +390,19 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
     else:
         pipe = m * t_max + (t_sum - t_max)
     bubble = pipe - m * t_max
-    p2p_msg = msg / t if sp else msg
-    t_p2p = collective_time_s(SEND_RECV, p, t * c * d, p2p_msg, tiers)
+    t_p2p = costs[C_P2P]
     pp_comm = 2.0 * (p - 1.0) * t_p2p * (v if schedule == SCHEDULE_INTERLEAVED else 1.0)
 
     # ---- data parallel (gradients over the DP x CP group, stride tp)
     dc = d * c
-    grad_total = params_max * work.grad_bytes
-    param_total = params_max * work.weight_bytes
     dp_comm = 0.0
     if dc > 1:
-        if zero >= 3:
-            per_micro = 2.0 * collective_time_s(ALL_GATHER, dc, t, param_total, tiers) + collective_time_s(
-                REDUCE_SCATTER, dc, t, grad_total, tiers)
+        if zero >= 3:  # per micro-batch: gather for forward and backward, scatter gradients
+            per_micro = 2.0 * costs[C_DP_PARAM] + costs[C_DP_GRAD]
             dp_comm = max(0.0, m * per_micro - m * t_max)
-        elif zero >= 1:
-            dp_comm = max(0.0, collective_time_s(REDUCE_SCATTER, dc, t, grad_total, tiers) - best_b)
-            dp_comm += max(0.0, collective_time_s(ALL_GATHER, dc, t, param_total, tiers) - best_f)
-        else:
-            dp_comm = max(0.0, collective_time_s(ALL_REDUCE, dc, t, grad_total, tiers) - best_b)
-
-    opt_shard = params_max / dc if zero >= 1 else params_max
-    optimizer = memory_bound_s(ADAM_BYTES_PER_PARAM * opt_shard, 1.0, dev)
+        else:  # reduce overlapped with the last backward, gather with the first forward
+            dp_comm = max(0.0, costs[C_DP_GRAD] - best_b) + max(0.0, costs[C_DP_PARAM] - best_f)
+    optimizer = costs[C_OPT]
 
     step = pipe + pp_comm + dp_comm + optimizer
     out[O_STEP] = step
