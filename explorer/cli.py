@@ -10,7 +10,7 @@ from typing import Any
 import click
 import polars as pl
 
-from explorer.evaluate import pack
+from explorer.evaluate import DEFAULT_MAX_TASKS, pack
 from explorer.sweep import DEFAULT_CHUNK, enum_labels, evaluate_encoded, result_schema, run_sweep
 from results.rank import top
 from results.writer import to_arrow
@@ -23,7 +23,8 @@ from spaces.errors import CatalogError
 DEFAULT_SPACE = "llama3-70b-h100-1024"
 GIB = 1024**3
 #: columns shown in the top-N table after the strategy columns
-TOP_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_bytes", "feasible")
+TOP_METRICS = ("step_time_s", "simulated", "step_time_analytic_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_bytes",
+               "feasible")
 
 
 class InputError(click.ClickException):
@@ -88,7 +89,8 @@ def _top_table(frame: pl.DataFrame) -> str:
         [*DIMENSION_NAMES, "n_microbatches"]
         + [pl.col(c) for c in TOP_METRICS if c != "mem_peak_bytes"]
         + [(pl.col("mem_peak_bytes") / GIB).round(1).alias("mem_peak_GiB")]
-    ).with_columns(pl.col("step_time_s").round(3), pl.col("tokens_per_s_per_gpu").round(0), pl.col("mfu").round(3))
+    ).with_columns(pl.col("step_time_s").round(3), pl.col("step_time_analytic_s").round(3),
+                   pl.col("tokens_per_s_per_gpu").round(0), pl.col("mfu").round(3))
     with pl.Config(tbl_rows=len(shown), tbl_cols=len(shown.columns), tbl_width_chars=250,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         return str(shown)
@@ -109,9 +111,14 @@ def _top_table(frame: pl.DataFrame) -> str:
 @click.option("--explain", is_flag=True, help="Print how many combinations each validity rule removed.")
 @click.option("--dry-run", is_flag=True, help="Encode and explain only; evaluate and write nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
+@click.option("--simulate/--no-simulate", default=True, show_default=True,
+              help="Run the event engine on every feasible candidate (ranking uses its step time).")
+@click.option("--max-tasks", type=click.IntRange(min=1), default=DEFAULT_MAX_TASKS, show_default=True,
+              help="Candidates whose step graph has more tasks keep the analytic step time.")
 @_guard
 def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
-          out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool) -> None:
+          out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool,
+          simulate: bool, max_tasks: int) -> None:
     """Evaluate every candidate of a strategy space and write them ranked to Parquet.
 
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
@@ -127,7 +134,8 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         click.echo(explain_table(enc.first_reason, enc.breaks, enc.n_combinations))
         return
     target = out or Path("results") / f"{loaded.spec.name}.parquet"
-    summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress)
+    summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
+                        max_tasks=max_tasks)
     if summary.n_rows == 0:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
         raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "
@@ -136,7 +144,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     click.echo(f"{spec.name}: {loaded.model.name} on {spec.devices} x {loaded.hardware.name}, "
                f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}")
     click.echo(f"{summary.n_combinations:,} combinations -> {summary.n_rows:,} candidates "
-               f"({summary.n_feasible:,} fit in memory) in {summary.seconds:.2f} s "
+               f"({summary.n_feasible:,} fit in memory, {summary.n_simulated:,} simulated) in {summary.seconds:.2f} s "
                f"({summary.n_combinations / max(summary.seconds, 1e-9):,.0f} combinations/s)")
     click.echo(f"wrote {summary.path}")
     if explain:
@@ -189,22 +197,28 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
     return catalog.space_from_raw(raw, "command line", base_dir)
 
 
-@main.command("eval")
-@click.option("--space", default=None, help="Take model, hardware, devices, batch and sequence from this space.")
-@click.option("--model", default=None, help="Model: catalog name or TOML path.")
-@click.option("--hardware", default=None, help="Hardware: catalog name or TOML path.")
-@click.option("--devices", type=int, default=None, help="Number of devices.")
-@click.option("--global-batch", type=int, default=None, help="Sequences per optimizer step.")
-@click.option("--seq-len", type=int, default=None, help="Tokens per sequence.")
-@click.option("--dtype", default=None, help="GEMM precision (bf16, fp16, fp8, ...) [default: bf16].")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="A strategy value, e.g. --set tp=8 --set recompute=selective (dp defaults to devices/(tp*pp*cp)).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the Parquet column names.")
-@_guard
-def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices: int | None,
-             global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
-             as_json: bool) -> None:
-    """Evaluate one configuration and print its metrics and breakdown."""
+def config_options(fn):  # noqa: ANN001, ANN201 - decorator
+    """The options that name one configuration (shared by eval and trace)."""
+    options = [
+        click.option("--space", default=None, help="Take model, hardware, devices, batch and sequence from this space."),
+        click.option("--model", default=None, help="Model: catalog name or TOML path."),
+        click.option("--hardware", default=None, help="Hardware: catalog name or TOML path."),
+        click.option("--devices", type=int, default=None, help="Number of devices."),
+        click.option("--global-batch", type=int, default=None, help="Sequences per optimizer step."),
+        click.option("--seq-len", type=int, default=None, help="Tokens per sequence."),
+        click.option("--dtype", default=None, help="GEMM precision (bf16, fp16, fp8, ...) [default: bf16]."),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="A strategy value, e.g. --set tp=8 --set recompute=selective "
+                          "(dp defaults to devices/(tp*pp*cp))."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _one_row(space: str | None, model: str | None, hardware: str | None, devices: int | None,
+             global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]):  # noqa: ANN202
+    """The loaded space and the encoded single row of a command-line configuration."""
     from spaces.encode import REASON_TEXT
 
     loaded = _eval_space(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
@@ -214,12 +228,44 @@ def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices
         strategy = " ".join(f"{k}={v[0]}" for k, v in loaded.raw["dimensions"].items())
         raise InputError(f"command line: {strategy}: expected a valid configuration, but {REASON_TEXT[reason]} "
                          f"(rule {reason.name.lower()})")
+    return loaded, enc
+
+
+@main.command("eval")
+@config_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the Parquet column names.")
+@_guard
+def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices: int | None,
+             global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
+             as_json: bool) -> None:
+    """Evaluate one configuration and print its metrics and breakdown."""
+    loaded, enc = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
     cols = evaluate_encoded(pack(loaded), enc)
     row = to_arrow(cols, result_schema(), enum_labels()).to_pylist()[0]
     if as_json:
         click.echo(json.dumps(row))
         return
     click.echo(_report(loaded, row))
+
+
+@main.command("trace")
+@config_options
+@click.option("--out", "prefix", type=click.Path(dir_okay=False, path_type=Path), default=Path("trace"),
+              show_default=True, help="Writes PREFIX.json (Chrome trace / Perfetto) and PREFIX.png (Gantt).")
+@_guard
+def trace_cmd(space: str | None, model: str | None, hardware: str | None, devices: int | None,
+              global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
+              prefix: Path) -> None:
+    """Simulate one configuration with timeline capture and export it (open the JSON in ui.perfetto.dev)."""
+    from explorer.timeline import capture
+    from results.trace import write_chrome_trace, write_gantt_png
+
+    loaded, enc = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    row = {k: int(v[0]) for k, v in enc.columns.items()}
+    tl = capture(loaded, pack(loaded), row)
+    json_path = write_chrome_trace(tl, prefix.with_suffix(".json"))
+    png_path = write_gantt_png(tl, prefix.with_suffix(".png"))
+    click.echo(f"{tl.title}\n{tl.start_s.size:,} tasks; wrote {json_path} and {png_path}")
 
 
 def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
@@ -229,11 +275,17 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
         f"{loaded.model.name} on {spec.devices} x {loaded.hardware.name}, "
         f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}",
         "strategy: " + " ".join(f"{n}={row[n]}" for n in DIMENSION_NAMES) + f" (n_microbatches={row['n_microbatches']})",
-        f"step time {step:.4f} s   tokens/s/gpu {row['tokens_per_s_per_gpu']:,.0f}   MFU {100 * row['mfu']:.1f}%",
-        "time breakdown (bottleneck device):",
+        f"step time {step:.4f} s ({'simulated' if row['simulated'] else 'analytic'})   "
+        f"tokens/s/gpu {row['tokens_per_s_per_gpu']:,.0f}   MFU {100 * row['mfu']:.1f}%",
     ]
+    if row["simulated"]:
+        lines.append(f"event engine ({row['n_tasks']:,.0f} tasks): bubble {row['bubble_sim_s']:.4f} s, exposed pipeline "
+                     f"sends {row['pp_exposed_sim_s']:.4f} s, exposed data-parallel {row['dp_exposed_sim_s']:.4f} s, "
+                     f"stage 0 holds {row['inflight_peak_stage0']:.2f} micro-batches at peak")
+    analytic = row["step_time_analytic_s"]
+    lines.append(f"closed-form breakdown (bottleneck device), step {analytic:.4f} s:")
     for col in ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s"):
-        lines.append(f"  {col:<14}{row[col]:>10.4f} s  {100 * row[col] / step:5.1f}%")
+        lines.append(f"  {col:<14}{row[col]:>10.4f} s  {100 * row[col] / analytic:5.1f}%")
     lines.append(f"  {'(recompute_s)':<14}{row['recompute_s']:>10.4f} s  included above")
     cap = loaded.hardware.device.hbm_capacity_bytes
     lines.append(f"memory (stage {row['mem_peak_stage']}, the most loaded device):")

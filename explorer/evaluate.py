@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels import params
+from kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from kernels.training import OUTPUTS, evaluate_rows
 from spaces.catalog import LoadedSpace
 from spaces.schema import Hardware, Model
@@ -68,11 +69,33 @@ def pack(space: LoadedSpace) -> Packed:
     return Packed(pack_model(space.model), device, tiers, tiles, workload)
 
 
-def evaluate(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Metric columns (``kernels.training.OUTPUTS``) for encoded strategy columns."""
-    out = evaluate_rows(
-        cols["tp"], cols["pp"], cols["dp"], cols["cp"], cols["vpp"], cols["micro_batch"], cols["recompute"],
-        cols["sequence_parallel"], cols["zero"], cols["schedule"], cols["n_microbatches"],
-        packed.model, packed.device, packed.tiers, packed.tiles, packed.workload,
-    )
-    return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}
+#: rows whose step graph would exceed this many tasks are not simulated (their
+#: step_time_s stays analytic); bounds the event tier's time and memory per row
+DEFAULT_MAX_TASKS = 200_000
+
+
+def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    return tuple(cols[k] for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel",
+                                   "zero", "schedule", "n_microbatches"))
+
+
+def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = True,
+             max_tasks: int = DEFAULT_MAX_TASKS, n_buckets: int = DEFAULT_BUCKETS) -> dict[str, np.ndarray]:
+    """Metric columns for encoded strategy columns: the analytic tier on every row
+    (``kernels.training.OUTPUTS``), then the event tier on the feasible rows whose
+    graph has at most ``max_tasks`` tasks (``kernels.event_tier.SIM_OUTPUTS``)."""
+    strategy = _strategy(cols)
+    records = (packed.model, packed.device, packed.tiers, packed.tiles, packed.workload)
+    out = evaluate_rows(*strategy, *records)
+    metrics = {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}
+    select = metrics["feasible"] > 0
+    if simulate:
+        select &= task_bound(cols["pp"], cols["vpp"], cols["schedule"], cols["n_microbatches"], cols["zero"],
+                             n_buckets) <= max_tasks
+    else:
+        select[:] = False
+    sim = simulate_rows(*strategy, *records, select, metrics["step_time_analytic_s"],
+                        metrics["tokens_per_s_per_gpu"], metrics["mfu"], n_buckets)
+    metrics.update({name: np.ascontiguousarray(sim[:, i]) for i, name in enumerate(SIM_OUTPUTS)})
+    return metrics
+

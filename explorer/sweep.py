@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from explorer.evaluate import Packed, evaluate, pack
+from explorer.evaluate import DEFAULT_MAX_TASKS, Packed, evaluate, pack
 from results import schema
 from results.writer import ResultWriter, arrow_schema, to_arrow
 from spaces.catalog import LoadedSpace, catalog_hash
@@ -62,9 +62,10 @@ def column_docs() -> dict[str, dict[str, str]]:
     return docs
 
 
-def evaluate_encoded(packed: Packed, enc: Encoded) -> dict[str, np.ndarray]:
+def evaluate_encoded(packed: Packed, enc: Encoded, *, simulate: bool = True,
+                     max_tasks: int = DEFAULT_MAX_TASKS) -> dict[str, np.ndarray]:
     """Strategy and metric columns of one encoded chunk."""
-    return {**enc.columns, **evaluate(packed, enc.columns)}
+    return {**enc.columns, **evaluate(packed, enc.columns, simulate=simulate, max_tasks=max_tasks)}
 
 
 @dataclass
@@ -73,6 +74,7 @@ class SweepSummary:
     n_combinations: int = 0
     n_rows: int = 0
     n_feasible: int = 0
+    n_simulated: int = 0
     first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
     breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
     seconds: float = 0.0
@@ -82,6 +84,7 @@ class SweepSummary:
             "n_combinations": self.n_combinations,
             "n_rows": self.n_rows,
             "n_feasible": self.n_feasible,
+            "n_simulated": self.n_simulated,
             "dropped_first": {r.name.lower(): int(self.first_reason[r]) for r in Reason if r != Reason.VALID},
             "breaks": {r.name.lower(): int(self.breaks[r]) for r in Reason if r != Reason.VALID},
         }
@@ -101,7 +104,8 @@ def provenance(space: LoadedSpace) -> dict[str, object]:
 
 
 def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK, progress: bool = True,
-              start: int = 0, stop: int | None = None) -> SweepSummary:
+              start: int = 0, stop: int | None = None, simulate: bool = True,
+              max_tasks: int = DEFAULT_MAX_TASKS) -> SweepSummary:
     """Evaluate combinations ``start:stop`` of ``space`` and write them to ``out``."""
     encoder = Encoder(space)
     packed = pack(space)
@@ -115,11 +119,12 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
         desc=space.spec.name, leave=False,
     ) as bar:
         for enc in encoder.chunks(chunk_rows, start, stop):
-            cols = evaluate_encoded(packed, enc)
+            cols = evaluate_encoded(packed, enc, simulate=simulate, max_tasks=max_tasks)
             writer.write(to_arrow(cols, table_schema, labels_))
             summary.n_combinations += enc.n_combinations
             summary.n_rows += enc.n_rows
             summary.n_feasible += int(np.count_nonzero(cols["feasible"]))
+            summary.n_simulated += int(np.count_nonzero(cols["simulated"]))
             summary.first_reason += enc.first_reason
             summary.breaks += enc.breaks
             bar.update(enc.n_combinations)

@@ -38,7 +38,7 @@ from kernels.ops import attention_fwd_bwd_s, gemm_fwd_bwd_s, memory_bound_s
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
 #: ``results.schema`` gives each its unit and meaning (pinned by a test).
 OUTPUTS = (
-    "step_time_s",
+    "step_time_analytic_s",
     "compute_s",
     "tp_comm_s",
     "cp_comm_s",

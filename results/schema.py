@@ -20,15 +20,23 @@ class Column:
     type: pa.DataType
     unit: str
     doc: str
+    #: null where the value does not exist (event-tier columns of rows not simulated)
+    nullable: bool = False
 
 
 #: Identity and derived columns written before the strategy columns.
 ROW_ID = Column("row_id", pa.int64(), "index", "position of the combination in the space's flat product (stable id)")
 N_MICROBATCHES = Column("n_microbatches", pa.int32(), "count", "micro-batches per pipeline per step")
 
-#: Metric columns, in output order.
+#: Metric columns, in output order: the prediction used for ranking first, then
+#: the analytic tier's closed form with its breakdown (kernels.training.OUTPUTS),
+#: then the event tier's extras (kernels.event_tier.SIM_OUTPUTS).
 METRICS: tuple[Column, ...] = (
-    Column("step_time_s", pa.float64(), "s", "predicted time of one optimizer step"),
+    Column("step_time_s", pa.float64(), "s", "predicted step time: simulated by the event engine where simulated, else the analytic step_time_analytic_s"),
+    Column("simulated", pa.bool_(), "bool", "step_time_s comes from the event engine"),
+    Column("tokens_per_s_per_gpu", pa.float64(), "tokens/s", "global_batch * seq_len / (step_time_s * devices)"),
+    Column("mfu", pa.float64(), "fraction", "model FLOP (3 passes, causal attention) / (step_time_s * devices * dense peak)"),
+    Column("step_time_analytic_s", pa.float64(), "s", "closed-form step time; the breakdown columns below add up to it"),
     Column("compute_s", pa.float64(), "s", "compute on the bottleneck device: GEMMs, attention, memory-bound ops, recompute"),
     Column("tp_comm_s", pa.float64(), "s", "exposed tensor-parallel collectives (incl. vocab-parallel embedding and loss)"),
     Column("cp_comm_s", pa.float64(), "s", "context-parallel K/V ring traffic not hidden behind attention"),
@@ -39,9 +47,12 @@ METRICS: tuple[Column, ...] = (
     Column("recompute_s", pa.float64(), "s", "part of compute_s and tp_comm_s spent recomputing activations"),
     Column("stage_fwd_s", pa.float64(), "s", "forward of one micro-batch on the bottleneck device"),
     Column("stage_bwd_s", pa.float64(), "s", "backward of one micro-batch on the bottleneck device"),
-    Column("tokens_per_s_per_gpu", pa.float64(), "tokens/s", "global_batch * seq_len / (step_time_s * devices)"),
-    Column("mfu", pa.float64(), "fraction", "model FLOP (3 passes, causal attention) / (step time * devices * dense peak)"),
     Column("model_flop_per_step", pa.float64(), "FLOP", "model FLOP of one step: 3 x forward, causal attention, no recompute"),
+    Column("bubble_sim_s", pa.float64(), "s", "simulated idle compute time of the busiest device", nullable=True),
+    Column("pp_exposed_sim_s", pa.float64(), "s", "simulated pipeline send time not overlapped by compute (worst device)", nullable=True),
+    Column("dp_exposed_sim_s", pa.float64(), "s", "simulated data-parallel / ZeRO time not overlapped by compute (worst device)", nullable=True),
+    Column("inflight_peak_stage0", pa.float64(), "micro-batches", "simulated peak micro-batches (stage-equivalents) whose activations stage 0 holds", nullable=True),
+    Column("n_tasks", pa.float64(), "count", "tasks in the simulated step graph", nullable=True),
     Column("mem_weights_bytes", pa.float64(), "bytes", "16-bit weights on the peak-memory device"),
     Column("mem_grads_bytes", pa.float64(), "bytes", "fp32 main gradients on the peak-memory device"),
     Column("mem_optimizer_bytes", pa.float64(), "bytes", "fp32 master weights and Adam moments on the peak-memory device"),

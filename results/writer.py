@@ -29,7 +29,7 @@ def arrow_schema(strategy: list[tuple[str, pa.DataType, str]], metrics: tuple[Co
     fields = [pa.field(BY_NAME["row_id"].name, BY_NAME["row_id"].type, nullable=False)]
     fields += [pa.field(name, typ, nullable=False) for name, typ, _ in strategy]
     fields.append(pa.field(BY_NAME["n_microbatches"].name, BY_NAME["n_microbatches"].type, nullable=False))
-    fields += [pa.field(c.name, c.type, nullable=False) for c in metrics]
+    fields += [pa.field(c.name, c.type, nullable=c.nullable) for c in metrics]
     return pa.schema(fields)
 
 
@@ -43,6 +43,8 @@ def to_arrow(columns: dict[str, np.ndarray], schema: pa.Schema, labels: dict[str
             arrays.append(pa.DictionaryArray.from_arrays(pa.array(values.astype(np.int8)), names))
         elif pa.types.is_boolean(field.type):
             arrays.append(pa.array(values != 0))
+        elif field.nullable:  # NaN marks "does not exist"
+            arrays.append(pa.array(values.astype(field.type.to_pandas_dtype(), copy=False), from_pandas=True))
         else:
             arrays.append(pa.array(values.astype(field.type.to_pandas_dtype(), copy=False)))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -402,7 +402,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     step = busy + fill_drain + pp_comm + dp_comm + optimizer
     flop = 3 * work["global_batch"] * model_flop_per_sequence(model, s)
     out = {
-        "step_time_s": step,
+        "step_time_analytic_s": step,
         "compute_s": m * slowest["compute"],
         "tp_comm_s": m * slowest["tp"],
         "cp_comm_s": m * slowest["cp"],

@@ -51,7 +51,7 @@ def test_sweep_writes_ranked_parquet(small_sweep):
     assert df["row_id"].is_unique().all()
     steps = df.select(
         (pl.col("compute_s") + pl.col("tp_comm_s") + pl.col("cp_comm_s") + pl.col("bubble_s") + pl.col("pp_comm_s")
-         + pl.col("dp_comm_s") + pl.col("optimizer_s") - pl.col("step_time_s")).abs().max()
+         + pl.col("dp_comm_s") + pl.col("optimizer_s") - pl.col("step_time_analytic_s")).abs().max()
     ).item()
     assert steps < 1e-9
     assert set(df["recompute"].unique()) == {"none", "selective", "full"}

@@ -51,11 +51,11 @@ def test_interrupted_sweep_keeps_previous_result(tmp_path, monkeypatch):
     real = sweep_mod.evaluate_encoded
     calls = {"n": 0}
 
-    def interrupt_on_third_chunk(packed, enc):
+    def interrupt_on_third_chunk(packed, enc, **options):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real(packed, enc)
+        return real(packed, enc, **options)
 
     monkeypatch.setattr(sweep_mod, "evaluate_encoded", interrupt_on_third_chunk)
     with pytest.raises(KeyboardInterrupt):

@@ -1,0 +1,48 @@
+"""Timeline capture: simulate one configuration and keep every task."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from explorer.evaluate import Packed
+from kernels.engine import KIND_NAMES, OK, simulate
+from kernels.event_tier import DEFAULT_BUCKETS, row_graph
+from results.trace import Timeline
+from spaces.catalog import LoadedSpace
+from spaces.schema import Hardware
+
+NS = 1e9
+
+
+class ScheduleError(RuntimeError):
+    """The simulated schedule could not finish (its order contradicts its dependencies)."""
+
+
+def stream_names(hw: Hardware) -> tuple[str, ...]:
+    """Per device: the compute stream, then one stream per link tier."""
+    return ("compute", *(link.name for link in hw.links))
+
+
+def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:
+    """Simulate one encoded row (strategy values as ints, plus n_microbatches) with capture on."""
+    g = row_graph(row["tp"], row["pp"], row["dp"], row["cp"], row["vpp"], row["micro_batch"], row["recompute"],
+                  row["sequence_parallel"], row["zero"], row["schedule"], row["n_microbatches"], packed.model[0],
+                  packed.device[0], packed.tiers, packed.tiles, packed.workload[0], n_buckets)
+    dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
+    start = np.empty(dur.shape[0], dtype=np.int64)
+    end = np.empty(dur.shape[0], dtype=np.int64)
+    status = simulate(dur, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, start, end)
+    if status != OK:
+        stuck = np.flatnonzero(end < 0)[:10]
+        names = [f"{KIND_NAMES[kind[i]]}(stage {stage[i]}, micro {micro[i]}, chunk {chunk[i]})" for i in stuck]
+        raise ScheduleError(f"schedule deadlocked; {int((end < 0).sum())} tasks never ran, e.g. {', '.join(names)}")
+    per_device = 1 + packed.tiers.shape[0]
+    spec = space.spec
+    title = (f"{space.model.name} on {spec.devices} x {space.hardware.name}: "
+             + " ".join(f"{k}={row[k]}" for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))
+             + f", m={row['n_microbatches']}, step {end.max() / NS * 1e3:.1f} ms")
+    return Timeline(
+        device=stage.astype(np.int64), stream=(res % per_device).astype(np.int64), kind=kind.astype(np.int64),
+        micro=micro.astype(np.int64), chunk=chunk.astype(np.int64), start_s=start / NS, end_s=end / NS,
+        stream_names=stream_names(space.hardware), kind_names=KIND_NAMES, title=title,
+    )

@@ -1,0 +1,236 @@
+"""Event tier: simulate each candidate's training step with the event engine.
+
+Each row's task graph is built from the same costs as the analytic tier
+(``kernels.training.row_costs``): every device's chunk of layers per
+micro-batch, forward and backward (TP traffic and exposed CP time inside the
+pass, as in the analytic tier), the embedding on the first virtual stage, the
+LM head and loss on the last, pipeline sends on the link tier between stages,
+bucketed data-parallel reduction and ZeRO gathers on the DP tier, and the
+optimizer step (``kernels.pipeline.build_step``). The simulation replaces the
+closed-form pipeline and overlap formulas: unequal stages, send latency on the
+critical path, the NIC shared by pipeline and data-parallel traffic and the
+overlap of reductions with the remaining backward come out of the run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.codes import SCHEDULE_INTERLEAVED
+from kernels.collectives import group_tier
+from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, OK, simulate, uncovered_ns
+from kernels.jit import jit
+from kernels.pipeline import build_step
+from kernels.training import (
+    C_CP_B,
+    C_CP_F,
+    C_DP_GRAD,
+    C_DP_PARAM,
+    C_EMB_B,
+    C_EMB_COMM,
+    C_EMB_F,
+    C_HEAD_B,
+    C_HEAD_COMM,
+    C_HEAD_F,
+    C_LAYER_BWD,
+    C_LAYER_FWD,
+    C_OPT,
+    C_P2P,
+    C_RC_COMM,
+    C_RC_COMPUTE,
+    C_TP_LAYER,
+    N_COST,
+    model_flop_per_sequence,
+    row_costs,
+)
+
+#: Output columns of ``simulate_rows``, in order (units in ``results.schema``).
+SIM_OUTPUTS = (
+    "step_time_s",
+    "simulated",
+    "bubble_sim_s",
+    "pp_exposed_sim_s",
+    "dp_exposed_sim_s",
+    "inflight_peak_stage0",
+    "n_tasks",
+)
+N_SIM = len(SIM_OUTPUTS)
+S_STEP, S_SIMULATED, S_BUBBLE, S_PP, S_DP, S_INFLIGHT, S_TASKS = range(N_SIM)
+
+#: default number of gradient buckets (Megatron-LM's default bucket is 40M
+#: parameters; a handful per device is typical)
+DEFAULT_BUCKETS = 4
+NS = 1e9
+
+
+def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
+    """Upper bound on the tasks of each row's graph (numpy arrays or scalars),
+    used to cap the simulation's cost per row."""
+    pp = np.asarray(pp, dtype=np.int64)
+    v = np.where(np.asarray(schedule) == SCHEDULE_INTERLEAVED, vpp, 1).astype(np.int64)
+    per_dev = 2 * v * np.asarray(n_micro, dtype=np.int64)
+    dp = np.where(np.asarray(zero) >= 3, 3 * per_dev, 2 * n_buckets)
+    return pp * (per_dev + 2 * n_buckets + 1 + dp) + pp * per_dev
+
+
+@jit
+def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, model, dev, tiers, tiles, work,
+              n_buckets):
+    """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
+    costs = np.empty(N_COST, dtype=np.float64)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp, zero, model, dev, tiers, tiles, work, costs)
+    p = pp
+    v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
+    layers_chunk = model.layers / (p * v)
+    layer_f = costs[C_LAYER_FWD] + costs[C_TP_LAYER] + costs[C_CP_F]
+    layer_b = costs[C_LAYER_BWD] + costs[C_RC_COMPUTE] + costs[C_TP_LAYER] + costs[C_RC_COMM] + costs[C_CP_B]
+    fwd_ns = np.empty((p, v), dtype=np.int64)
+    bwd_ns = np.empty((p, v), dtype=np.int64)
+    for d in range(p):
+        for c in range(v):
+            f = layers_chunk * layer_f
+            b = layers_chunk * layer_b
+            vs = c * p + d
+            if vs == 0:
+                f += costs[C_EMB_F] + costs[C_EMB_COMM]
+                b += costs[C_EMB_B]
+            if vs == p * v - 1:
+                f += costs[C_HEAD_F] + costs[C_HEAD_COMM]
+                b += costs[C_HEAD_B]
+            fwd_ns[d, c] = np.int64(round(f * NS))
+            bwd_ns[d, c] = np.int64(round(b * NS))
+    n_tiers = tiers.shape[0]
+    pp_tier = group_tier(float(pp), float(tp * cp * dp), tiers)
+    dp_tier = group_tier(float(dp * cp), float(tp), tiers)
+    dp_grad = costs[C_DP_GRAD]
+    dp_param = costs[C_DP_PARAM]
+    z3_gather = 0
+    z3_scatter = 0
+    if zero >= 3:  # per pass over one chunk: its share of the gather and the scatter
+        z3_gather = np.int64(round(dp_param / v * NS))
+        z3_scatter = np.int64(round(dp_grad / v * NS))
+        dp_grad = 0.0
+        dp_param = 0.0
+    return build_step(schedule, p, v, n_micro, fwd_ns, bwd_ns, np.int64(round(costs[C_P2P] * NS)), pp_tier, dp_tier,
+                      n_tiers, zero, np.int64(round(dp_grad * NS)), np.int64(round(dp_param * NS)), n_buckets,
+                      z3_gather, z3_scatter, np.int64(round(costs[C_OPT] * NS)))
+
+
+@jit
+def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, p: int, v: int, n_tiers: int, out):
+    """Step time, bubble, exposed PP/DP communication and stage 0's peak in-flight
+    micro-batches of a simulated graph, into ``out`` (SIM_OUTPUTS order)."""
+    step = 0
+    for i in range(end.shape[0]):
+        if end[i] > step:
+            step = end[i]
+    worst_busy = -1
+    pp_exposed = 0
+    dp_exposed = 0
+    per_dev = 1 + n_tiers
+    for d in range(p):
+        r = d * per_dev
+        lo = order_ptr[r]
+        hi = order_ptr[r + 1]
+        busy = 0
+        c_start = np.empty(hi - lo, dtype=np.int64)
+        c_end = np.empty(hi - lo, dtype=np.int64)
+        for k in range(lo, hi):
+            task = order_idx[k]
+            busy += dur[task]
+            c_start[k - lo] = start[task]
+            c_end[k - lo] = end[task]
+        if busy > worst_busy:
+            worst_busy = busy
+        for comm_kind in (K_PP, K_DP):
+            count = 0
+            for t in range(n_tiers):
+                rr = r + 1 + t
+                for k in range(order_ptr[rr], order_ptr[rr + 1]):
+                    if kind[order_idx[k]] == comm_kind:
+                        count += 1
+            a_start = np.empty(count, dtype=np.int64)
+            a_end = np.empty(count, dtype=np.int64)
+            j = 0
+            for t in range(n_tiers):
+                rr = r + 1 + t
+                for k in range(order_ptr[rr], order_ptr[rr + 1]):
+                    task = order_idx[k]
+                    if kind[task] == comm_kind:
+                        a_start[j] = start[task]
+                        a_end[j] = end[task]
+                        j += 1
+            if n_tiers > 1:  # streams of different tiers interleave in time
+                perm = np.argsort(a_start, kind="mergesort")
+                a_start = a_start[perm]
+                a_end = a_end[perm]
+            exposed = uncovered_ns(a_start, a_end, c_start, c_end)
+            if comm_kind == K_PP:
+                pp_exposed = max(pp_exposed, exposed)
+            else:
+                dp_exposed = max(dp_exposed, exposed)
+    # stage 0: forward passes begun minus backward passes begun, along its compute order
+    inflight = 0
+    peak = 0
+    last_f = -1
+    last_b = -1
+    for k in range(order_ptr[0], order_ptr[1]):
+        task = order_idx[k]
+        key = chunk[task] * 1_000_000 + micro[task]
+        if kind[task] == K_FORWARD and key != last_f:
+            inflight += 1
+            last_f = key
+            if inflight > peak:
+                peak = inflight
+        elif kind[task] == K_BACKWARD and key != last_b:
+            inflight -= 1
+            last_b = key
+    out[S_STEP] = step / NS
+    out[S_SIMULATED] = 1.0
+    out[S_BUBBLE] = (step - worst_busy) / NS
+    out[S_PP] = pp_exposed / NS
+    out[S_DP] = dp_exposed / NS
+    out[S_INFLIGHT] = peak / v
+    out[S_TASKS] = dur.shape[0]
+
+
+@jit
+def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, model, dev, tiers, tiles, work,
+                 n_buckets, out) -> int:
+    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, model, dev, tiers, tiles, work,
+                  n_buckets)
+    dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
+    start = np.empty(dur.shape[0], dtype=np.int64)
+    end = np.empty(dur.shape[0], dtype=np.int64)
+    status = simulate(dur, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, start, end)
+    if status != OK:
+        return status
+    v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
+    step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, pp, v, tiers.shape[0], out)
+    return OK
+
+
+@jit(parallel=True)
+def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, model, dev, tiers, tiles, work,
+                  select, analytic_step, tokens, mfu, n_buckets):
+    """Simulate the rows where ``select`` is true; returns (n, N_SIM) float64.
+
+    Rows not simulated get the analytic step time, ``simulated`` 0 and NaN
+    elsewhere. ``tokens`` and ``mfu`` (the analytic tier's columns) are
+    rewritten in place from the simulated step time."""
+    n = tp.shape[0]
+    out = np.full((n, N_SIM), np.nan)
+    for i in prange(n):
+        row = out[i]
+        if select[i]:
+            status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], zero[i],
+                                  schedule[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
+            if status == OK:
+                scale = analytic_step[i] / row[S_STEP]
+                tokens[i] *= scale
+                mfu[i] *= scale
+                continue
+        row[S_STEP] = analytic_step[i]
+        row[S_SIMULATED] = 0.0
+    return out
