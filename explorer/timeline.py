@@ -7,6 +7,7 @@ import numpy as np
 from explorer.evaluate import Packed
 from kernels.engine import KIND_NAMES, OK, simulate
 from kernels.event_tier import DEFAULT_BUCKETS, row_graph
+from kernels.pipeline import STREAM_CLASSES, streams_per_device
 from results.trace import Timeline
 from spaces.catalog import LoadedSpace
 from spaces.schema import Hardware
@@ -19,8 +20,8 @@ class ScheduleError(RuntimeError):
 
 
 def stream_names(hw: Hardware) -> tuple[str, ...]:
-    """Per device: the compute stream, then one stream per link tier."""
-    return ("compute", *(link.name for link in hw.links))
+    """Per device: the compute stream, then one stream per (link tier, traffic class)."""
+    return ("compute", *(f"{link.name} {cls}" for link in hw.links for cls in STREAM_CLASSES))
 
 
 def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:
@@ -36,7 +37,7 @@ def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_bucket
         stuck = np.flatnonzero(end < 0)[:10]
         names = [f"{KIND_NAMES[kind[i]]}(stage {stage[i]}, micro {micro[i]}, chunk {chunk[i]})" for i in stuck]
         raise ScheduleError(f"schedule deadlocked; {int((end < 0).sum())} tasks never ran, e.g. {', '.join(names)}")
-    per_device = 1 + packed.tiers.shape[0]
+    per_device = streams_per_device(packed.tiers.shape[0])
     spec = space.spec
     title = (f"{space.model.name} on {spec.devices} x {space.hardware.name}: "
              + " ".join(f"{k}={row[k]}" for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))

@@ -54,56 +54,53 @@ def priority(kind: int) -> int:
 
 
 @jit
-def _before(t_a, p_a, i_a, t_b, p_b, i_b) -> bool:
-    if t_a != t_b:
-        return t_a < t_b
-    if p_a != p_b:
-        return p_a < p_b
-    return i_a < i_b
+def event_key(end_ns, kind) -> int:
+    """Sort key of a task's end event: time first, then compute before communication
+    (the task id breaks the remaining ties)."""
+    return end_ns * 2 + priority(kind)
 
 
 @jit
-def _heap_push(heap_t, heap_p, heap_i, size, t, p, i) -> int:
+def _heap_push(heap_k, heap_i, size, k, i) -> int:
     pos = size
-    heap_t[pos] = t
-    heap_p[pos] = p
-    heap_i[pos] = i
     while pos > 0:
         parent = (pos - 1) // 2
-        if _before(heap_t[pos], heap_p[pos], heap_i[pos], heap_t[parent], heap_p[parent], heap_i[parent]):
-            heap_t[pos], heap_t[parent] = heap_t[parent], heap_t[pos]
-            heap_p[pos], heap_p[parent] = heap_p[parent], heap_p[pos]
-            heap_i[pos], heap_i[parent] = heap_i[parent], heap_i[pos]
+        pk = heap_k[parent]
+        if k < pk or (k == pk and i < heap_i[parent]):
+            heap_k[pos] = pk
+            heap_i[pos] = heap_i[parent]
             pos = parent
         else:
             break
+    heap_k[pos] = k
+    heap_i[pos] = i
     return size + 1
 
 
 @jit
-def _heap_pop(heap_t, heap_p, heap_i, size) -> int:
+def _heap_pop(heap_k, heap_i, size) -> int:
     """Remove the root; returns the new size (the root is read by the caller first)."""
     size -= 1
-    heap_t[0] = heap_t[size]
-    heap_p[0] = heap_p[size]
-    heap_i[0] = heap_i[size]
+    k = heap_k[size]
+    i = heap_i[size]
     pos = 0
     while True:
-        left = 2 * pos + 1
-        if left >= size:
+        child = 2 * pos + 1
+        if child >= size:
             break
-        best = left
-        right = left + 1
-        if right < size and _before(heap_t[right], heap_p[right], heap_i[right],
-                                    heap_t[left], heap_p[left], heap_i[left]):
-            best = right
-        if _before(heap_t[best], heap_p[best], heap_i[best], heap_t[pos], heap_p[pos], heap_i[pos]):
-            heap_t[pos], heap_t[best] = heap_t[best], heap_t[pos]
-            heap_p[pos], heap_p[best] = heap_p[best], heap_p[pos]
-            heap_i[pos], heap_i[best] = heap_i[best], heap_i[pos]
-            pos = best
+        right = child + 1
+        if right < size and (heap_k[right] < heap_k[child]
+                             or (heap_k[right] == heap_k[child] and heap_i[right] < heap_i[child])):
+            child = right
+        ck = heap_k[child]
+        if ck < k or (ck == k and heap_i[child] < i):
+            heap_k[pos] = ck
+            heap_i[pos] = heap_i[child]
+            pos = child
         else:
             break
+    heap_k[pos] = k
+    heap_i[pos] = i
     return size
 
 
@@ -144,8 +141,7 @@ def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, ord
         if sync[i] >= 0:
             group_members[group_fill[sync[i]]] = i
             group_fill[sync[i]] += 1
-    heap_t = np.empty(n + 1, dtype=np.int64)
-    heap_p = np.empty(n + 1, dtype=np.int64)
+    heap_k = np.empty(n + 1, dtype=np.int64)
     heap_i = np.empty(n + 1, dtype=np.int64)
     size = 0
     done = 0
@@ -171,7 +167,7 @@ def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, ord
             if g < 0:
                 start_ns[task] = now
                 end_ns[task] = now + dur_ns[task]
-                size = _heap_push(heap_t, heap_p, heap_i, size, end_ns[task], priority(kind[task]), task)
+                size = _heap_push(heap_k, heap_i, size, event_key(end_ns[task], kind[task]), task)
                 continue
             group_arrived[g] += 1
             if now > group_latest[g]:
@@ -181,13 +177,13 @@ def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, ord
                     j = group_members[k]
                     start_ns[j] = group_latest[g]
                     end_ns[j] = group_latest[g] + dur_ns[j]
-                    size = _heap_push(heap_t, heap_p, heap_i, size, end_ns[j], priority(kind[j]), j)
+                    size = _heap_push(heap_k, heap_i, size, event_key(end_ns[j], kind[j]), j)
         if size == 0:
             break
         # the next end event
-        now = heap_t[0]
         task = heap_i[0]
-        size = _heap_pop(heap_t, heap_p, heap_i, size)
+        now = end_ns[task]
+        size = _heap_pop(heap_k, heap_i, size)
         done += 1
         r = res[task]
         busy[r] = False
@@ -240,6 +236,53 @@ def order_from_lists(n_res: int, res, seq):
         idx[fill[res[i]]] = i
         fill[res[i]] += 1
     return ptr, idx
+
+
+@jit
+def order_by_id(n_res: int, res):
+    """Each resource's task order (CSR) when task ids already follow each
+    resource's order: a stable counting sort by resource, O(n)."""
+    n = res.shape[0]
+    ptr = np.zeros(n_res + 1, dtype=np.int64)
+    for i in range(n):
+        ptr[res[i] + 1] += 1
+    for r in range(n_res):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:-1].copy()
+    idx = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        idx[fill[res[i]]] = i
+        fill[res[i]] += 1
+    return ptr, idx
+
+
+@jit
+def exposed_ns(order_idx, a_lo: int, a_hi: int, want: int, b_lo: int, b_hi: int, kind, start, end) -> int:
+    """Time the tasks of kind ``want`` in ``order_idx[a_lo:a_hi]`` run while none
+    of ``order_idx[b_lo:b_hi]`` runs. Both runs are one stream's tasks, so each
+    is in time order and free of overlaps."""
+    total = 0
+    j = b_lo
+    for k in range(a_lo, a_hi):
+        task = order_idx[k]
+        if kind[task] != want:
+            continue
+        s = start[task]
+        e = end[task]
+        if e <= s:
+            continue
+        while j < b_hi and end[order_idx[j]] <= s:
+            j += 1
+        covered = 0
+        jj = j
+        while jj < b_hi and start[order_idx[jj]] < e:
+            lo = max(start[order_idx[jj]], s)
+            hi = min(end[order_idx[jj]], e)
+            if hi > lo:
+                covered += hi - lo
+            jj += 1
+        total += (e - s) - covered
+    return total
 
 
 @jit

@@ -19,9 +19,9 @@ from numba import prange
 
 from kernels.codes import SCHEDULE_INTERLEAVED
 from kernels.collectives import group_tier
-from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, OK, simulate, uncovered_ns
+from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, OK, exposed_ns, simulate
 from kernels.jit import jit
-from kernels.pipeline import build_step
+from kernels.pipeline import build_step, streams_per_device
 from kernels.training import (
     C_CP_B,
     C_CP_F,
@@ -128,48 +128,27 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
     worst_busy = -1
     pp_exposed = 0
     dp_exposed = 0
-    per_dev = 1 + n_tiers
+    per_dev = streams_per_device(n_tiers)
     for d in range(p):
         r = d * per_dev
         lo = order_ptr[r]
         hi = order_ptr[r + 1]
         busy = 0
-        c_start = np.empty(hi - lo, dtype=np.int64)
-        c_end = np.empty(hi - lo, dtype=np.int64)
         for k in range(lo, hi):
-            task = order_idx[k]
-            busy += dur[task]
-            c_start[k - lo] = start[task]
-            c_end[k - lo] = end[task]
+            busy += dur[order_idx[k]]
         if busy > worst_busy:
             worst_busy = busy
-        for comm_kind in (K_PP, K_DP):
-            count = 0
-            for t in range(n_tiers):
-                rr = r + 1 + t
-                for k in range(order_ptr[rr], order_ptr[rr + 1]):
-                    if kind[order_idx[k]] == comm_kind:
-                        count += 1
-            a_start = np.empty(count, dtype=np.int64)
-            a_end = np.empty(count, dtype=np.int64)
-            j = 0
-            for t in range(n_tiers):
-                rr = r + 1 + t
-                for k in range(order_ptr[rr], order_ptr[rr + 1]):
-                    task = order_idx[k]
-                    if kind[task] == comm_kind:
-                        a_start[j] = start[task]
-                        a_end[j] = end[task]
-                        j += 1
-            if n_tiers > 1:  # streams of different tiers interleave in time
-                perm = np.argsort(a_start, kind="mergesort")
-                a_start = a_start[perm]
-                a_end = a_end[perm]
-            exposed = uncovered_ns(a_start, a_end, c_start, c_end)
-            if comm_kind == K_PP:
-                pp_exposed = max(pp_exposed, exposed)
-            else:
-                dp_exposed = max(dp_exposed, exposed)
+        # every communication stream is in time order like the compute stream; a
+        # device's exposed time per class sums its streams (they rarely overlap idly)
+        dev_pp = 0
+        dev_dp = 0
+        for rr in range(r + 1, r + per_dev):
+            if order_ptr[rr + 1] == order_ptr[rr]:
+                continue
+            dev_pp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_PP, lo, hi, kind, start, end)
+            dev_dp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_DP, lo, hi, kind, start, end)
+        pp_exposed = max(pp_exposed, dev_pp)
+        dp_exposed = max(dp_exposed, dev_dp)
     # stage 0: forward passes begun minus backward passes begun, along its compute order
     inflight = 0
     peak = 0

@@ -9,16 +9,25 @@ dependencies are the same for all of them:
   F(vs, i) after send_f(vs-1, i), which follows F(vs-1, i);
   B(vs, i) after F(vs, i) and after send_b(vs+1, i), which follows B(vs+1, i).
 
-Sends run on the sender's stream of the link tier between the stages; data-
-parallel traffic runs on the device's stream of its own tier (the same stream
-when both cross the same tier, so they queue behind each other on the NIC).
-Gradient reduction is bucketed: the device's last backward is split into
-``n_buckets`` pieces and bucket k's reduce-scatter / all-reduce follows piece k,
-overlapping the rest of that backward; ZeRO-1/2 parameter all-gathers are
-bucketed against the device's first forward the same way; ZeRO-3 gathers the
-parameters before every forward and backward and reduce-scatters gradients
-after every backward, prefetched one task ahead. The optimizer step ends the
-step on each device after its last reduction.
+Every device has a compute stream and, per link tier, one stream per traffic
+class (``STREAM_CLASSES``: pipeline sends, data-parallel reductions, data-
+parallel gathers), as NCCL runs each on its own communicator and stream; two
+classes on one tier do not queue behind each other, and the bandwidth they
+would share is not divided (a fair-share link model is future work). Sends run
+on the sender's pipeline stream of the tier between the stages; data-parallel
+traffic on the DP group's tier. Gradient reduction is bucketed: the device's
+last backward is split into ``n_buckets`` pieces and bucket k's reduce-scatter
+/ all-reduce follows piece k, overlapping the rest of that backward; ZeRO-1/2
+parameter all-gathers are bucketed against the device's first forward the
+same way; ZeRO-3 gathers the parameters of every forward and backward pass at
+most one pass ahead (the gather for pass k waits for pass k-2 to end, so two
+passes' parameters are held, as the memory model assumes) and reduce-scatters
+gradients after every backward. The optimizer step ends each device's step
+after its last reduction.
+
+Tasks are created in each device's program order, so task ids follow every
+stream's order. Preconditions (the encoder guarantees them): interleaving needs
+m % p == 0.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from kernels.engine import (
     K_OPTIMIZER,
     K_PP,
     csr_from_edges,
-    order_from_lists,
+    order_by_id,
 )
 from kernels.jit import jit
 
@@ -41,12 +50,31 @@ from kernels.jit import jit
 F_PASS = 0
 B_PASS = 1
 
+#: communication streams per link tier, in this order
+STREAM_PP = 0
+STREAM_DP_REDUCE = 1
+STREAM_DP_GATHER = 2
+STREAM_CLASSES = ("pp", "dp-reduce", "dp-gather")
+N_STREAM_CLASSES = 3
+
+
+@jit
+def streams_per_device(n_tiers: int) -> int:
+    """Compute stream + one stream per (tier, traffic class)."""
+    return 1 + N_STREAM_CLASSES * n_tiers
+
+
+@jit
+def comm_stream(device: int, n_tiers: int, tier: int, stream_class: int) -> int:
+    return device * streams_per_device(n_tiers) + 1 + N_STREAM_CLASSES * tier + stream_class
+
 
 @jit
 def compute_order(schedule: int, p: int, v: int, m: int, d: int, passes, chunks, micros) -> int:
     """Fill device ``d``'s compute order; returns its length (2 v m).
 
-    GPipe: every forward, then every backward. 1F1B: min(p - d - 1, m) warm-up
+    GPipe: every forward (chunk by chunk), then every backward (last chunk
+    first). 1F1B: min(p - d - 1, m) warm-up
     forwards, then one forward and one backward alternately, then the remaining
     backwards. Interleaved (Megatron-LM ``forward_backward_pipelining_with_
     interleaving``): virtual micro-batch k runs chunk (k mod p v) div p (backward:
@@ -55,16 +83,18 @@ def compute_order(schedule: int, p: int, v: int, m: int, d: int, passes, chunks,
     """
     n = 0
     if schedule == SCHEDULE_GPIPE:
-        for i in range(m):
-            passes[n] = F_PASS
-            chunks[n] = 0
-            micros[n] = i
-            n += 1
-        for i in range(m):
-            passes[n] = B_PASS
-            chunks[n] = 0
-            micros[n] = i
-            n += 1
+        for c in range(v):
+            for i in range(m):
+                passes[n] = F_PASS
+                chunks[n] = c
+                micros[n] = i
+                n += 1
+        for c in range(v - 1, -1, -1):
+            for i in range(m):
+                passes[n] = B_PASS
+                chunks[n] = c
+                micros[n] = i
+                n += 1
         return n
     total = m * v
     if schedule == SCHEDULE_INTERLEAVED:
@@ -119,18 +149,20 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
     reduce_grads = zero < 3 and dp_grad_ns > 0
     gather_params = 1 <= zero < 3 and dp_param_ns > 0
     z3 = zero >= 3 and (z3_gather_ns > 0 or z3_scatter_ns > 0)
-    cap = p * (per_dev + 3 * nb + 1) + 2 * P * m + p * 3 * per_dev
-    dur = np.zeros(cap, dtype=np.int64)
-    res = np.zeros(cap, dtype=np.int32)
-    kind = np.zeros(cap, dtype=np.int8)
-    stage = np.zeros(cap, dtype=np.int32)
-    micro = np.full(cap, -1, dtype=np.int32)
-    chunk = np.full(cap, -1, dtype=np.int32)
-    sync = np.full(cap, -1, dtype=np.int32)
-    seq = np.zeros(cap, dtype=np.int64)
+    # per device: passes, + nb gathers and nb reductions, + (nb - 1) extra pieces of
+    # the first forward and of the last backward, + the optimizer; sends; ZeRO-3
+    # gathers (every pass) and scatters (every backward)
+    cap = p * (per_dev + 4 * nb + 1) + 2 * P * m + (p * 2 * per_dev if z3 else 0)
+    dur = np.empty(cap, dtype=np.int64)
+    res = np.empty(cap, dtype=np.int32)
+    kind = np.empty(cap, dtype=np.int8)
+    stage = np.empty(cap, dtype=np.int32)
+    micro = np.empty(cap, dtype=np.int32)
+    chunk = np.empty(cap, dtype=np.int32)
+    seq = np.empty(cap, dtype=np.int64)
     e_cap = 4 * cap
-    src = np.zeros(e_cap, dtype=np.int32)
-    dst = np.zeros(e_cap, dtype=np.int32)
+    src = np.empty(e_cap, dtype=np.int32)
+    dst = np.empty(e_cap, dtype=np.int32)
     f_first = np.zeros((P, m), dtype=np.int64)
     f_out = np.zeros((P, m), dtype=np.int64)  # the forward's last piece, or its send
     b_first = np.zeros((P, m), dtype=np.int64)
@@ -139,12 +171,16 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
     passes = np.zeros(per_dev, dtype=np.int32)
     chunks = np.zeros(per_dev, dtype=np.int32)
     micros = np.zeros(per_dev, dtype=np.int32)
-    n_res = p * (1 + n_tiers)
+    n_res = p * streams_per_device(n_tiers)
     n = 0
     n_e = 0
     for d in range(p):
-        compute = d * (1 + n_tiers)
-        dp_res = compute + 1 + dp_tier
+        compute = d * streams_per_device(n_tiers)
+        reduce_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP_REDUCE)
+        gather_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP_GATHER)
+        send_res = comm_stream(d, n_tiers, pp_tier, STREAM_PP)
+        before_prev = -1  # the pass before the previous one (ZeRO-3 prefetch window)
+        prev_pass = -1
         length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
         pos = 0  # program position: orders the tasks on every stream of this device
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
@@ -152,7 +188,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
         first_forward = _first_forward(passes, length)
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, dp_param_ns // nb, dp_res, K_DP, d, -1, -1, pos)
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_param_ns, nb, k), gather_res, K_DP,
+                          d, -1, -1, pos)
         for o in range(length):
             is_b = passes[o] == B_PASS
             c = chunks[o]
@@ -164,16 +201,19 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
             total = bwd_ns[d, c] if is_b else fwd_ns[d, c]
             task_kind = K_BACKWARD if is_b else K_FORWARD
             z3_gather = -1
-            if z3:  # gather this pass's parameters, one pass ahead on the dp stream
+            if z3:  # gather this pass's parameters, at most one pass ahead
                 z3_gather = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, i, c, 4 * pos + 3)
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, gather_res, K_DP, d, i, c,
+                          4 * pos + 3)
+                if before_prev >= 0:
+                    n_e = _edge(src, dst, n_e, before_prev, z3_gather)
             first = n
             prev = -1
             for k in range(pieces):
                 pos += 1
                 piece = n
-                share = total // pieces + (total % pieces if k == pieces - 1 else 0)
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, share, compute, task_kind, d, i, c, 4 * pos)
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(total, pieces, k), compute, task_kind, d,
+                          i, c, 4 * pos)
                 if prev >= 0:
                     n_e = _edge(src, dst, n_e, prev, piece)
                 if gather_here:
@@ -182,22 +222,23 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                     n_e = _edge(src, dst, n_e, z3_gather, piece)
                 if reduce_here:  # bucket k of the gradients is final: reduce it
                     rid = n
-                    n = _task(dur, res, kind, stage, micro, chunk, seq, n, dp_grad_ns // nb, dp_res, K_DP, d, -1, -1,
-                              4 * pos + 1)
+                    n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_grad_ns, nb, k), reduce_res, K_DP,
+                              d, -1, -1, 4 * pos + 1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
             out = prev
             if z3 and is_b:
                 rid = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_scatter_ns, dp_res, K_DP, d, i, c,
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_scatter_ns, reduce_res, K_DP, d, i, c,
                           4 * pos + 1)
                 n_e = _edge(src, dst, n_e, prev, rid)
             if ((not is_b and vs < P - 1) or (is_b and vs > 0)) and send_ns > 0:
                 sid = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, send_ns, compute + 1 + pp_tier, K_PP, d, i, c,
-                          4 * pos + 2)
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, send_ns, send_res, K_PP, d, i, c, 4 * pos + 2)
                 n_e = _edge(src, dst, n_e, prev, sid)
                 out = sid
+            before_prev = prev_pass
+            prev_pass = prev
             if is_b:
                 b_first[vs, i] = first
                 b_out[vs, i] = out
@@ -220,8 +261,11 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                 n_e = _edge(src, dst, n_e, b_out[vs, i], b_first[vs - 1, i])
             n_e = _edge(src, dst, n_e, f_last[vs, i], b_first[vs, i])
     succ_ptr, succ_idx, n_pred = csr_from_edges(n, src[:n_e], dst[:n_e])
-    order_ptr, order_idx = order_from_lists(n_res, res[:n], seq[:n])
-    return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync[:n], succ_ptr, succ_idx, n_pred,
+    # tasks are created in each device's program order, so ids already follow
+    # every stream's order (``seq`` records the position, for checks)
+    order_ptr, order_idx = order_by_id(n_res, res[:n])
+    sync = np.full(n, -1, dtype=np.int32)
+    return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
             order_ptr, order_idx, n_res)
 
 
@@ -235,6 +279,12 @@ def _task(dur, res, kind, stage, micro, chunk, seq, n, duration, resource, task_
     chunk[n] = c
     seq[n] = position
     return n + 1
+
+
+@jit
+def _share(total: int, parts: int, k: int) -> int:
+    """Part k of ``total`` split in ``parts``; the last part takes the remainder."""
+    return total // parts + (total % parts if k == parts - 1 else 0)
 
 
 @jit
