@@ -11,7 +11,7 @@ import click
 import polars as pl
 
 from explorer.evaluate import DEFAULT_MAX_TASKS, pack
-from explorer.sweep import DEFAULT_CHUNK, enum_labels, evaluate_encoded, result_schema, run_sweep
+from explorer.sweep import DEFAULT_CHUNK, DEFAULT_SIMULATE_TOP, enum_labels, evaluate_encoded, result_schema, run_sweep
 from results.rank import top
 from results.writer import to_arrow
 from spaces import catalog
@@ -115,10 +115,12 @@ def _top_table(frame: pl.DataFrame) -> str:
               help="Run the event engine on every feasible candidate (ranking uses its step time).")
 @click.option("--max-tasks", type=click.IntRange(min=1), default=DEFAULT_MAX_TASKS, show_default=True,
               help="Candidates whose step graph has more tasks keep the analytic step time.")
+@click.option("--simulate-top", type=click.IntRange(min=1), default=DEFAULT_SIMULATE_TOP, show_default=True,
+              help="With more feasible candidates than this, simulate only this many best by analytic step time.")
 @_guard
 def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
           out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool,
-          simulate: bool, max_tasks: int) -> None:
+          simulate: bool, max_tasks: int, simulate_top: int) -> None:
     """Evaluate every candidate of a strategy space and write them ranked to Parquet.
 
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
@@ -135,7 +137,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         return
     target = out or Path("results") / f"{loaded.spec.name}.parquet"
     summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
-                        max_tasks=max_tasks)
+                        max_tasks=max_tasks, simulate_top=simulate_top)
     if summary.n_rows == 0:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
         raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "

@@ -79,23 +79,32 @@ def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
                                    "zero", "schedule", "n_microbatches"))
 
 
+def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The analytic tier's columns (``kernels.training.OUTPUTS``) for every row."""
+    out = evaluate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload)
+    return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}
+
+
+def simulable(cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], *, max_tasks: int = DEFAULT_MAX_TASKS,
+              n_buckets: int = DEFAULT_BUCKETS) -> np.ndarray:
+    """Rows the event tier takes: feasible, with a graph of at most ``max_tasks`` tasks."""
+    tasks = task_bound(cols["pp"], cols["vpp"], cols["schedule"], cols["n_microbatches"], cols["zero"], n_buckets)
+    return (metrics["feasible"] > 0) & (tasks <= max_tasks)
+
+
 def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = True,
-             max_tasks: int = DEFAULT_MAX_TASKS, n_buckets: int = DEFAULT_BUCKETS) -> dict[str, np.ndarray]:
-    """Metric columns for encoded strategy columns: the analytic tier on every row
-    (``kernels.training.OUTPUTS``), then the event tier on the feasible rows whose
-    graph has at most ``max_tasks`` tasks (``kernels.event_tier.SIM_OUTPUTS``)."""
-    strategy = _strategy(cols)
-    records = (packed.model, packed.device, packed.tiers, packed.tiles, packed.workload)
-    out = evaluate_rows(*strategy, *records)
-    metrics = {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}
-    select = metrics["feasible"] > 0
-    if simulate:
-        select &= task_bound(cols["pp"], cols["vpp"], cols["schedule"], cols["n_microbatches"], cols["zero"],
-                             n_buckets) <= max_tasks
-    else:
-        select[:] = False
-    sim = simulate_rows(*strategy, *records, select, metrics["step_time_analytic_s"],
-                        metrics["tokens_per_s_per_gpu"], metrics["mfu"], n_buckets)
+             max_tasks: int = DEFAULT_MAX_TASKS, n_buckets: int = DEFAULT_BUCKETS,
+             only: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Metric columns for encoded strategy columns: the analytic tier on every row,
+    then the event tier (``kernels.event_tier.SIM_OUTPUTS``) on the ``simulable``
+    rows, restricted to the sorted ``row_id``s in ``only`` when given."""
+    metrics = analytic(packed, cols)
+    select = simulable(cols, metrics, max_tasks=max_tasks, n_buckets=n_buckets) if simulate \
+        else np.zeros(len(cols["tp"]), dtype=bool)
+    if only is not None:
+        select &= np.isin(cols["row_id"], only, assume_unique=True)
+    sim = simulate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload,
+                        select, metrics["step_time_analytic_s"], metrics["tokens_per_s_per_gpu"], metrics["mfu"],
+                        n_buckets)
     metrics.update({name: np.ascontiguousarray(sim[:, i]) for i, name in enumerate(SIM_OUTPUTS)})
     return metrics
-

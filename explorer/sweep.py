@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from explorer.evaluate import DEFAULT_MAX_TASKS, Packed, evaluate, pack
+from explorer.evaluate import DEFAULT_MAX_TASKS, Packed, analytic, evaluate, pack, simulable
 from results import schema
 from results.writer import ResultWriter, arrow_schema, to_arrow
 from spaces.catalog import LoadedSpace, catalog_hash
@@ -20,6 +20,9 @@ from spaces.enums import Feasibility, Reason, labels
 
 #: combinations encoded and evaluated per chunk: bounds memory whatever the space size
 DEFAULT_CHUNK = 1 << 20
+#: the event tier simulates at most this many candidates: the best by the
+#: analytic step time when more are feasible (a first, analytic-only pass finds them)
+DEFAULT_SIMULATE_TOP = 20_000
 
 
 def paraspace_version() -> str:
@@ -62,10 +65,29 @@ def column_docs() -> dict[str, dict[str, str]]:
     return docs
 
 
-def evaluate_encoded(packed: Packed, enc: Encoded, *, simulate: bool = True,
-                     max_tasks: int = DEFAULT_MAX_TASKS) -> dict[str, np.ndarray]:
+def evaluate_encoded(packed: Packed, enc: Encoded, *, simulate: bool = True, max_tasks: int = DEFAULT_MAX_TASKS,
+                     only: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Strategy and metric columns of one encoded chunk."""
-    return {**enc.columns, **evaluate(packed, enc.columns, simulate=simulate, max_tasks=max_tasks)}
+    return {**enc.columns, **evaluate(packed, enc.columns, simulate=simulate, max_tasks=max_tasks, only=only)}
+
+
+def best_analytic(encoder: Encoder, packed: Packed, n: int, *, chunk_rows: int, start: int, stop: int,
+                  max_tasks: int) -> np.ndarray | None:
+    """Sorted row ids of the ``n`` simulable candidates with the shortest analytic
+    step (ties by row id), or None when there are no more than ``n`` of them."""
+    best_t = np.empty(0)
+    best_id = np.empty(0, dtype=np.int64)
+    total = 0
+    for enc in encoder.chunks(chunk_rows, start, stop):
+        metrics = analytic(packed, enc.columns)
+        keep = simulable(enc.columns, metrics, max_tasks=max_tasks)
+        total += int(keep.sum())
+        best_t = np.concatenate([best_t, metrics["step_time_analytic_s"][keep]])
+        best_id = np.concatenate([best_id, enc.columns["row_id"][keep]])
+        if best_t.size > n:
+            order = np.lexsort((best_id, best_t))[:n]
+            best_t, best_id = best_t[order], best_id[order]
+    return None if total <= n else np.sort(best_id)
 
 
 @dataclass
@@ -105,11 +127,16 @@ def provenance(space: LoadedSpace) -> dict[str, object]:
 
 def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK, progress: bool = True,
               start: int = 0, stop: int | None = None, simulate: bool = True,
-              max_tasks: int = DEFAULT_MAX_TASKS) -> SweepSummary:
-    """Evaluate combinations ``start:stop`` of ``space`` and write them to ``out``."""
+              max_tasks: int = DEFAULT_MAX_TASKS, simulate_top: int = DEFAULT_SIMULATE_TOP) -> SweepSummary:
+    """Evaluate combinations ``start:stop`` of ``space`` and write them to ``out``.
+
+    The event tier simulates every feasible candidate (within ``max_tasks``), or
+    the ``simulate_top`` best by analytic step time when there are more."""
     encoder = Encoder(space)
     packed = pack(space)
     stop = encoder.n_combinations if stop is None else min(stop, encoder.n_combinations)
+    only = best_analytic(encoder, packed, simulate_top, chunk_rows=chunk_rows, start=start, stop=stop,
+                         max_tasks=max_tasks) if simulate else None
     summary = SweepSummary(path=out)
     began = time.perf_counter()
     labels_ = enum_labels()
@@ -119,7 +146,7 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
         desc=space.spec.name, leave=False,
     ) as bar:
         for enc in encoder.chunks(chunk_rows, start, stop):
-            cols = evaluate_encoded(packed, enc, simulate=simulate, max_tasks=max_tasks)
+            cols = evaluate_encoded(packed, enc, simulate=simulate, max_tasks=max_tasks, only=only)
             writer.write(to_arrow(cols, table_schema, labels_))
             summary.n_combinations += enc.n_combinations
             summary.n_rows += enc.n_rows
