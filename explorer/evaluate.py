@@ -107,4 +107,13 @@ def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = Tr
                         select, metrics["step_time_analytic_s"], metrics["tokens_per_s_per_gpu"], metrics["mfu"],
                         n_buckets)
     metrics.update({name: np.ascontiguousarray(sim[:, i]) for i, name in enumerate(SIM_OUTPUTS)})
+    stuck = np.flatnonzero(metrics["simulated"] < 0)
+    if stuck.size:
+        rows = ", ".join(f"row_id {cols['row_id'][i]}" for i in stuck[:5])
+        raise ScheduleError(f"{stuck.size} candidates' schedules deadlocked in the event engine ({rows}); "
+                            "run 'paraspace trace' on one to see the stuck tasks")
     return metrics
+
+
+class ScheduleError(RuntimeError):
+    """A simulated schedule could not finish: its order contradicts its dependencies."""

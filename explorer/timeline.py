@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from explorer.evaluate import Packed
+from explorer.evaluate import Packed, ScheduleError
 from kernels.engine import KIND_NAMES, OK, simulate
 from kernels.event_tier import DEFAULT_BUCKETS, row_graph
 from kernels.pipeline import STREAM_CLASSES, streams_per_device
@@ -13,10 +13,6 @@ from spaces.catalog import LoadedSpace
 from spaces.schema import Hardware
 
 NS = 1e9
-
-
-class ScheduleError(RuntimeError):
-    """The simulated schedule could not finish (its order contradicts its dependencies)."""
 
 
 def stream_names(hw: Hardware) -> tuple[str, ...]:

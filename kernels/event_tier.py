@@ -196,7 +196,7 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micr
     """Simulate the rows where ``select`` is true; returns (n, N_SIM) float64.
 
     Rows not simulated get the analytic step time, ``simulated`` 0 and NaN
-    elsewhere. ``tokens`` and ``mfu`` (the analytic tier's columns) are
+    elsewhere; a row whose schedule deadlocked gets ``simulated`` -1. ``tokens`` and ``mfu`` (the analytic tier's columns) are
     rewritten in place from the simulated step time."""
     n = tp.shape[0]
     out = np.full((n, N_SIM), np.nan)
@@ -210,6 +210,8 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micr
                 tokens[i] *= scale
                 mfu[i] *= scale
                 continue
+            row[S_SIMULATED] = -1.0  # the schedule deadlocked: a bug the caller must report
+            continue
         row[S_STEP] = analytic_step[i]
         row[S_SIMULATED] = 0.0
     return out

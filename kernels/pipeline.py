@@ -9,21 +9,22 @@ dependencies are the same for all of them:
   F(vs, i) after send_f(vs-1, i), which follows F(vs-1, i);
   B(vs, i) after F(vs, i) and after send_b(vs+1, i), which follows B(vs+1, i).
 
-Every device has a compute stream and, per link tier, one stream per traffic
-class (``STREAM_CLASSES``: pipeline sends, data-parallel reductions, data-
-parallel gathers), as NCCL runs each on its own communicator and stream; two
-classes on one tier do not queue behind each other, and the bandwidth they
-would share is not divided (a fair-share link model is future work). Sends run
-on the sender's pipeline stream of the tier between the stages; data-parallel
-traffic on the DP group's tier. Gradient reduction is bucketed: the device's
-last backward is split into ``n_buckets`` pieces and bucket k's reduce-scatter
-/ all-reduce follows piece k, overlapping the rest of that backward; ZeRO-1/2
-parameter all-gathers are bucketed against the device's first forward the
-same way; ZeRO-3 gathers the parameters of every forward and backward pass at
-most one pass ahead (the gather for pass k waits for pass k-2 to end, so two
-passes' parameters are held, as the memory model assumes) and reduce-scatters
-gradients after every backward. The optimizer step ends each device's step
-after its last reduction.
+Every device has a compute stream and, per link tier, a pipeline stream and a
+data-parallel stream (``STREAM_CLASSES``), as NCCL runs pipeline and data-
+parallel traffic on their own communicators: a critical pipeline send never
+queues behind gradient buckets, but the two do not divide the link's bandwidth
+either (a fair-share link model is future work). Data-parallel gathers and
+reductions share their stream, so their bytes are serialised as on one link.
+Sends run on the sender's pipeline stream of the tier between the stages;
+data-parallel traffic on the DP group's tier. Gradient reduction is bucketed:
+the device's last backward is split into ``n_buckets`` pieces and bucket k's
+reduce-scatter / all-reduce follows piece k, overlapping the rest of that
+backward; ZeRO-1/2 parameter all-gathers are bucketed against the device's
+first forward the same way; ZeRO-3 gathers the parameters of every pass at most
+one pass ahead (the gather for pass k is issued when pass k-2 ends, ahead of
+that pass's gradient scatter, so two passes' parameters are held, as the
+memory model assumes) and reduce-scatters gradients after every backward. The
+optimizer step ends each device's step after its last reduction.
 
 Tasks are created in each device's program order, so task ids follow every
 stream's order. Preconditions (the encoder guarantees them): interleaving needs
@@ -52,10 +53,9 @@ B_PASS = 1
 
 #: communication streams per link tier, in this order
 STREAM_PP = 0
-STREAM_DP_REDUCE = 1
-STREAM_DP_GATHER = 2
-STREAM_CLASSES = ("pp", "dp-reduce", "dp-gather")
-N_STREAM_CLASSES = 3
+STREAM_DP = 1
+STREAM_CLASSES = ("pp", "dp")
+N_STREAM_CLASSES = 2
 
 
 @jit
@@ -168,6 +168,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
     b_first = np.zeros((P, m), dtype=np.int64)
     b_out = np.zeros((P, m), dtype=np.int64)
     f_last = np.zeros((P, m), dtype=np.int64)
+    z3_gathers = np.full(per_dev, -1, dtype=np.int64)  # ZeRO-3: the gather task of each pass
     passes = np.zeros(per_dev, dtype=np.int32)
     chunks = np.zeros(per_dev, dtype=np.int32)
     micros = np.zeros(per_dev, dtype=np.int32)
@@ -176,11 +177,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
     n_e = 0
     for d in range(p):
         compute = d * streams_per_device(n_tiers)
-        reduce_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP_REDUCE)
-        gather_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP_GATHER)
+        dp_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP)
         send_res = comm_stream(d, n_tiers, pp_tier, STREAM_PP)
-        before_prev = -1  # the pass before the previous one (ZeRO-3 prefetch window)
-        prev_pass = -1
         length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
         pos = 0  # program position: orders the tasks on every stream of this device
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
@@ -188,8 +186,13 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
         first_forward = _first_forward(passes, length)
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_param_ns, nb, k), gather_res, K_DP,
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_param_ns, nb, k), dp_res, K_DP,
                           d, -1, -1, pos)
+        if z3:  # ZeRO-3: the first two passes' gathers start the step
+            for o in range(min(2, length)):
+                z3_gathers[o] = n
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, micros[o],
+                          chunks[o], pos)
         for o in range(length):
             is_b = passes[o] == B_PASS
             c = chunks[o]
@@ -200,13 +203,6 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
             pieces = nb if (gather_here or reduce_here) else 1
             total = bwd_ns[d, c] if is_b else fwd_ns[d, c]
             task_kind = K_BACKWARD if is_b else K_FORWARD
-            z3_gather = -1
-            if z3:  # gather this pass's parameters, at most one pass ahead
-                z3_gather = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, gather_res, K_DP, d, i, c,
-                          4 * pos + 3)
-                if before_prev >= 0:
-                    n_e = _edge(src, dst, n_e, before_prev, z3_gather)
             first = n
             prev = -1
             for k in range(pieces):
@@ -218,18 +214,24 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                     n_e = _edge(src, dst, n_e, prev, piece)
                 if gather_here:
                     n_e = _edge(src, dst, n_e, gathers + k, piece)
-                if z3_gather >= 0 and k == 0:
-                    n_e = _edge(src, dst, n_e, z3_gather, piece)
+                if z3 and k == 0:
+                    n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
                 if reduce_here:  # bucket k of the gradients is final: reduce it
                     rid = n
-                    n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_grad_ns, nb, k), reduce_res, K_DP,
+                    n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_grad_ns, nb, k), dp_res, K_DP,
                               d, -1, -1, 4 * pos + 1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
             out = prev
+            if z3 and o + 2 < length:  # this pass ended: gather the one after next, ahead of this scatter
+                gid = n
+                z3_gathers[o + 2] = gid
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
+                          chunks[o + 2], 4 * pos + 1)
+                n_e = _edge(src, dst, n_e, prev, gid)
             if z3 and is_b:
                 rid = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_scatter_ns, reduce_res, K_DP, d, i, c,
+                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_scatter_ns, dp_res, K_DP, d, i, c,
                           4 * pos + 1)
                 n_e = _edge(src, dst, n_e, prev, rid)
             if ((not is_b and vs < P - 1) or (is_b and vs > 0)) and send_ns > 0:
@@ -237,8 +239,6 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                 n = _task(dur, res, kind, stage, micro, chunk, seq, n, send_ns, send_res, K_PP, d, i, c, 4 * pos + 2)
                 n_e = _edge(src, dst, n_e, prev, sid)
                 out = sid
-            before_prev = prev_pass
-            prev_pass = prev
             if is_b:
                 b_first[vs, i] = first
                 b_out[vs, i] = out
