@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from kernels.codes import SCHEDULE_INTERLEAVED
+from kernels.codes import SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
 from kernels.collectives import group_tier
-from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, OK, exposed_ns, simulate
+from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
 from kernels.jit import jit
 from kernels.pipeline import build_step, streams_per_device
 from kernels.training import (
@@ -33,8 +33,10 @@ from kernels.training import (
     C_HEAD_B,
     C_HEAD_COMM,
     C_HEAD_F,
+    C_HEAD_WGRAD,
     C_LAYER_BWD,
     C_LAYER_FWD,
+    C_LAYER_WGRAD,
     C_OPT,
     C_P2P,
     C_RC_COMM,
@@ -69,7 +71,8 @@ def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
     used to cap the simulation's cost per row."""
     pp = np.asarray(pp, dtype=np.int64)
     v = np.where(np.asarray(schedule) == SCHEDULE_INTERLEAVED, vpp, 1).astype(np.int64)
-    per_dev = 2 * v * np.asarray(n_micro, dtype=np.int64)
+    passes = np.where(np.asarray(schedule) == SCHEDULE_ZB_H1, 3, 2)
+    per_dev = passes * v * np.asarray(n_micro, dtype=np.int64)
     dp = np.where(np.asarray(zero) >= 3, 3 * per_dev, 2 * n_buckets)
     return pp * (per_dev + 2 * n_buckets + 1 + dp) + pp * per_dev
 
@@ -87,6 +90,7 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, m
     layer_b = costs[C_LAYER_BWD] + costs[C_RC_COMPUTE] + costs[C_TP_LAYER] + costs[C_RC_COMM] + costs[C_CP_B]
     fwd_ns = np.empty((p, v), dtype=np.int64)
     bwd_ns = np.empty((p, v), dtype=np.int64)
+    wgrad_ns = np.empty((p, v), dtype=np.int64)
     for d in range(p):
         for c in range(v):
             f = layers_chunk * layer_f
@@ -95,11 +99,14 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, m
             if vs == 0:
                 f += costs[C_EMB_F] + costs[C_EMB_COMM]
                 b += costs[C_EMB_B]
+            w = layers_chunk * costs[C_LAYER_WGRAD]
             if vs == p * v - 1:
                 f += costs[C_HEAD_F] + costs[C_HEAD_COMM]
                 b += costs[C_HEAD_B]
+                w += costs[C_HEAD_WGRAD]
             fwd_ns[d, c] = np.int64(round(f * NS))
             bwd_ns[d, c] = np.int64(round(b * NS))
+            wgrad_ns[d, c] = min(np.int64(round(w * NS)), bwd_ns[d, c])
     n_tiers = tiers.shape[0]
     pp_tier = group_tier(float(pp), float(tp * cp * dp), tiers)
     dp_tier = group_tier(float(dp * cp), float(tp), tiers)
@@ -112,7 +119,8 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro, m
         z3_scatter = np.int64(round(dp_grad / v * NS))
         dp_grad = 0.0
         dp_param = 0.0
-    return build_step(schedule, p, v, n_micro, fwd_ns, bwd_ns, np.int64(round(costs[C_P2P] * NS)), pp_tier, dp_tier,
+    return build_step(schedule, p, v, n_micro, fwd_ns, bwd_ns, wgrad_ns, np.int64(round(costs[C_P2P] * NS)), pp_tier,
+                      dp_tier,
                       n_tiers, zero, np.int64(round(dp_grad * NS)), np.int64(round(dp_param * NS)), n_buckets,
                       z3_gather, z3_scatter, np.int64(round(costs[C_OPT] * NS)))
 
@@ -149,7 +157,13 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
             dev_dp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_DP, lo, hi, kind, start, end)
         pp_exposed = max(pp_exposed, dev_pp)
         dp_exposed = max(dp_exposed, dev_dp)
-    # stage 0: forward passes begun minus backward passes begun, along its compute order
+    # stage 0: forward passes begun minus backward passes begun (weight-gradient
+    # passes where the backward is split: they still need the activations)
+    release = K_BACKWARD
+    for k in range(order_ptr[0], order_ptr[1]):
+        if kind[order_idx[k]] == K_WEIGHT_GRAD:
+            release = K_WEIGHT_GRAD
+            break
     inflight = 0
     peak = 0
     last_f = -1
@@ -162,7 +176,7 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
             last_f = key
             if inflight > peak:
                 peak = inflight
-        elif kind[task] == K_BACKWARD and key != last_b:
+        elif kind[task] == release and key != last_b:
             inflight -= 1
             last_b = key
     out[S_STEP] = step / NS

@@ -35,21 +35,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.codes import SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED
+from kernels.codes import SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
 from kernels.engine import (
     K_BACKWARD,
     K_DP,
     K_FORWARD,
     K_OPTIMIZER,
     K_PP,
+    K_WEIGHT_GRAD,
     csr_from_edges,
     order_by_id,
 )
 from kernels.jit import jit
 
-#: compute order entries: (is_backward, chunk, micro-batch)
+#: compute order entries: (pass, chunk, micro-batch); W only in zero-bubble schedules
 F_PASS = 0
 B_PASS = 1
+W_PASS = 2
+
+
+@jit
+def passes_per_device(schedule: int, v: int, m: int) -> int:
+    return (3 if schedule == SCHEDULE_ZB_H1 else 2) * v * m
 
 #: communication streams per link tier, in this order
 STREAM_PP = 0
@@ -80,8 +87,41 @@ def compute_order(schedule: int, p: int, v: int, m: int, d: int, passes, chunks,
     interleaving``): virtual micro-batch k runs chunk (k mod p v) div p (backward:
     v - 1 minus that) of micro-batch (k div p v) p + k mod p; warm-up
     min(2 (p - d - 1) + (v - 1) p, m v), then 1F1B over virtual micro-batches.
+    ZB-H1 (Qi et al. 2023, zero-bubble pipeline parallelism): the backward is
+    split into B (input gradient, on the critical path) and W (weight gradient);
+    1F1B's warm-up, then F, B and the oldest pending W once more than d are
+    pending, so stage d runs its last d W's after its last B, while the final
+    gradients travel upstream (the last stage defers most, the first none); bubble (p - 1)(t_F + t_B - t_W) instead of
+    (p - 1)(t_F + t_B + t_W) for equal stages (v must be 1).
     """
     n = 0
+    if schedule == SCHEDULE_ZB_H1:
+        warm = min(p - d - 1, m)
+        keep = d
+        f_next = 0
+        b_next = 0
+        w_next = 0
+        for _ in range(warm):
+            n = _put(passes, chunks, micros, n, F_PASS, f_next)
+            f_next += 1
+        while f_next < m:  # steady state: F, B, and a W once keep W's are pending
+            n = _put(passes, chunks, micros, n, F_PASS, f_next)
+            f_next += 1
+            n = _put(passes, chunks, micros, n, B_PASS, b_next)
+            b_next += 1
+            if b_next - w_next > keep:
+                n = _put(passes, chunks, micros, n, W_PASS, w_next)
+                w_next += 1
+        while b_next < m:  # cool-down: the same rule; the last keep W's run at the end
+            n = _put(passes, chunks, micros, n, B_PASS, b_next)
+            b_next += 1
+            if b_next - w_next > keep:
+                n = _put(passes, chunks, micros, n, W_PASS, w_next)
+                w_next += 1
+        while w_next < m:
+            n = _put(passes, chunks, micros, n, W_PASS, w_next)
+            w_next += 1
+        return n
     if schedule == SCHEDULE_GPIPE:
         for c in range(v):
             for i in range(m):
@@ -118,6 +158,14 @@ def compute_order(schedule: int, p: int, v: int, m: int, d: int, passes, chunks,
 
 
 @jit
+def _put(passes, chunks, micros, n: int, kind: int, i: int) -> int:
+    passes[n] = kind
+    chunks[n] = 0
+    micros[n] = i
+    return n + 1
+
+
+@jit
 def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> int:
     group = p * v
     chunk = (k % group) // p
@@ -130,12 +178,15 @@ def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> 
 
 
 @jit
-def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: int, pp_tier: int, dp_tier: int,
+def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, pp_tier: int,
+               dp_tier: int,
                n_tiers: int, zero: int, dp_grad_ns: int, dp_param_ns: int, n_buckets: int,
                z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int):
     """Arrays of one training step's task graph (see the module docstring).
 
-    fwd_ns, bwd_ns: int64[p, v], one micro-batch of each device's chunk.
+    fwd_ns, bwd_ns: int64[p, v], one micro-batch of each device's chunk;
+    wgrad_ns: the weight-gradient part of bwd_ns, run as a separate W pass by
+    zero-bubble schedules (ignored by the others).
     send_ns: one pipeline message over tier ``pp_tier``; data-parallel traffic
     runs on tier ``dp_tier``. dp_grad_ns: a device's whole gradient reduction
     (all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2), 0 for none;
@@ -144,7 +195,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
     n_pred, order_ptr, order_idx, n_resources).
     """
     P = p * v
-    per_dev = 2 * v * m
+    per_dev = passes_per_device(schedule, v, m)
     nb = max(n_buckets, 1)
     reduce_grads = zero < 3 and dp_grad_ns > 0
     gather_params = 1 <= zero < 3 and dp_param_ns > 0
@@ -190,19 +241,31 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                           d, -1, -1, pos)
         if z3:  # ZeRO-3: the first two passes' gathers start the step
             for o in range(min(2, length)):
+                if passes[o] == W_PASS:
+                    continue
                 z3_gathers[o] = n
                 n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, micros[o],
                           chunks[o], pos)
+        split = schedule == SCHEDULE_ZB_H1
         for o in range(length):
+            is_f = passes[o] == F_PASS
             is_b = passes[o] == B_PASS
+            is_w = passes[o] == W_PASS
             c = chunks[o]
             i = micros[o]
             vs = c * p + d
             gather_here = gather_params and o == first_forward
-            reduce_here = reduce_grads and is_b and o == length - 1
+            reduce_here = reduce_grads and not is_f and o == length - 1
             pieces = nb if (gather_here or reduce_here) else 1
-            total = bwd_ns[d, c] if is_b else fwd_ns[d, c]
-            task_kind = K_BACKWARD if is_b else K_FORWARD
+            if is_f:
+                total = fwd_ns[d, c]
+                task_kind = K_FORWARD
+            elif is_b:
+                total = bwd_ns[d, c] - wgrad_ns[d, c] if split else bwd_ns[d, c]
+                task_kind = K_BACKWARD
+            else:
+                total = wgrad_ns[d, c]
+                task_kind = K_WEIGHT_GRAD
             first = n
             prev = -1
             for k in range(pieces):
@@ -214,7 +277,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                     n_e = _edge(src, dst, n_e, prev, piece)
                 if gather_here:
                     n_e = _edge(src, dst, n_e, gathers + k, piece)
-                if z3 and k == 0:
+                if z3 and k == 0 and z3_gathers[o] >= 0:
                     n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
                 if reduce_here:  # bucket k of the gradients is final: reduce it
                     rid = n
@@ -223,18 +286,18 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
             out = prev
-            if z3 and o + 2 < length:  # this pass ended: gather the one after next, ahead of this scatter
+            if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
                 gid = n
                 z3_gathers[o + 2] = gid
                 n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
                           chunks[o + 2], 4 * pos + 1)
                 n_e = _edge(src, dst, n_e, prev, gid)
-            if z3 and is_b:
+            if z3 and ((is_b and not split) or is_w):  # this pass's weight gradients are final
                 rid = n
                 n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_scatter_ns, dp_res, K_DP, d, i, c,
                           4 * pos + 1)
                 n_e = _edge(src, dst, n_e, prev, rid)
-            if ((not is_b and vs < P - 1) or (is_b and vs > 0)) and send_ns > 0:
+            if ((is_f and vs < P - 1) or (is_b and vs > 0)) and send_ns > 0:
                 sid = n
                 n = _task(dur, res, kind, stage, micro, chunk, seq, n, send_ns, send_res, K_PP, d, i, c, 4 * pos + 2)
                 n_e = _edge(src, dst, n_e, prev, sid)
@@ -242,7 +305,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, send_ns: i
             if is_b:
                 b_first[vs, i] = first
                 b_out[vs, i] = out
-            else:
+            elif is_f:
                 f_first[vs, i] = first
                 f_out[vs, i] = out
                 f_last[vs, i] = prev

@@ -29,11 +29,12 @@ from kernels.codes import (
     REDUCE_SCATTER,
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
+    SCHEDULE_ZB_H1,
     SEND_RECV,
 )
 from kernels.collectives import collective_time_s
 from kernels.jit import jit
-from kernels.ops import attention_fwd_bwd_s, gemm_fwd_bwd_s, memory_bound_s
+from kernels.ops import attention_fwd_bwd_s, gemm_fwd_bwd_s, gemm_time_s, memory_bound_s
 
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
 #: ``results.schema`` gives each its unit and meaning (pinned by a test).
@@ -74,12 +75,14 @@ N_OUT = len(OUTPUTS)
 #: embedding and the LM head + loss with their TP traffic, one pipeline
 #: message, the device's whole gradient reduction and parameter gather (ZeRO-3:
 #: one pass's), the optimizer step, logits per micro-batch (elements), the
-#: largest stage's parameters (count).
+#: largest stage's parameters (count), and the weight-gradient GEMMs inside the
+#: layer's and the head's backward (the W half that zero-bubble schedules split off).
 (
     C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
     C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
-) = range(19)
-N_COST = 19
+    C_LAYER_WGRAD, C_HEAD_WGRAD,
+) = range(21)
+N_COST = 21
 
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
@@ -157,7 +160,10 @@ def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool,
 def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) -> float:
     """Micro-batch chunks whose activations a device holds at its peak.
 
-    GPipe: all m. 1F1B: p - stage (at most m). Interleaved (Megatron-LM's
+    GPipe: all m. 1F1B: p - stage (at most m). ZB-H1: p on every stage (the
+    p - stage of 1F1B plus the stage micro-batches whose W it defers; Qi et al.
+    2023: ZB-H1's peak memory equals 1F1B's), counting a micro-batch until its W,
+    conservatively with all its activations. Interleaved (Megatron-LM's
     warm-up count + 1): 2 (p - stage - 1) + (v - 1) p + 1 chunks of 1/v of the
     device's layers (at most m v), i.e. p (1 + (p-1)/(p v)) stage-equivalents
     on the first stage (Narayanan et al. 2021, section 2.2).
@@ -167,6 +173,8 @@ def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) 
         return m
     if schedule == SCHEDULE_INTERLEAVED:
         return min(2.0 * (p - stage - 1.0) + (v - 1.0) * p + 1.0, m * v)
+    if schedule == SCHEDULE_ZB_H1:  # stage d also holds the d micro-batches whose W it defers
+        return min(p, m)
     return min(p - stage, m)
 
 
@@ -313,6 +321,13 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, t
     costs[C_HEAD_COMM] = head_comm
     costs[C_LOGITS] = logits
     costs[C_PARAMS_MAX] = params_max
+    # weight gradients dW = X^T dY of each GEMM (m x n x k forward -> k x n x m)
+    up = (2.0 if model.glu > 0 else 1.0) * f
+    costs[C_LAYER_WGRAD] = (gemm_time_s(h, q_out + 2.0 * kv_out, tokens, dev, tiles, ab)
+                            + gemm_time_s(q_out, h, tokens, dev, tiles, ab)
+                            + gemm_time_s(h, up, tokens, dev, tiles, ab)
+                            + gemm_time_s(f, h, tokens, dev, tiles, ab))
+    costs[C_HEAD_WGRAD] = gemm_time_s(h, model.vocab / t, tokens, dev, tiles, ab)
 
 
 @jit
@@ -360,6 +375,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
     best_f = 0.0
     best_b = 0.0
     best_rc = 0.0
+    best_w = 0.0
     for stage in range(pp):
         fwd_compute = layers_dev * layer_fwd
         bwd_compute = layers_dev * (layer_bwd + rc_compute)
@@ -383,10 +399,13 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
             best_f = fwd_compute + layers_dev * (tp_layer + cp_f)
             best_b = total - best_f
             best_rc = layers_dev * (rc_compute + rc_comm)
+            best_w = layers_dev * costs[C_LAYER_WGRAD] + (costs[C_HEAD_WGRAD] if stage == pp - 1 else 0.0)
 
     # ---- pipeline schedule (closed form over unequal stages)
     if schedule == SCHEDULE_INTERLEAVED:
         pipe = m * t_max + (t_sum - t_max) / v
+    elif schedule == SCHEDULE_ZB_H1:  # W passes fill the cool-down: (p-1)(F+B-W) instead of (p-1)(F+B+W)
+        pipe = m * t_max + (t_sum - t_max) * max(0.0, t_max - 2.0 * best_w) / t_max
     else:
         pipe = m * t_max + (t_sum - t_max)
     bubble = pipe - m * t_max

@@ -26,6 +26,7 @@ class Schedule(IntEnum):
     GPIPE = 0  #: all forwards, then all backwards; holds m micro-batches
     ONE_F_ONE_B = 1  #: warm-up, steady one-forward-one-backward, cool-down
     INTERLEAVED = 2  #: interleaved 1F1B with vpp virtual chunks per device
+    ZB_H1 = 3  #: zero-bubble ZB-H1 (Qi et al. 2023): backward split into B and W, W fills the cool-down
 
 
 class Dtype(IntEnum):
@@ -69,7 +70,8 @@ class Feasibility(IntEnum):
 #: How each enum is spelt in TOML, on the command line and in Parquet.
 #: Lower-case member names, except where the field's literature spells it otherwise.
 _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
-    Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved"},
+    Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved",
+               Schedule.ZB_H1: "zb-h1"},
 }
 
 

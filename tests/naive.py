@@ -17,7 +17,7 @@ import math
 # kernels.codes / spaces.enums, spelt out on purpose
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = 0, 1, 2, 3, 4
 NONE, SELECTIVE, FULL = 0, 1, 2
-GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
+GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1 = 0, 1, 2, 3
 ADAM_BYTES_PER_PARAM = 34.0  # read master, m, v, grad (16) + write master, m, v (12) + weight (2) + clip read (4)
 
 
@@ -245,6 +245,8 @@ def in_flight_chunks(schedule, p, v, m, stage):
     if schedule == INTERLEAVED:
         warmup = 2 * (p - stage - 1) + (v - 1) * p  # Megatron-LM's warm-up forwards
         return min(warmup + 1, m * v)
+    if schedule == ZB_H1:  # 1F1B's p - stage plus the stage deferred W's
+        return min((p - stage) + stage, m)
     return min(p - stage, m)
 
 
@@ -297,6 +299,11 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     layer_mem_f = memory_bound_s(sum(x for x, _ in elementwise), sum(n for _, n in elementwise), dev)
     layer_f = sum(g[0] for g in gemms) + attn_f + layer_mem_f
     layer_b = sum(g[1] for g in gemms) + attn_b + 2 * layer_mem_f
+    # weight-gradient GEMMs dW = X^T dY, the W pass of zero-bubble schedules
+    shapes = [(tokens, q_cols + 2 * kv_cols, h), (tokens, h, q_cols), (tokens, (2 if glu else 1) * f_cols, h),
+              (tokens, h, f_cols)]
+    layer_w = sum(gemm_time_s(k, n, mm, dev, tiles, ab) for mm, n, k in shapes)
+    head_w = gemm_time_s(h, V / t, tokens, dev, tiles, ab)
 
     act_msg = tokens * h * ab
     if sp:
@@ -355,6 +362,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             "cp": n_layers * (cp_fwd + cp_bwd),
             "fwd": n_layers * (layer_f + tp_fwd + cp_fwd),
             "rc": n_layers * (rc_work + rc_comm),
+            "w": n_layers * layer_w + (head_w if i == pp - 1 else 0.0),
         }
         if i == 0:
             st["compute"] += embed_f + embed_b
@@ -378,6 +386,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     #    and drain of the other stages (1/v of them when interleaved)
     busy = m * t_max
     fill_drain = others / v if schedule == INTERLEAVED else others
+    if schedule == ZB_H1:  # the fill and drain shrink from F + B + W to F + B - W per stage
+        fill_drain = others * max(0.0, t_max - 2 * slowest["w"]) / t_max
     p2p_bytes = act_msg / t if sp else act_msg
     hop = coll(SEND_RECV, p, t * c * d, p2p_bytes)
     pp_comm = 2 * (p - 1) * hop * (v if schedule == INTERLEAVED else 1)

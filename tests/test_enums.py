@@ -14,6 +14,7 @@ MIRRORS = [
     (Schedule.GPIPE, codes.SCHEDULE_GPIPE),
     (Schedule.ONE_F_ONE_B, codes.SCHEDULE_1F1B),
     (Schedule.INTERLEAVED, codes.SCHEDULE_INTERLEAVED),
+    (Schedule.ZB_H1, codes.SCHEDULE_ZB_H1),
     (Feasibility.OK, codes.FEASIBLE_OK),
     (Feasibility.OUT_OF_MEMORY, codes.FEASIBLE_OUT_OF_MEMORY),
 ]
@@ -34,7 +35,7 @@ def test_labels_round_trip():
     for enum in (Recompute, Schedule, Dtype, Feasibility, Reason):
         for member in enum:
             assert parse(enum, label(member)) is member
-    assert labels(Schedule) == ["gpipe", "1f1b", "interleaved"]
+    assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1"]
 
 
 def test_parse_unknown_names_the_choices():

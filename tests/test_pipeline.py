@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import engine, pipeline
-from kernels.codes import SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED
-from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_OPTIMIZER, K_PP, OK
+from kernels.codes import SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
+from kernels.engine import K_WEIGHT_GRAD, K_BACKWARD, K_DP, K_FORWARD, K_OPTIMIZER, K_PP, OK
 
 PROPS = settings(max_examples=60, deadline=None)
 SCHEDULES = (SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED)
@@ -24,7 +24,7 @@ SCHEDULES = (SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED)
 # --------------------------------------------------------------------------- helpers
 
 
-def step(schedule, p, v, m, fwd, bwd, *, send_ns=0, pp_tier=0, dp_tier=1, n_tiers=2, zero=0, dp_grad_ns=0,
+def step(schedule, p, v, m, fwd, bwd, *, wgrad=0, send_ns=0, pp_tier=0, dp_tier=1, n_tiers=2, zero=0, dp_grad_ns=0,
          dp_param_ns=0, n_buckets=1, z3_gather_ns=0, z3_scatter_ns=0, optimizer_ns=0, zero_comm=False):
     """Build one step with ``build_step`` and simulate it.
 
@@ -34,8 +34,10 @@ def step(schedule, p, v, m, fwd, bwd, *, send_ns=0, pp_tier=0, dp_tier=1, n_tier
     """
     fwd_ns = np.broadcast_to(np.asarray(fwd, dtype=np.int64), (p, v)).copy()
     bwd_ns = np.broadcast_to(np.asarray(bwd, dtype=np.int64), (p, v)).copy()
+    wgrad_ns = np.broadcast_to(np.asarray(wgrad, dtype=np.int64), (p, v)).copy()
     (dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx,
-     n_res) = pipeline.build_step(schedule, p, v, m, fwd_ns, bwd_ns, send_ns, pp_tier, dp_tier, n_tiers, zero,
+     n_res) = pipeline.build_step(schedule, p, v, m, fwd_ns, bwd_ns, wgrad_ns, send_ns, pp_tier, dp_tier, n_tiers,
+                                  zero,
                                   dp_grad_ns, dp_param_ns, n_buckets, z3_gather_ns, z3_scatter_ns, optimizer_ns)
     if zero_comm:
         dur = np.where(kind >= engine.K_FIRST_COMM, 0, dur)
@@ -80,7 +82,7 @@ def device_pass_order(s, d) -> list[tuple[int, int, int]]:
 
 
 def kernel_order(schedule, p, v, m, d) -> list[tuple[int, int, int]]:
-    size = 2 * v * m + 8
+    size = 3 * v * m + 8
     arrays = [np.full(size, -7, dtype=np.int32) for _ in range(3)]
     n = pipeline.compute_order(schedule, p, v, m, d, *arrays)
     return list(zip(*(a[:n].tolist() for a in arrays)))
@@ -459,3 +461,39 @@ def test_zero3_short_transfers_are_hidden():
     pass (100), only the first gather and the last scatter are exposed:
     5 + 4 * (100 + 200) + 5 = 1210 (the builder gives 1240, see the hand example)."""
     assert step(SCHEDULE_GPIPE, 1, 1, 4, 100, 200, zero=3, z3_gather_ns=5, z3_scatter_ns=5).makespan == 1210
+
+
+# --------------------------------------------------------------------------- zero bubble (ZB-H1)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 4), (4, 4), (4, 8), (4, 16), (8, 8), (8, 32)])
+@pytest.mark.parametrize(("t_f", "t_b", "t_w"), [(100, 100, 100), (100, 120, 80), (100, 150, 50), (90, 100, 0)])
+def test_zb_h1_closed_form(p, m, t_f, t_b, t_w):
+    """Qi et al. 2023: splitting the backward into B and W and filling the
+    cool-down with W passes shrinks the bubble from (p - 1)(t_F + t_B + t_W) to
+    (p - 1)(t_F + t_B - t_W) for m >= p, equal stages and no communication. E.g.
+    p = 4, m = 8, all 100: 8 * 300 + 3 * 100 = 2700 (1F1B: 11 * 300 = 3300)."""
+    zb = step(SCHEDULE_ZB_H1, p, 1, m, t_f, t_b + t_w, wgrad=t_w)
+    one = step(SCHEDULE_1F1B, p, 1, m, t_f, t_b + t_w, wgrad=t_w)
+    assert zb.status == OK and (zb.end >= 0).all()
+    kinds = zb.kind[zb.kind <= K_WEIGHT_GRAD]  # forward, backward, weight-gradient passes, m of each per stage
+    assert [int((kinds == k).sum()) for k in (K_FORWARD, K_BACKWARD, K_WEIGHT_GRAD)] == [p * m] * 3
+    assert zb.makespan == m * (t_f + t_b + t_w) + (p - 1) * (t_f + t_b - t_w)
+    assert one.makespan == (m + p - 1) * (t_f + t_b + t_w)
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (6, 12), (3, 3)])
+def test_zb_h1_order_and_memory(p, m):
+    """Every stage runs each F, B and W once, W after its B, and holds at most p
+    micro-batches between F and W (1F1B's peak, now on every stage)."""
+    for d in range(p):
+        order = kernel_order(SCHEDULE_ZB_H1, p, 1, m, d)
+        assert sorted(order) == sorted((ps, 0, i) for ps in (0, 1, 2) for i in range(m))
+        for i in range(m):
+            assert order.index((1, 0, i)) < order.index((2, 0, i)) and order.index((0, 0, i)) < order.index((1, 0, i))
+        held = peak = 0
+        for ps, _, _ in order:
+            held += ps == 0
+            held -= ps == 2
+            peak = max(peak, held)
+        assert peak == min(p, m)

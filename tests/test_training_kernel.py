@@ -20,6 +20,7 @@ from kernels.codes import (
     SCHEDULE_1F1B,
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
+    SCHEDULE_ZB_H1,
 )
 from kernels.training import (
     N_OUT,
@@ -375,7 +376,7 @@ def _random_tiers(rng) -> np.ndarray:
 def _random_strategy(rng) -> dict[str, int]:
     tp, pp = int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4]))
     dp, cp = int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4]))
-    schedule = SCHEDULE_1F1B if pp == 1 else int(rng.integers(3))
+    schedule = SCHEDULE_1F1B if pp == 1 else int(rng.integers(4))
     interleaved = schedule == SCHEDULE_INTERLEAVED
     return dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=2 if interleaved else 1, mb=int(rng.integers(1, 5)),
                 recompute=int(rng.integers(3)), sp=int(rng.integers(2)) if tp > 1 else 0,
@@ -433,7 +434,7 @@ def candidates(draw) -> dict[str, int]:
     pp = draw(st.sampled_from([1, 2, 4]))
     dp = draw(st.sampled_from([1, 2, 4, 8]))
     schedule = SCHEDULE_1F1B if pp == 1 else draw(st.sampled_from([SCHEDULE_GPIPE, SCHEDULE_1F1B,
-                                                                   SCHEDULE_INTERLEAVED]))
+                                                                   SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1]))
     interleaved = schedule == SCHEDULE_INTERLEAVED
     return dict(
         tp=tp, pp=pp, dp=dp, cp=draw(st.sampled_from([1, 2])), vpp=2 if interleaved else 1,
