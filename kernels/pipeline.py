@@ -210,7 +210,6 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     stage = np.empty(cap, dtype=np.int32)
     micro = np.empty(cap, dtype=np.int32)
     chunk = np.empty(cap, dtype=np.int32)
-    seq = np.empty(cap, dtype=np.int64)
     e_cap = 4 * cap
     src = np.empty(e_cap, dtype=np.int32)
     dst = np.empty(e_cap, dtype=np.int32)
@@ -231,21 +230,18 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
         dp_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP)
         send_res = comm_stream(d, n_tiers, pp_tier, STREAM_PP)
         length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
-        pos = 0  # program position: orders the tasks on every stream of this device
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
         gathers = n
         first_forward = _first_forward(passes, length)
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_param_ns, nb, k), dp_res, K_DP,
-                          d, -1, -1, pos)
+                n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_param_ns, nb, k), dp_res, K_DP, d, -1, -1)
         if z3:  # ZeRO-3: the first two passes' gathers start the step
             for o in range(min(2, length)):
                 if passes[o] == W_PASS:
                     continue
                 z3_gathers[o] = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, micros[o],
-                          chunks[o], pos)
+                n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o], chunks[o])
         split = schedule == SCHEDULE_ZB_H1
         for o in range(length):
             is_f = passes[o] == F_PASS
@@ -269,10 +265,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             first = n
             prev = -1
             for k in range(pieces):
-                pos += 1
                 piece = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(total, pieces, k), compute, task_kind, d,
-                          i, c, 4 * pos)
+                n = _task(dur, res, kind, stage, micro, chunk, n, _share(total, pieces, k), compute, task_kind, d, i, c)
                 if prev >= 0:
                     n_e = _edge(src, dst, n_e, prev, piece)
                 if gather_here:
@@ -281,25 +275,23 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
                 if reduce_here:  # bucket k of the gradients is final: reduce it
                     rid = n
-                    n = _task(dur, res, kind, stage, micro, chunk, seq, n, _share(dp_grad_ns, nb, k), dp_res, K_DP,
-                              d, -1, -1, 4 * pos + 1)
+                    n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
             out = prev
             if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
                 gid = n
                 z3_gathers[o + 2] = gid
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
-                          chunks[o + 2], 4 * pos + 1)
+                n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
+                          chunks[o + 2])
                 n_e = _edge(src, dst, n_e, prev, gid)
             if z3 and ((is_b and not split) or is_w):  # this pass's weight gradients are final
                 rid = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, z3_scatter_ns, dp_res, K_DP, d, i, c,
-                          4 * pos + 1)
+                n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
                 n_e = _edge(src, dst, n_e, prev, rid)
             if ((is_f and vs < P - 1) or (is_b and vs > 0)) and send_ns > 0:
                 sid = n
-                n = _task(dur, res, kind, stage, micro, chunk, seq, n, send_ns, send_res, K_PP, d, i, c, 4 * pos + 2)
+                n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, i, c)
                 n_e = _edge(src, dst, n_e, prev, sid)
                 out = sid
             if is_b:
@@ -310,9 +302,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                 f_out[vs, i] = out
                 f_last[vs, i] = prev
         # the optimizer step closes the device's step, after all of its reductions
-        pos += 1
         opt = n
-        n = _task(dur, res, kind, stage, micro, chunk, seq, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1, 4 * pos)
+        n = _task(dur, res, kind, stage, micro, chunk, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1)
         for j in range(reductions_from, opt):
             if kind[j] == K_DP and (j < gathers or j >= gathers + (nb if gather_params else 0)):
                 n_e = _edge(src, dst, n_e, j, opt)
@@ -325,7 +316,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             n_e = _edge(src, dst, n_e, f_last[vs, i], b_first[vs, i])
     succ_ptr, succ_idx, n_pred = csr_from_edges(n, src[:n_e], dst[:n_e])
     # tasks are created in each device's program order, so ids already follow
-    # every stream's order (``seq`` records the position, for checks)
+    # every stream's order
     order_ptr, order_idx = order_by_id(n_res, res[:n])
     sync = np.full(n, -1, dtype=np.int32)
     return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
@@ -333,14 +324,13 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
 
 
 @jit
-def _task(dur, res, kind, stage, micro, chunk, seq, n, duration, resource, task_kind, d, i, c, position) -> int:
+def _task(dur, res, kind, stage, micro, chunk, n, duration, resource, task_kind, d, i, c) -> int:
     dur[n] = duration
     res[n] = resource
     kind[n] = task_kind
     stage[n] = d
     micro[n] = i
     chunk[n] = c
-    seq[n] = position
     return n + 1
 
 
