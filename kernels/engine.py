@@ -61,13 +61,18 @@ def event_key(end_ns, kind) -> int:
 
 
 @jit
+def _earlier(k_a, i_a, k_b, i_b) -> bool:
+    """The event order: key (time, priority), then task id."""
+    return k_a < k_b or (k_a == k_b and i_a < i_b)
+
+
+@jit
 def _heap_push(heap_k, heap_i, size, k, i) -> int:
     pos = size
     while pos > 0:
         parent = (pos - 1) // 2
-        pk = heap_k[parent]
-        if k < pk or (k == pk and i < heap_i[parent]):
-            heap_k[pos] = pk
+        if _earlier(k, i, heap_k[parent], heap_i[parent]):
+            heap_k[pos] = heap_k[parent]
             heap_i[pos] = heap_i[parent]
             pos = parent
         else:
@@ -89,12 +94,10 @@ def _heap_pop(heap_k, heap_i, size) -> int:
         if child >= size:
             break
         right = child + 1
-        if right < size and (heap_k[right] < heap_k[child]
-                             or (heap_k[right] == heap_k[child] and heap_i[right] < heap_i[child])):
+        if right < size and _earlier(heap_k[right], heap_i[right], heap_k[child], heap_i[child]):
             child = right
-        ck = heap_k[child]
-        if ck < k or (ck == k and heap_i[child] < i):
-            heap_k[pos] = ck
+        if _earlier(heap_k[child], heap_i[child], k, i):
+            heap_k[pos] = heap_k[child]
             heap_i[pos] = heap_i[child]
             pos = child
         else:
