@@ -28,7 +28,8 @@ from kernels.event_tier import S_STEP, S_TASKS, row_graph, simulate_rows  # noqa
 from spaces.catalog import load_space  # noqa: E402
 from tests import naive_engine  # noqa: E402
 
-STRATEGY = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "zero", "schedule",
+STRATEGY = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
+            "schedule",
             "n_microbatches")
 
 
@@ -38,6 +39,7 @@ def rows(n: int) -> dict[str, np.ndarray]:
     cols = {k: np.full(n, v, dtype=np.int8 if k == "schedule" else np.int32) for k, v in full.items()}
     cols["recompute"] = rng.integers(0, 3, n).astype(np.int8)
     cols["sequence_parallel"] = rng.integers(0, 2, n).astype(np.int8)
+    cols["tp_overlap"] = (cols["sequence_parallel"] * rng.integers(0, 2, n)).astype(np.int8)
     cols["zero"] = rng.integers(0, 3, n).astype(np.int8)
     return cols
 

@@ -76,7 +76,7 @@ DEFAULT_MAX_TASKS = 200_000
 
 def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     return tuple(cols[k] for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel",
-                                   "zero", "schedule", "n_microbatches"))
+                                   "tp_overlap", "zero", "schedule", "n_microbatches"))
 
 
 def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

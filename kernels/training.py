@@ -90,6 +90,18 @@ N_COST = 21
 ADAM_BYTES_PER_PARAM = 34.0
 
 
+#: chunks a TP collective is split into when overlapped with its GEMM
+TP_OVERLAP_CHUNKS = 4.0
+
+
+@jit
+def overlapped_s(comm: float, compute: float) -> float:
+    """Exposed time of a collective chunked into TP_OVERLAP_CHUNKS and pipelined
+    with a GEMM: its first chunk cannot hide, the rest hides behind the GEMM."""
+    first = comm / TP_OVERLAP_CHUNKS
+    return first + max(0.0, comm - first - compute)
+
+
 @jit
 def layer_params(model, t: float) -> float:
     """Parameters of one transformer layer held by one of t tensor-parallel ranks.
@@ -206,7 +218,7 @@ def model_flop_per_sequence(model, s: float) -> float:
 
 
 @jit
-def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, tiles, work, costs):
+def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, dev, tiers, tiles, work, costs):
     """Fill ``costs`` (length N_COST, seconds) with the latencies one candidate is built from.
 
     Shared by the analytic tier (``evaluate_one``) and the event tier
@@ -249,7 +261,14 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, t
     layer_bwd = b1 + b2 + b3 + b4 + attn_b + 2.0 * mb_f
 
     msg = tokens * h * ab
-    if sp:
+    if sp and tp_overlap != 0:
+        # chunked overlap: each all-gather hides behind the GEMM it feeds (QKV, MLP up),
+        # each reduce-scatter behind the GEMM that produces it (out-proj, MLP down),
+        # except its first chunk and whatever outlasts the GEMM
+        ag = collective_time_s(ALL_GATHER, t, 1.0, msg, tiers)
+        rs = collective_time_s(REDUCE_SCATTER, t, 1.0, msg, tiers)
+        tp_layer = (overlapped_s(ag, f1) + overlapped_s(rs, f2) + overlapped_s(ag, f3) + overlapped_s(rs, f4))
+    elif sp:
         tp_layer = 2.0 * collective_time_s(ALL_GATHER, t, 1.0, msg, tiers) + 2.0 * collective_time_s(
             REDUCE_SCATTER, t, 1.0, msg, tiers)
     else:
@@ -331,11 +350,11 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, t
 
 
 @jit
-def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_micro,
+def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, schedule, n_micro,
                  model, dev, tiers, tiles, work, out):
     """Fill ``out`` (length N_OUT) for one candidate."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, zero, model, dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, dev, tiers, tiles, work, costs)
     t = float(tp)
     p = float(pp)
     d = float(dp)
@@ -475,7 +494,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, schedule, n_
 
 
 @jit(parallel=True)
-def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micro,
+def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, schedule, n_micro,
                   model, dev, tiers, tiles, work):
     """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS order."""
     n = tp.shape[0]
@@ -483,6 +502,6 @@ def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, zero, schedule, n_micr
     for i in prange(n):
         # records are indexed inside the loop: numba's parfor lowering cannot
         # pass a record hoisted out of it (llvm type mismatch, numba 0.68)
-        evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], zero[i], schedule[i],
+        evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i], schedule[i],
                      n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
     return out

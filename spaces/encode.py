@@ -42,6 +42,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("micro_batch", np.int32, "sequences per micro-batch"),
     Dimension("recompute", np.int8, "activation recomputation", enum=Recompute),
     Dimension("sequence_parallel", np.int8, "Megatron sequence parallelism", boolean=True),
+    Dimension("tp_overlap", np.int8, "TP collectives overlapped with their GEMMs in chunks (Megatron "
+              "--tp-comm-overlap)", boolean=True),
     Dimension("zero", np.int8, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
 )
@@ -169,6 +171,7 @@ class Encoder:
             Reason.PP1_SCHEDULE: (pp == 1) & (c["schedule"] != Schedule.ONE_F_ONE_B),
             Reason.SP_WITHOUT_TP: (c["sequence_parallel"] != 0) & (tp == 1),
             Reason.ZERO_WITHOUT_DP: has_dp & (c["zero"] > 0) & (dp * cp == 1),
+            Reason.TP_OVERLAP_WITHOUT_SP: (c["tp_overlap"] != 0) & (c["sequence_parallel"] == 0),
         }
         reason = np.zeros(tp.shape[0], dtype=np.int64)
         breaks = np.zeros(len(Reason), np.int64)
@@ -190,5 +193,6 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.PP1_SCHEDULE: "pp=1: schedules coincide, only 1f1b kept",
     Reason.SP_WITHOUT_TP: "sequence_parallel with tp=1 (same as without)",
     Reason.ZERO_WITHOUT_DP: "zero>0 with dp*cp=1 (nothing to shard)",
+    Reason.TP_OVERLAP_WITHOUT_SP: "tp_overlap without sequence_parallel (Megatron needs it)",
 }
 

@@ -58,6 +58,7 @@ class Reason(IntEnum):
     PP1_SCHEDULE = 8  #: with pp == 1 the schedules coincide; only 1f1b is kept
     SP_WITHOUT_TP = 9  #: sequence parallel with tp == 1 is the same row without it
     ZERO_WITHOUT_DP = 10  #: ZeRO with dp * cp == 1 shards nothing (rows with a dp only)
+    TP_OVERLAP_WITHOUT_SP = 11  #: TP comm overlap needs sequence parallelism (Megatron-LM)
 
 
 class Feasibility(IntEnum):

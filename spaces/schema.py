@@ -193,6 +193,7 @@ class Dimensions(Record):
     micro_batch: tuple[PositiveInt, ...] = (1,)
     recompute: tuple[str, ...] = ("none",)
     sequence_parallel: tuple[bool, ...] = (False,)
+    tp_overlap: tuple[bool, ...] = (False,)
     zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)
     schedule: tuple[str, ...] = ("1f1b",)
 

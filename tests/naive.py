@@ -306,7 +306,13 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     head_w = gemm_time_s(h, V / t, tokens, dev, tiles, ab)
 
     act_msg = tokens * h * ab
-    if sp:
+    if sp and strategy.get("tpo", 0):
+        # chunked TP overlap (4 chunks): a collective's first chunk is exposed, the rest
+        # hides behind its GEMM; AG before QKV and MLP-up, RS after out-proj and MLP-down
+        ag, rs = coll(ALL_GATHER, t, 1, act_msg), coll(REDUCE_SCATTER, t, 1, act_msg)
+        paired = [(ag, gemms[0][0]), (rs, gemms[1][0]), (ag, gemms[2][0]), (rs, gemms[3][0])]
+        tp_fwd = sum(comm / 4 + max(0.0, comm * 3 / 4 - gemm) for comm, gemm in paired)
+    elif sp:
         tp_fwd = 2 * coll(ALL_GATHER, t, 1, act_msg) + 2 * coll(REDUCE_SCATTER, t, 1, act_msg)
     else:
         tp_fwd = 2 * coll(ALL_REDUCE, t, 1, act_msg)

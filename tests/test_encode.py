@@ -26,20 +26,22 @@ HERE = Path(__file__).parent
 # --------------------------------------------------------------------------- the reference
 
 #: product order, slowest first
-ORDER = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "zero", "schedule")
+ORDER = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
+         "schedule")
 #: storage type of every column (architecture.md: int32 sizes, int8 enums and flags)
 DTYPES = {
     "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
-    "recompute": np.int8, "sequence_parallel": np.int8, "zero": np.int8, "schedule": np.int8,
+    "recompute": np.int8, "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "schedule": np.int8,
     "row_id": np.int64, "n_microbatches": np.int32,
 }  # fmt: skip
 #: enum codes spelt out on purpose (a renumbering shows up as a failure)
 RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
-SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED}
+SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3}
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
-N_REASONS = 11
+TP_OVERLAP_WITHOUT_SP = 11
+N_REASONS = 12
 
 
 def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model) -> list[int]:
@@ -71,6 +73,8 @@ def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model
         out.append(SP_WITHOUT_TP)
     if dp is not None and row["zero"] > 0 and dp * cp == 1:
         out.append(ZERO_WITHOUT_DP)
+    if row["tp_overlap"] and not row["sequence_parallel"]:
+        out.append(TP_OVERLAP_WITHOUT_SP)
     return out
 
 
@@ -95,6 +99,7 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
         "micro_batch": list(dims.micro_batch),
         "recompute": [RECOMPUTE[v] for v in dims.recompute],
         "sequence_parallel": [int(v) for v in dims.sequence_parallel],
+        "tp_overlap": [int(v) for v in dims.tp_overlap],
         "zero": list(dims.zero),
         "schedule": [SCHEDULE[v] for v in dims.schedule],
     }
@@ -196,7 +201,8 @@ SPACES = {
         model="megatron-1t", devices=12, global_batch=36, seq_len=4098,
         dims=dict(
             tp=[1, 2, 4, 5], pp=[1, 2, 4], dp=[1, 2, 3, 5, 6], cp=[1, 2, 3], vpp=[1, 2, 4], micro_batch=[1, 2, 3],
-            sequence_parallel=[False, True], zero=[0, 2], schedule=["1f1b", "interleaved", "gpipe"],
+            sequence_parallel=[False, True], tp_overlap=[False, True], zero=[0, 2],
+            schedule=["1f1b", "interleaved", "gpipe"],
         ),
     ),
 }  # fmt: skip
@@ -289,6 +295,8 @@ ALONE = [
     (Reason.SP_WITHOUT_TP, dict(devices=1, global_batch=1, dims=dict(sequence_parallel=[False, True])), 1, 1),
     (Reason.ZERO_WITHOUT_DP, dict(devices=2, global_batch=2, dims=dict(tp=[1, 2], zero=[1])), 1, 1),
     (Reason.ZERO_WITHOUT_DP, dict(devices=1, global_batch=1, dims=dict(zero=[0, 1, 2, 3])), 1, 3),
+    (Reason.TP_OVERLAP_WITHOUT_SP, dict(devices=2, global_batch=2, dims=dict(tp=[2], sequence_parallel=[False, True],
+                                                                            tp_overlap=[True])), 1, 1),
 ]  # fmt: skip
 
 
@@ -456,8 +464,9 @@ def small_spaces(draw):
         micro_batch=draw(_sub([1, 2, 3, 4], 2)),
         recompute=draw(_sub(["none", "selective", "full"], 2)),
         sequence_parallel=draw(_sub([False, True], 2)),
+        tp_overlap=draw(_sub([False, True], 2)),
         zero=draw(_sub([0, 1, 2, 3], 2)),
-        schedule=draw(_sub(["gpipe", "1f1b", "interleaved"], 3)),
+        schedule=draw(_sub(["gpipe", "1f1b", "interleaved", "zb-h1"], 4)),
     )
     if draw(st.booleans()):
         dims["dp"] = draw(_sub([1, 2, 3, 4, 6, 8, 16], 3))

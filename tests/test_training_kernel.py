@@ -36,10 +36,10 @@ PROPS = settings(max_examples=60, deadline=None)
 
 #: the strategy columns of ``evaluate_rows`` with the dtypes ``spaces.encode`` gives them
 COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
-           ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("zero", np.int8), ("schedule", np.int8),
-           ("n_micro", np.int32))
-BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, zero=0, schedule=SCHEDULE_1F1B,
-            n_micro=1)
+           ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
+           ("schedule", np.int8), ("n_micro", np.int32))
+BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0,
+            schedule=SCHEDULE_1F1B, n_micro=1)
 TIME_FIELDS = ("step_time_analytic_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "recompute_s", "stage_fwd_s", "stage_bwd_s")
 PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
@@ -378,8 +378,9 @@ def _random_strategy(rng) -> dict[str, int]:
     dp, cp = int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4]))
     schedule = SCHEDULE_1F1B if pp == 1 else int(rng.integers(4))
     interleaved = schedule == SCHEDULE_INTERLEAVED
+    sp = int(rng.integers(2)) if tp > 1 else 0
     return dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=2 if interleaved else 1, mb=int(rng.integers(1, 5)),
-                recompute=int(rng.integers(3)), sp=int(rng.integers(2)) if tp > 1 else 0,
+                recompute=int(rng.integers(3)), sp=sp, tpo=int(rng.integers(2)) * sp,
                 zero=int(rng.integers(4)) if dp > 1 else 0, schedule=schedule,
                 n_micro=int(rng.integers(1, 17)) * (pp if interleaved else 1))
 
@@ -436,10 +437,11 @@ def candidates(draw) -> dict[str, int]:
     schedule = SCHEDULE_1F1B if pp == 1 else draw(st.sampled_from([SCHEDULE_GPIPE, SCHEDULE_1F1B,
                                                                    SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1]))
     interleaved = schedule == SCHEDULE_INTERLEAVED
+    sp = draw(st.sampled_from([0, 1])) if tp > 1 else 0
     return dict(
         tp=tp, pp=pp, dp=dp, cp=draw(st.sampled_from([1, 2])), vpp=2 if interleaved else 1,
         mb=draw(st.sampled_from([1, 2])), recompute=draw(st.sampled_from([0, 1, 2])),
-        sp=draw(st.sampled_from([0, 1])) if tp > 1 else 0, zero=draw(st.integers(0, 3)) if dp > 1 else 0,
+        sp=sp, tpo=draw(st.sampled_from([0, 1])) * sp, zero=draw(st.integers(0, 3)) if dp > 1 else 0,
         schedule=schedule, n_micro=draw(st.integers(1, 16)) * (pp if interleaved else 1),
     )
 
@@ -571,3 +573,26 @@ def test_infinite_bandwidth_removes_communication(setup, h100, name, work, s):
     out = run_rows([s], *setup(name, work, s, tiers=ideal))[0]
     for key in ("tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s"):
         assert out[key] <= 1e-12 * out["step_time_analytic_s"], key
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_tp_overlap_never_slower_and_hides_at_most_three_quarters(setup, name, work, s):
+    """Overlapping TP collectives with their GEMMs never lengthens the step, and
+    a collective chunked in 4 keeps at least its first quarter exposed."""
+    if s["tp"] == 1:
+        s = {**s, "tp": 2}
+    s = {**s, "sp": 1}
+    plain, overlapped = run_rows([{**s, "tpo": 0}, {**s, "tpo": 1}], *setup(name, work, s))
+    assert overlapped["step_time_analytic_s"] <= plain["step_time_analytic_s"] * (1 + 1e-12)
+    assert overlapped["tp_comm_s"] >= plain["tp_comm_s"] / 4 * (1 - 1e-9)
+
+
+def test_tp_overlap_hand_example():
+    """kernels.training.overlapped_s: a 4 ms all-gather chunked in 4 behind a 10 ms GEMM
+    exposes its first 1 ms chunk only; behind a 2 ms GEMM, 1 + (3 - 2) = 2 ms."""
+    from kernels.training import overlapped_s
+
+    assert overlapped_s(4e-3, 10e-3) == pytest.approx(1e-3, rel=1e-15)
+    assert overlapped_s(4e-3, 2e-3) == pytest.approx(2e-3, rel=1e-15)
+    assert overlapped_s(0.0, 2e-3) == 0.0
