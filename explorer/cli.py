@@ -270,6 +270,36 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
     click.echo(f"{tl.title}\n{tl.start_s.size:,} tasks; wrote {json_path} and {png_path}")
 
 
+@main.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: rows and summary.")
+@_guard
+def validate_cmd(file: Path, as_json: bool) -> None:
+    """Predict every row of a published-measurement CSV and report the errors."""
+    from explorer import validate
+
+    kind, results = validate.run(file)
+    stats = validate.summary(results)
+    if as_json:
+        rows = [{"id": r.id, "metric": "step_time_s", "measured": r.measured_s, "predicted": r.predicted_s,
+                 "error": r.error, "status": r.status, "quality": r.quality, "source": r.source, "chosen": r.chosen}
+                for r in results]
+        click.echo(json.dumps({"kind": kind, "rows": rows, "summary": stats}))
+        return
+    click.echo(validate.table(results))
+    click.echo(f"\n{kind} rows: " + ", ".join(f"{v} {k}" for k, v in stats["status"].items()))
+    for group in ("ok", "uncertain"):
+        st = stats[group]
+        if st["n"]:
+            click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%  median {100 * st['median_ape']:.1f}%"
+                       f"  mean signed {100 * st['mean_signed']:+.1f}%  worst {st['worst']}")
+    for key in ("by_source", "by_gpu"):
+        for name, st in stats[key].items():
+            if st["n"]:
+                click.echo(f"  {name:<34} n={st['n']:>3}  MAPE {100 * st['mape']:5.1f}%  "
+                           f"signed {100 * st['mean_signed']:+6.1f}%")
+
+
 def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
     spec = loaded.spec
     step = row["step_time_s"]

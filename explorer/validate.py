@@ -1,0 +1,218 @@
+"""``paraspace validate``: predict published measurements and report the error.
+
+Reads a file in the schema of ``shared/validation/README.md``. Training rows
+(``training.csv``) are predicted today; communication and inference rows are
+counted as not supported until the MoE and inference issues land. For each
+training row the model comes from the row's own columns (not the catalog), the
+hardware from the catalog entry named by ``gpu``, the strategy from the row;
+a field the source left EMPTY is searched over its valid values and the
+fastest feasible candidate is the prediction (the published runs were tuned),
+as the reported ``chosen`` values show. No per-row, per-model or per-source
+correction exists anywhere in this path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from explorer.evaluate import evaluate, pack
+from spaces.catalog import LoadedSpace, load_hardware, names
+from spaces.encode import DIMENSION_NAMES, Encoder
+from spaces.enums import Recompute, Schedule, label, labels
+from spaces.errors import CatalogError
+from spaces.schema import Model, SpaceSpec, validate
+
+TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "glu",
+                     "gpu", "n_gpus", "tp", "pp", "dp", "cp", "global_batch", "dtype", "metric", "value", "step_time_s")
+#: values searched where a source left a field EMPTY
+UNKNOWN_SEARCH: dict[str, list[Any]] = {
+    "micro_batch": [1, 2, 4, 8],
+    "recompute": labels(Recompute),
+    "sequence_parallel": [False, True],
+    "zero": [0, 1, 2, 3],
+}
+#: sources that predate FlashAttention (2022): their attention materialised s x s scores
+PRE_FLASH_SOURCES = frozenset({"narayanan2021", "megatron-lm-readme-gpt3-example"})
+
+
+@dataclass
+class RowResult:
+    id: str
+    source: str
+    quality: str
+    gpu: str
+    metric: str
+    measured_s: float | None
+    predicted_s: float | None
+    status: str  # ok | oom | no-candidate | unsupported
+    chosen: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def error(self) -> float | None:
+        if self.measured_s is None or self.predicted_s is None:
+            return None
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+def _num(row: dict[str, str | None], key: str, source: str, kind: type = int) -> Any:
+    text = row.get(key)
+    if text is None or text == "":
+        return None
+    try:
+        value = kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
+    except ValueError:
+        raise CatalogError(source, f"row {row.get('id')}: {key}", text, f"a {kind.__name__} number") from None
+    return value
+
+
+def read(path: str | Path) -> pl.DataFrame:
+    """The CSV with every field as text (EMPTY -> null); checks the training header."""
+    path = Path(path)
+    if not path.is_file():
+        raise CatalogError("command line", "FILE", str(path), "an existing validation CSV")
+    df = pl.read_csv(path, infer_schema_length=0)
+    if kind_of(df) == "training":
+        missing = [c for c in TRAINING_REQUIRED if c not in df.columns]
+        if missing:
+            raise CatalogError(path, "header", missing[0], f"the training.csv columns {list(TRAINING_REQUIRED)}")
+    return df
+
+
+def kind_of(df: pl.DataFrame) -> str:
+    """comm (has tokens_per_rank), inference (has input_len), else training."""
+    if "tokens_per_rank" in df.columns:
+        return "comm"
+    if "input_len" in df.columns:
+        return "inference"
+    return "training"
+
+
+def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace, dict[str, Any]]:
+    """The row as a space: known fields fixed, EMPTY fields searched. Returns it and the search lists."""
+    rid = row["id"]
+    where = f"{source}: row {rid}"
+    gpu = row.get("gpu") or ""
+    if gpu not in names("hardware"):
+        raise CatalogError(where, "gpu", gpu, f"one of {names('hardware')}")
+    ints = {k: _num(row, k, source) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "glu",
+                                             "n_gpus", "tp", "pp", "dp", "cp", "global_batch")}
+    for key, value in ints.items():
+        if value is None:
+            raise CatalogError(where, key, None, "a value (EMPTY is not allowed here)")
+    if ints["tp"] * ints["pp"] * ints["dp"] * ints["cp"] != ints["n_gpus"]:
+        raise CatalogError(where, "dp", ints["dp"], f"tp*pp*dp*cp == n_gpus = {ints['n_gpus']}")
+    glu = ints["glu"] == 1
+    # GPT-style (GeLU) Megatron models carry biases, dropout and tied embeddings; gated ones none of them
+    model = validate(Model, {
+        "name": rid, "description": row.get("model") or rid, "layers": ints["layers"], "hidden": ints["hidden"],
+        "heads": ints["heads"], "kv_heads": ints["kv_heads"], "ffn": ints["ffn"], "vocab": ints["vocab"], "glu": glu,
+        "bias": not glu, "tied_embeddings": not glu, "dropout": not glu,
+    }, where)
+    searched: dict[str, Any] = {}
+    dims: dict[str, Any] = {"tp": [ints["tp"]], "pp": [ints["pp"]], "dp": [ints["dp"]], "cp": [ints["cp"]]}
+    for key in ("micro_batch", "zero"):
+        value = _num(row, key, source)
+        dims[key] = [value] if value is not None else UNKNOWN_SEARCH[key]
+        if value is None:
+            searched[key] = dims[key]
+    sp = _num(row, "sequence_parallel", source)
+    dims["sequence_parallel"] = [bool(sp)] if sp is not None else UNKNOWN_SEARCH["sequence_parallel"]
+    if sp is None:
+        searched["sequence_parallel"] = dims["sequence_parallel"]
+    recompute = row.get("recompute")
+    if recompute:
+        if recompute not in labels(Recompute):
+            raise CatalogError(where, "recompute", recompute, f"one of {labels(Recompute)} or EMPTY")
+        dims["recompute"] = [recompute]
+    else:
+        dims["recompute"] = searched["recompute"] = UNKNOWN_SEARCH["recompute"]
+    vpp = _num(row, "vpp", source)
+    if vpp is None:  # interleaving degree not stated: every degree that divides the layers
+        vpps = [v for v in range(1, 17) if ints["layers"] % (ints["pp"] * v) == 0] if ints["pp"] > 1 else [1]
+        dims["vpp"] = searched["vpp"] = vpps
+    else:
+        dims["vpp"] = [vpp]
+    dims["schedule"] = [label(Schedule.ONE_F_ONE_B)] + ([label(Schedule.INTERLEAVED)] if max(dims["vpp"]) > 1 else [])
+    spec = validate(SpaceSpec, {
+        "name": rid, "description": f"{source} row {rid}", "model": rid, "hardware": gpu,
+        "devices": ints["n_gpus"], "global_batch": ints["global_batch"], "seq_len": ints["seq"],
+        "dtype": row.get("dtype") or "bf16", "flash_attention": row["source"] not in PRE_FLASH_SOURCES,
+        "dimensions": dims,
+    }, where)
+    return LoadedSpace(spec=spec, model=model, hardware=load_hardware(gpu), source=where, raw={}), searched
+
+
+def predict_training(row: dict[str, str | None], source: str) -> RowResult:
+    base = RowResult(id=row["id"] or "", source=row.get("source") or "", quality=row.get("quality") or "",
+                     gpu=row.get("gpu") or "", metric=row.get("metric") or "", measured_s=_num(row, "step_time_s",
+                                                                                                source, float),
+                     predicted_s=None, status="unsupported")
+    if row.get("n_experts"):
+        return base  # MoE rows wait for the MoE issue
+    space, searched = training_space(row, source)
+    enc = Encoder(space).encode_all()
+    if enc.n_rows == 0:
+        base.status = "no-candidate"
+        return base
+    out = evaluate(pack(space), enc.columns)
+    feasible = out["feasible"] > 0
+    pool = np.flatnonzero(feasible) if feasible.any() else np.arange(enc.n_rows)
+    best = pool[np.argmin(out["step_time_s"][pool])]
+    base.predicted_s = float(out["step_time_s"][best])
+    base.status = "ok" if feasible.any() else "oom"
+    for key in searched:
+        value = enc.columns[key][best]
+        base.chosen[key] = (labels(Recompute)[int(value)] if key == "recompute" else
+                            bool(value) if key == "sequence_parallel" else int(value))
+    if "vpp" in searched:
+        base.chosen["schedule"] = labels(Schedule)[int(enc.columns["schedule"][best])]
+    return base
+
+
+def run(path: str | Path) -> tuple[str, list[RowResult]]:
+    df = read(path)
+    kind = kind_of(df)
+    if kind != "training":
+        rows = [RowResult(id=r["id"], source=r["source"], quality=r["quality"], gpu=r.get("gpu") or "",
+                          metric=r["metric"], measured_s=None, predicted_s=None, status="unsupported")
+                for r in df.iter_rows(named=True)]
+        return kind, rows
+    return kind, [predict_training(r, str(path)) for r in df.iter_rows(named=True)]
+
+
+def summary(results: list[RowResult]) -> dict[str, Any]:
+    """Mean/median absolute percentage error and worst rows, for ok and uncertain rows and per source."""
+    def stats(rows: list[RowResult]) -> dict[str, Any]:
+        errs = [r.error for r in rows if r.error is not None and r.status == "ok"]
+        if not errs:
+            return {"n": 0}
+        abs_err = np.abs(np.array(errs))
+        worst = sorted((r for r in rows if r.error is not None and r.status == "ok"), key=lambda r: -abs(r.error))
+        return {"n": len(errs), "mape": float(abs_err.mean()), "median_ape": float(np.median(abs_err)),
+                "mean_signed": float(np.mean(errs)), "worst": [(r.id, round(r.error, 4)) for r in worst[:5]]}
+
+    out: dict[str, Any] = {q: stats([r for r in results if r.quality == q]) for q in ("ok", "uncertain")}
+    out["by_source"] = {s: stats([r for r in results if r.source == s]) for s in sorted({r.source for r in results})}
+    out["by_gpu"] = {g: stats([r for r in results if r.gpu == g]) for g in sorted({r.gpu for r in results})}
+    out["status"] = {s: sum(r.status == s for r in results) for s in ("ok", "oom", "no-candidate", "unsupported")}
+    return out
+
+
+def table(results: list[RowResult]) -> str:
+    lines = [f"{'id':<44}{'quality':<11}{'measured_s':>12}{'predicted_s':>13}{'error':>9}  chosen / status"]
+    for r in results:
+        meas = f"{r.measured_s:.4g}" if r.measured_s is not None else "-"
+        pred = f"{r.predicted_s:.4g}" if r.predicted_s is not None else "-"
+        err = f"{100 * r.error:+.1f}%" if r.error is not None and not math.isnan(r.error) else "-"
+        extra = " ".join(f"{k}={v}" for k, v in r.chosen.items()) if r.status == "ok" else r.status
+        lines.append(f"{r.id:<44}{r.quality:<11}{meas:>12}{pred:>13}{err:>9}  {extra}")
+    return "\n".join(lines)
+
+
+__all__ = ["DIMENSION_NAMES", "RowResult", "run", "summary", "table"]
