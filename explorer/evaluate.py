@@ -17,6 +17,9 @@ from spaces.schema import Hardware, Model
 ACT_BYTES = 2.0
 GRAD_BYTES = 4.0
 OPTIMIZER_BYTES = 12.0
+#: 8-bit GEMMs (Transformer Engine FP8 recipes) cast each 16-bit operand: read 2 bytes, write 1
+CAST_BYTES_8BIT = 3.0
+EIGHT_BIT_DTYPES = ("fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ def pack(space: LoadedSpace) -> Packed:
         devices=spec.devices, global_batch=spec.global_batch, seq_len=spec.seq_len,
         act_bytes=ACT_BYTES, weight_bytes=ACT_BYTES, grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES,
         flash_attention=spec.flash_attention,
+        gemm_cast_bytes=CAST_BYTES_8BIT if spec.dtype in EIGHT_BIT_DTYPES else 0.0,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload)
 

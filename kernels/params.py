@@ -61,6 +61,10 @@ WORKLOAD = np.dtype(
         ("grad_bytes", np.float64),  # main gradients (fp32 in Megatron's distributed optimizer)
         ("optimizer_bytes", np.float64),  # per parameter: fp32 master + Adam m + v = 12
         ("flash_attention", np.float64),
+        # bytes moved per element to cast a 16-bit GEMM operand to 8 bits (read 2, write 1)
+        # when the GEMM precision is 8-bit (FP8 recipes cast activations, weights and
+        # output gradients every pass); 0 for 16-bit GEMMs
+        ("gemm_cast_bytes", np.float64),
     ]
 )
 

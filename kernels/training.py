@@ -259,6 +259,13 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, d
     mb_f = memory_bound_s(mem_bytes, n_kernels, dev)
     layer_fwd = f1 + f2 + f3 + f4 + attn_f + mb_f
     layer_bwd = b1 + b2 + b3 + b4 + attn_b + 2.0 * mb_f
+    if work.gemm_cast_bytes > 0:  # 8-bit GEMMs: cast inputs and weights forward, output gradients backward
+        up = (2.0 if model.glu > 0 else 1.0) * f
+        inputs = tokens * (h + q_out + h + f)
+        weights = h * (q_out + 2.0 * kv_out) + q_out * h + h * up + f * h
+        grads = tokens * (q_out + 2.0 * kv_out + h + up + h)
+        layer_fwd += memory_bound_s(work.gemm_cast_bytes * (inputs + weights), 8.0, dev)
+        layer_bwd += memory_bound_s(work.gemm_cast_bytes * grads, 4.0, dev)
 
     msg = tokens * h * ab
     if sp and tp_overlap != 0:

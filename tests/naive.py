@@ -299,6 +299,14 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     layer_mem_f = memory_bound_s(sum(x for x, _ in elementwise), sum(n for _, n in elementwise), dev)
     layer_f = sum(g[0] for g in gemms) + attn_f + layer_mem_f
     layer_b = sum(g[1] for g in gemms) + attn_b + 2 * layer_mem_f
+    if work["gemm_cast_bytes"] > 0:
+        # 8-bit GEMMs: each GEMM's 16-bit input (m x k) and weight (k x n) is cast
+        # forward, its output gradient (m x n) backward; 4 GEMMs, one kernel per cast
+        shapes_mnk = [(tokens, q_cols + 2 * kv_cols, h), (tokens, h, q_cols),
+                      (tokens, (2 if glu else 1) * f_cols, h), (tokens, h, f_cols)]
+        cast = work["gemm_cast_bytes"]
+        layer_f += memory_bound_s(cast * sum(mm * k + k * n for mm, n, k in shapes_mnk), 8, dev)
+        layer_b += memory_bound_s(cast * sum(mm * n for mm, n, k in shapes_mnk), 4, dev)
     # weight-gradient GEMMs dW = X^T dY, the W pass of zero-bubble schedules
     shapes = [(tokens, q_cols + 2 * kv_cols, h), (tokens, h, q_cols), (tokens, (2 if glu else 1) * f_cols, h),
               (tokens, h, f_cols)]

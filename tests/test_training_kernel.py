@@ -408,7 +408,7 @@ def test_evaluate_matches_naive():
             params.WORKLOAD, devices=float(rng.integers(1, 1024)), global_batch=float(rng.integers(1, 2048)),
             seq_len=float(rng.choice([512, 1024, 2048, 4096, 8192])), act_bytes=2.0, weight_bytes=2.0,
             grad_bytes=float(rng.choice([2.0, 4.0])), optimizer_bytes=float(rng.choice([12.0, 16.0])),
-            flash_attention=float(rng.integers(2)),
+            flash_attention=float(rng.integers(2)), gemm_cast_bytes=float(rng.choice([0.0, 3.0])),
         )
         for s, got in zip(strategies, run_rows(strategies, model, dev, tiers, tiles, work)):
             _assert_outputs_close(got, run_naive(s, model, dev, tiers, tiles, work), s)
