@@ -36,6 +36,9 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
     "recompute": labels(Recompute),
     "sequence_parallel": [False, True],
     "zero": [0, 1, 2, 3],
+    # not a column of the schema, so always unknown: Megatron-Core and NeMo benchmark
+    # configurations turn it on with sequence parallelism
+    "tp_overlap": [False, True],
 }
 #: sources that predate FlashAttention (2022): their attention materialised s x s scores
 PRE_FLASH_SOURCES = frozenset({"narayanan2021", "megatron-lm-readme-gpt3-example"})
@@ -125,6 +128,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
     dims["sequence_parallel"] = [bool(sp)] if sp is not None else UNKNOWN_SEARCH["sequence_parallel"]
     if sp is None:
         searched["sequence_parallel"] = dims["sequence_parallel"]
+    if any(dims["sequence_parallel"]) and ints["tp"] > 1:
+        dims["tp_overlap"] = searched["tp_overlap"] = UNKNOWN_SEARCH["tp_overlap"]
     recompute = row.get("recompute")
     if recompute:
         if recompute not in labels(Recompute):
@@ -169,7 +174,7 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     for key in searched:
         value = enc.columns[key][best]
         base.chosen[key] = (labels(Recompute)[int(value)] if key == "recompute" else
-                            bool(value) if key == "sequence_parallel" else int(value))
+                            bool(value) if key in ("sequence_parallel", "tp_overlap") else int(value))
     if "vpp" in searched:
         base.chosen["schedule"] = labels(Schedule)[int(enc.columns["schedule"][best])]
     return base

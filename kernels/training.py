@@ -324,7 +324,13 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, d
     dc = d * c
     grad_total = params_max * work.grad_bytes
     param_total = params_max * work.weight_bytes
-    if zero >= 1:
+    if zero >= 3:  # ZeRO-3 / FSDP gathers and scatters layer by layer: one collective per layer
+        rest = params_max - layers_dev * lp  # embedding / head / final norm, gathered as one unit
+        costs[C_DP_GRAD] = layers_dev * collective_time_s(REDUCE_SCATTER, dc, t, lp * work.grad_bytes, tiers) + \
+            collective_time_s(REDUCE_SCATTER, dc, t, rest * work.grad_bytes, tiers)
+        costs[C_DP_PARAM] = layers_dev * collective_time_s(ALL_GATHER, dc, t, lp * work.weight_bytes, tiers) + \
+            collective_time_s(ALL_GATHER, dc, t, rest * work.weight_bytes, tiers)
+    elif zero >= 1:
         costs[C_DP_GRAD] = collective_time_s(REDUCE_SCATTER, dc, t, grad_total, tiers)
         costs[C_DP_PARAM] = collective_time_s(ALL_GATHER, dc, t, param_total, tiers)
     else:

@@ -413,9 +413,12 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     weights_b = max_params * work["weight_bytes"]
     dp_comm = 0.0
     if group > 1:
-        if zero >= 3:
-            gather_reduce = 2 * coll(ALL_GATHER, group, t, weights_b) + coll(REDUCE_SCATTER, group, t, grads_b)
-            dp_comm = max(0.0, m * (gather_reduce - t_max))
+        if zero >= 3:  # one gather / scatter per layer, plus one for the rest (embedding, head, norm)
+            layer = layer_params(model, t)
+            units = [(layer, n_layers), (max_params - n_layers * layer, 1)]
+            gather = sum(k * coll(ALL_GATHER, group, t, size * work["weight_bytes"]) for size, k in units)
+            scatter = sum(k * coll(REDUCE_SCATTER, group, t, size * work["grad_bytes"]) for size, k in units)
+            dp_comm = max(0.0, m * (2 * gather + scatter - t_max))
         elif zero >= 1:
             dp_comm = max(0.0, coll(REDUCE_SCATTER, group, t, grads_b) - slowest["bwd"])
             dp_comm += max(0.0, coll(ALL_GATHER, group, t, weights_b) - slowest["fwd"])
