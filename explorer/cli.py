@@ -12,7 +12,7 @@ import polars as pl
 
 from explorer.evaluate import DEFAULT_MAX_TASKS, pack
 from explorer.sweep import DEFAULT_CHUNK, DEFAULT_SIMULATE_TOP, enum_labels, evaluate_encoded, result_schema, run_sweep
-from results.rank import top
+from results.rank import ResultsError, compare, pareto, top
 from results.writer import to_arrow
 from spaces import catalog
 from spaces.catalog import LoadedSpace
@@ -43,7 +43,7 @@ def _guard(fn):  # noqa: ANN001, ANN202 - decorator
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except CatalogError as err:
+        except (CatalogError, ResultsError) as err:
             raise InputError(str(err)) from None
 
     return wrapper
@@ -154,6 +154,47 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
         click.echo(_top_table(top(summary.path, n_top)))
+
+
+def _with_frame_config(frame: pl.DataFrame) -> str:
+    with pl.Config(tbl_rows=len(frame), tbl_cols=len(frame.columns), tbl_width_chars=250,
+                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, fmt_str_lengths=60):
+        return str(frame)
+
+
+@main.command("top")
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("--by", default="step_time_s", show_default=True, help="Column to rank by (ascending).")
+@click.option("--max-mem", "max_mem", type=click.FloatRange(min=0), default=None, help="Keep rows with peak memory <= GiB.")
+@click.option("--where", default=None, help="SQL condition, e.g. \"tp = 8 AND schedule = 'interleaved'\".")
+@click.option("-n", "n_top", type=click.IntRange(min=1), default=10, show_default=True)
+@_guard
+def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int) -> None:
+    """The best rows of a result file or dataset (feasible first)."""
+    frame = top(results, n_top, (by, "mem_peak_bytes"), where=where, max_mem_gib=max_mem)
+    click.echo(_top_table(frame))
+
+
+@main.command("pareto")
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("--x", "x", default="step_time_s", show_default=True, help="First column to minimise.")
+@click.option("--y", "y", default="mem_peak_bytes", show_default=True, help="Second column to minimise.")
+@click.option("--where", default=None, help="SQL condition applied first.")
+@_guard
+def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
+    """Feasible rows that no other row beats on both columns."""
+    front = pareto(results, x, y, where=where)
+    click.echo(f"{front.height} rows on the {x} / {y} front:")
+    click.echo(_with_frame_config(front.select([*DIMENSION_NAMES, x, y] if y != x else [*DIMENSION_NAMES, x])))
+
+
+@main.command("compare")
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("--ids", "ids", type=int, multiple=True, required=True, help="row_id to compare (give two or more).")
+@_guard
+def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
+    """Rows side by side, with the difference of every column for two rows."""
+    click.echo(_with_frame_config(compare(results, list(ids))))
 
 
 def _parse_value(text: str) -> Any:

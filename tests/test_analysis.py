@@ -1,0 +1,81 @@
+"""paraspace top / pareto / compare on sweep output."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from explorer.cli import main
+from results.rank import ResultsError, compare, pareto, top
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("analysis") / "small.parquet"
+    result = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--out", str(out), "--no-progress", "-n", "0"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_top_filters_and_orders(results):
+    df = pl.read_parquet(results)
+    got = top(results, 5, ("step_time_s", "mem_peak_bytes"), where="tp = 2 AND pp <= 2", max_mem_gib=40)
+    expected = (df.filter((pl.col("tp") == 2) & (pl.col("pp") <= 2) & (pl.col("mem_peak_bytes") <= 40 * 1024**3))
+                .sort(["feasible", "step_time_s", "mem_peak_bytes", "row_id"], descending=[True, False, False, False])
+                .head(5))
+    assert got["row_id"].to_list() == expected["row_id"].to_list()
+    assert (got["tp"] == 2).all()
+
+
+def test_pareto_front_is_non_dominated(results):
+    front = pareto(results)
+    df = pl.read_parquet(results).filter(pl.col("feasible"))
+    assert front.height >= 1
+    # along the front x grows and y falls strictly
+    assert front["step_time_s"].is_sorted() and (front["mem_peak_bytes"].diff().drop_nulls() < 0).all()
+    # nothing in the file beats a front row on both
+    for x, y in zip(front["step_time_s"], front["mem_peak_bytes"]):
+        beats = df.filter((pl.col("step_time_s") <= x) & (pl.col("mem_peak_bytes") <= y)
+                          & ((pl.col("step_time_s") < x) | (pl.col("mem_peak_bytes") < y)))
+        assert beats.height == 0
+    # the fastest feasible row starts the front
+    assert front["step_time_s"][0] == df["step_time_s"].min()
+
+
+def test_compare_two_rows(results):
+    ids = pl.read_parquet(results)["row_id"].head(2).to_list()
+    table = compare(results, ids)
+    assert table.columns == ["column", str(ids[0]), str(ids[1]), "difference"]
+    step = table.filter(pl.col("column") == "step_time_s").row(0, named=True)
+    assert float(step["difference"]) == pytest.approx(float(step[str(ids[1])]) - float(step[str(ids[0])]), rel=1e-5)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["top", "{r}", "--by", "nope"], "column = 'nope'"),
+    (["top", "{r}", "--where", "tp ==== 3"], "--where = 'tp ==== 3'"),
+    (["pareto", "{r}", "--y", "bogus"], "column = 'bogus'"),
+    (["compare", "{r}", "--ids", "-5"], "--ids = [-5]"),
+    (["top", "{bad}"], "expected a Parquet file"),
+])
+def test_bad_input_is_named(results, tmp_path, args, needle):
+    bad = tmp_path / "notes.parquet"
+    bad.write_text("not parquet")
+    argv = [a.format(r=results, bad=bad) for a in args]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_foreign_parquet_is_refused(tmp_path):
+    path = tmp_path / "other.parquet"
+    pl.DataFrame({"a": [1]}).write_parquet(path)
+    with pytest.raises(ResultsError, match="written by paraspace"):
+        top(path)
+
+
+def test_cli_prints(results):
+    out = CliRunner().invoke(main, ["pareto", str(results)])
+    assert out.exit_code == 0 and "front" in out.output
+    out = CliRunner().invoke(main, ["top", str(results), "-n", "2", "--by", "mem_peak_bytes"])
+    assert out.exit_code == 0 and "step_time_s" in out.output
