@@ -197,6 +197,44 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
     click.echo(_with_frame_config(compare(results, list(ids))))
 
 
+@main.command("study")
+@click.argument("space", required=False, default=None)
+@click.option("--trials", "n_trials", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds.")
+@click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random", "grid"]), default="tpe", show_default=True)
+@click.option("--objective", type=click.Choice(["time-memory", "time"]), default="time-memory", show_default=True,
+              help="Minimise step time and peak memory, or step time alone (under the memory cap either way).")
+@click.option("--max-mem", "max_mem", type=click.FloatRange(min=0), default=None,
+              help="Memory cap in GiB [default: the device's HBM].")
+@click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql://...) [default: a journal file "
+                                              "in the output folder].")
+@click.option("--study-name", default=None, help="[default: the space's name]")
+@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Trials asked per batch.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True, help="Folder for the journal and the Parquet parts.")
+@_guard
+def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler: str, objective: str,
+              max_mem: float | None, storage: str | None, study_name: str | None, batch: int, seed: int,
+              out_dir: Path) -> None:
+    """Search a space with Optuna; resumes the named study if it exists."""
+    import optuna
+
+    from explorer.study import run_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    loaded = catalog.load_space(space or DEFAULT_SPACE)
+    summary = run_study(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
+                        sampler=sampler, objective=objective, max_mem_gib=max_mem, batch=batch, timeout_s=timeout_s,
+                        seed=seed)
+    click.echo(f"study {summary.study_name}: {summary.n_new} new trials ({summary.n_trials_total} in total) in "
+               f"{summary.seconds:.1f} s; metrics in {out_dir / summary.study_name}/")
+    if summary.best:
+        click.echo(_with_frame_config(pl.DataFrame(summary.best)))
+    else:
+        click.echo("no feasible trial yet")
+
+
 def _parse_value(text: str) -> Any:
     low = text.strip().lower()
     if low in ("true", "false"):

@@ -125,7 +125,14 @@ class Encoder:
     def encode(self, start: int = 0, stop: int | None = None) -> Encoded:
         """Rows ``start:stop`` of the flat product, filtered."""
         stop = self.n_combinations if stop is None else min(stop, self.n_combinations)
-        flat = np.arange(start, stop, dtype=np.int64)
+        return self.encode_ids(np.arange(start, stop, dtype=np.int64))
+
+    def row_ids(self, positions: dict[str, np.ndarray]) -> np.ndarray:
+        """Row ids of combinations given as each dimension's value position."""
+        return np.ravel_multi_index(tuple(positions[n] for n in DIMENSION_NAMES), self.shape).astype(np.int64)
+
+    def encode_ids(self, flat: np.ndarray) -> Encoded:
+        """The combinations with these row ids (in this order), filtered."""
         index = np.unravel_index(flat, self.shape)
         cols = {n: self.values[n][i] for n, i in zip(DIMENSION_NAMES, index)}
         if self.derive_dp:
