@@ -70,6 +70,23 @@ def _overrides(model: str | None, hardware: str | None, devices: int | None) -> 
     return {k: v for k, v in given.items() if v is not None}
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` with 0 <= I < N."""
+    index, slash, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not slash or not (0 <= i < n):
+        raise InputError(f"command line: --shard = {text!r}: expected I/N with 0 <= I < N (e.g. 0/4)")
+    return i, n
+
+
+def shard_range(n_combinations: int, index: int, count: int) -> tuple[int, int]:
+    """Contiguous, deterministic, covering and disjoint ranges of the flat product."""
+    return n_combinations * index // count, n_combinations * (index + 1) // count
+
+
 def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
     from spaces.encode import REASON_TEXT
 
@@ -117,10 +134,13 @@ def _top_table(frame: pl.DataFrame) -> str:
               help="Candidates whose step graph has more tasks keep the analytic step time.")
 @click.option("--simulate-top", type=click.IntRange(min=1), default=DEFAULT_SIMULATE_TOP, show_default=True,
               help="With more feasible candidates than this, simulate only this many best by analytic step time.")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Evaluate only shard I of N (0-based) of the combinations, e.g. for a nightly job array; "
+                   "writes results/SPACE/part-I-of-N.parquet.")
 @_guard
 def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
           out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool,
-          simulate: bool, max_tasks: int, simulate_top: int) -> None:
+          simulate: bool, max_tasks: int, simulate_top: int, shard: str | None) -> None:
     """Evaluate every candidate of a strategy space and write them ranked to Parquet.
 
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
@@ -135,9 +155,15 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
                              "50,000,000 for --dry-run")
         click.echo(explain_table(enc.first_reason, enc.breaks, enc.n_combinations))
         return
-    target = out or Path("results") / f"{loaded.spec.name}.parquet"
+    start, stop = 0, encoder.n_combinations
+    if shard is not None:
+        index, count = parse_shard(shard)
+        start, stop = shard_range(encoder.n_combinations, index, count)
+        target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
+    else:
+        target = out or Path("results") / f"{loaded.spec.name}.parquet"
     summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
-                        max_tasks=max_tasks, simulate_top=simulate_top)
+                        max_tasks=max_tasks, simulate_top=simulate_top, start=start, stop=stop)
     if summary.n_rows == 0:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
         raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "

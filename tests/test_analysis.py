@@ -79,3 +79,22 @@ def test_cli_prints(results):
     assert out.exit_code == 0 and "front" in out.output
     out = CliRunner().invoke(main, ["top", str(results), "-n", "2", "--by", "mem_peak_bytes"])
     assert out.exit_code == 0 and "step_time_s" in out.output
+
+
+def test_shards_merge_to_the_unsharded_sweep(tmp_path, results):
+    """Three shards of the small space, scanned as one dataset, equal the single
+    sweep row for row (every feasible candidate is simulated in both)."""
+    folder = tmp_path / "nightly"
+    for i in range(3):
+        out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--shard", f"{i}/3", "--out",
+                                        str(folder / f"part-{i}-of-3.parquet"), "--no-progress", "-n", "0"])
+        assert out.exit_code == 0, out.output
+    merged = top(folder, 100_000)
+    single = top(results, 100_000)
+    assert merged.equals(single)
+
+
+@pytest.mark.parametrize("spec", ["5/4", "1", "a/b", "-1/3", "3/3"])
+def test_bad_shard_spec(spec, tmp_path):
+    out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--shard", spec, "--out", str(tmp_path / "x.parquet")])
+    assert out.exit_code == 2 and f"--shard = {spec!r}" in out.output
