@@ -103,7 +103,7 @@ def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
 
 def _top_table(frame: pl.DataFrame) -> str:
     shown = frame.select(
-        [*DIMENSION_NAMES, "n_microbatches"]
+        ["row_id", *DIMENSION_NAMES, "n_microbatches"]
         + [pl.col(c) for c in TOP_METRICS if c != "mem_peak_bytes"]
         + [(pl.col("mem_peak_bytes") / GIB).round(1).alias("mem_peak_GiB")]
     ).with_columns(pl.col("step_time_s").round(3), pl.col("step_time_analytic_s").round(3),
