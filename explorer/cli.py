@@ -214,6 +214,18 @@ def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
     click.echo(_with_frame_config(front.select([*DIMENSION_NAMES, x, y] if y != x else [*DIMENSION_NAMES, x])))
 
 
+@main.command("report")
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"), show_default=True)
+@click.option("-n", "n_top", type=click.IntRange(min=1), default=10, show_default=True)
+@_guard
+def report_cmd(results: Path, out: Path, n_top: int) -> None:
+    """A self-contained HTML page: best rows, Pareto front, breakdown and sensitivity."""
+    from results.report import write
+
+    click.echo(f"wrote {write(results, out, list(DIMENSION_NAMES), n_top)}")
+
+
 @main.command("compare")
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("--ids", "ids", type=int, multiple=True, required=True, help="row_id to compare (give two or more).")
