@@ -30,7 +30,7 @@ from explorer.sweep import enum_labels, evaluate_encoded, provenance, result_sch
 from results.writer import ResultWriter, to_arrow
 from spaces.catalog import LoadedSpace
 from spaces.encode import DIMENSIONS, Encoder
-from spaces.enums import Reason, labels
+from spaces.enums import labels
 
 SAMPLERS = ("tpe", "nsga2", "random", "grid")
 OBJECTIVES = ("time-memory", "time")
@@ -155,4 +155,4 @@ def _constraint(trial: optuna.trial.FrozenTrial) -> list[float]:
     return list(values) if values else [1.0]
 
 
-__all__ = ["OBJECTIVES", "SAMPLERS", "Reason", "StudySummary", "run_study", "search_space"]
+__all__ = ["OBJECTIVES", "SAMPLERS", "StudySummary", "run_study", "search_space"]

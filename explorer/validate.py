@@ -23,7 +23,7 @@ import polars as pl
 
 from explorer.evaluate import evaluate, pack
 from spaces.catalog import LoadedSpace, load_hardware, names
-from spaces.encode import DIMENSION_NAMES, Encoder
+from spaces.encode import Encoder
 from spaces.enums import Recompute, Schedule, label, labels
 from spaces.errors import CatalogError
 from spaces.schema import Model, SpaceSpec, validate
@@ -220,4 +220,4 @@ def table(results: list[RowResult]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DIMENSION_NAMES", "RowResult", "run", "summary", "table"]
+__all__ = ["RowResult", "run", "summary", "table", "training_space"]

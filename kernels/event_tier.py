@@ -43,7 +43,6 @@ from kernels.training import (
     C_RC_COMPUTE,
     C_TP_LAYER,
     N_COST,
-    model_flop_per_sequence,
     row_costs,
 )
 

@@ -15,7 +15,7 @@ from enum import IntEnum
 import numpy as np
 
 from spaces.catalog import LoadedSpace
-from spaces.enums import Dtype, Recompute, Reason, Schedule, label, labels, parse
+from spaces.enums import Dtype, Recompute, Reason, Schedule, labels, parse
 from spaces.errors import CatalogError
 
 

@@ -82,5 +82,5 @@ def test_killed_process_leaves_only_an_unreadable_partial(tmp_path):
     assert not out.exists()
     partial = tmp_path / ("k.parquet" + PARTIAL_SUFFIX)
     assert partial.exists()
-    with pytest.raises(Exception):
+    with pytest.raises(pl.exceptions.ComputeError):
         pl.read_parquet(partial)
