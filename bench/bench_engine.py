@@ -29,7 +29,7 @@ from spaces.catalog import load_space  # noqa: E402
 from tests import naive_engine  # noqa: E402
 
 STRATEGY = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
-            "schedule",
+            "optimizer", "schedule",
             "n_microbatches")
 
 
@@ -41,6 +41,7 @@ def rows(n: int) -> dict[str, np.ndarray]:
     cols["sequence_parallel"] = rng.integers(0, 2, n).astype(np.int8)
     cols["tp_overlap"] = (cols["sequence_parallel"] * rng.integers(0, 2, n)).astype(np.int8)
     cols["zero"] = rng.integers(0, 3, n).astype(np.int8)
+    cols["optimizer"] = np.zeros(n, dtype=np.int8)
     return cols
 
 

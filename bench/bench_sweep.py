@@ -73,7 +73,7 @@ def main() -> None:
     model, dev, work = naive.fields(packed.model), naive.fields(packed.device), naive.fields(packed.workload)
     tiers, tiles = naive.tier_list(packed.tiers), naive.tile_list(packed.tiles)
     keys = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch",
-            "recompute": "recompute", "sp": "sequence_parallel", "tpo": "tp_overlap", "zero": "zero",
+            "recompute": "recompute", "sp": "sequence_parallel", "tpo": "tp_overlap", "zero": "zero", "opt": "optimizer",
             "schedule": "schedule",
             "n_micro": "n_microbatches"}
     t0 = time.perf_counter()

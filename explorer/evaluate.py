@@ -50,7 +50,8 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
         attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
-        memory_overhead_bytes=dev.memory_overhead_bytes,
+        memory_overhead_bytes=dev.memory_overhead_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
+        host_memory_bytes_per_s=dev.host_memory_bytes_per_s,
     )
     tiers = params.tier_table([
         (link.domain_devices or 0, link.bandwidth_bytes_per_s * link.efficiency / link.shared_by, link.latency_s)
@@ -80,7 +81,7 @@ DEFAULT_MAX_TASKS = 200_000
 
 def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     return tuple(cols[k] for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel",
-                                   "tp_overlap", "zero", "schedule", "n_microbatches"))
+                                   "tp_overlap", "zero", "optimizer", "schedule", "n_microbatches"))
 
 
 def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

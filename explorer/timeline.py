@@ -23,7 +23,8 @@ def stream_names(hw: Hardware) -> tuple[str, ...]:
 def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:
     """Simulate one encoded row (strategy values as ints, plus n_microbatches) with capture on."""
     g = row_graph(row["tp"], row["pp"], row["dp"], row["cp"], row["vpp"], row["micro_batch"], row["recompute"],
-                  row["sequence_parallel"], row["tp_overlap"], row["zero"], row["schedule"], row["n_microbatches"],
+                  row["sequence_parallel"], row["tp_overlap"], row["zero"], row["optimizer"], row["schedule"],
+                  row["n_microbatches"],
                   packed.model[0],
                   packed.device[0], packed.tiers, packed.tiles, packed.workload[0], n_buckets)
     dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g

@@ -77,11 +77,12 @@ def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
 
 
 @jit
-def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, schedule, n_micro, model, dev, tiers, tiles, work,
+def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev, tiers,
+              tiles, work,
               n_buckets):
     """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, model, dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work, costs)
     p = pp
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
     layers_chunk = model.layers / (p * v)
@@ -188,11 +189,11 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
 
 
 @jit
-def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, schedule, n_micro, model, dev, tiers, tiles,
-                 work,
+def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev,
+                 tiers, tiles, work,
                  n_buckets, out) -> int:
-    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, schedule, n_micro, model, dev, tiers, tiles,
-                  work,
+    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev,
+                  tiers, tiles, work,
                   n_buckets)
     dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
     start = np.empty(dur.shape[0], dtype=np.int64)
@@ -206,8 +207,8 @@ def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, sched
 
 
 @jit(parallel=True)
-def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, schedule, n_micro, model, dev, tiers, tiles,
-                  work,
+def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev,
+                  tiers, tiles, work,
                   select, analytic_step, tokens, mfu, n_buckets):
     """Simulate the rows where ``select`` is true; returns (n, N_SIM) float64.
 
@@ -220,6 +221,7 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, sche
         row = out[i]
         if select[i]:
             status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
+                                  optimizer[i],
                                   schedule[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
             if status == OK:
                 scale = analytic_step[i] / row[S_STEP]

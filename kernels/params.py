@@ -21,6 +21,8 @@ DEVICE = np.dtype(
         ("attention_efficiency", np.float64),
         ("memory_efficiency", np.float64),
         ("memory_overhead_bytes", np.float64),
+        ("host_link_bytes_per_s", np.float64),  # PCIe to the host, each direction
+        ("host_memory_bytes_per_s", np.float64),  # host DRAM bandwidth per device
     ]
 )
 

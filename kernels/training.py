@@ -23,6 +23,7 @@ from kernels.codes import (
     ALL_REDUCE,
     FEASIBLE_OK,
     FEASIBLE_OUT_OF_MEMORY,
+    OPTIMIZER_CPU_ADAM,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
@@ -88,6 +89,29 @@ N_COST = 21
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
 #: one more gradient read for clipping (4)
 ADAM_BYTES_PER_PARAM = 34.0
+#: per optimizer (index = kernels.codes OPTIMIZER_*): device optimizer-state bytes
+#: as a fraction of the workload's fp32 Adam states (8-bit Adam keeps m and v in
+#: one byte each beside the fp32 master: 6 of 12), and device bytes per parameter
+#: of its step (8-bit: read master 4, m+v 2, grad 4; write master 4, m+v 2,
+#: weight 2; clip read 4 = 22). CPU Adam keeps neither on the device.
+#: (numpy arrays, which numba freezes as constants indexable at run time)
+OPT_STATE_FRACTION = np.array([1.0, 0.5, 0.0])
+OPT_DEVICE_STEP_BYTES = np.array([ADAM_BYTES_PER_PARAM, 22.0, 0.0])
+#: ZeRO-Offload's CPU Adam: host DRAM bytes per parameter (read and write fp32
+#: master, m, v: 24; read the 16-bit gradient, write the 16-bit weight: 4) and
+#: PCIe bytes per parameter (16-bit gradient down, 16-bit weight up: 2 + 2)
+CPU_ADAM_HOST_BYTES = 28.0
+CPU_ADAM_LINK_BYTES = 4.0
+
+
+@jit
+def optimizer_step_s(optimizer: int, shard: float, dev) -> float:
+    """One optimizer step over ``shard`` parameters of this device."""
+    if optimizer == OPTIMIZER_CPU_ADAM:  # transfers over PCIe, then the host streams the states
+        return (CPU_ADAM_LINK_BYTES * shard / dev.host_link_bytes_per_s
+                + CPU_ADAM_HOST_BYTES * shard / (dev.host_memory_bytes_per_s * dev.memory_efficiency)
+                + dev.launch_s)
+    return memory_bound_s(OPT_DEVICE_STEP_BYTES[optimizer] * shard, 1.0, dev)
 
 
 #: chunks a TP collective is split into when overlapped with its GEMM
@@ -218,7 +242,8 @@ def model_flop_per_sequence(model, s: float) -> float:
 
 
 @jit
-def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, dev, tiers, tiles, work, costs):
+def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work,
+              costs):
     """Fill ``costs`` (length N_COST, seconds) with the latencies one candidate is built from.
 
     Shared by the analytic tier (``evaluate_one``) and the event tier
@@ -337,7 +362,7 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, d
         costs[C_DP_GRAD] = collective_time_s(ALL_REDUCE, dc, t, grad_total, tiers)
         costs[C_DP_PARAM] = 0.0
     opt_shard = params_max / dc if zero >= 1 else params_max
-    costs[C_OPT] = memory_bound_s(ADAM_BYTES_PER_PARAM * opt_shard, 1.0, dev)
+    costs[C_OPT] = optimizer_step_s(optimizer, opt_shard, dev)
     costs[C_LAYER_FWD] = layer_fwd
     costs[C_LAYER_BWD] = layer_bwd
     costs[C_TP_LAYER] = tp_layer
@@ -363,11 +388,12 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, d
 
 
 @jit
-def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, schedule, n_micro,
+def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, n_micro,
                  model, dev, tiers, tiles, work, out):
     """Fill ``out`` (length N_OUT) for one candidate."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, model, dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work,
+              costs)
     t = float(tp)
     p = float(pp)
     d = float(dp)
@@ -453,9 +479,9 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             dp_comm = max(0.0, m * per_micro - m * t_max)
         else:  # reduce overlapped with the last backward, gather with the first forward
             dp_comm = max(0.0, costs[C_DP_GRAD] - best_b) + max(0.0, costs[C_DP_PARAM] - best_f)
-    optimizer = costs[C_OPT]
+    optimizer_s = costs[C_OPT]
 
-    step = pipe + pp_comm + dp_comm + optimizer
+    step = pipe + pp_comm + dp_comm + optimizer_s
     out[O_STEP] = step
     out[O_COMPUTE] = m * best_compute
     out[O_TP] = m * best_tp
@@ -463,7 +489,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_PP] = pp_comm
     out[O_DP] = dp_comm
     out[O_BUBBLE] = bubble
-    out[O_OPT] = optimizer
+    out[O_OPT] = optimizer_s
     out[O_RECOMPUTE] = m * best_rc
     out[O_FWD] = best_f
     out[O_BWD] = best_b
@@ -485,7 +511,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
         else:
             weights = params * work.weight_bytes
         grads = params * work.grad_bytes / (dc if zero >= 2 else 1.0)
-        optim = params * work.optimizer_bytes / (dc if zero >= 1 else 1.0)
+        optim = params * work.optimizer_bytes * OPT_STATE_FRACTION[optimizer] / (dc if zero >= 1 else 1.0)
         chunks = in_flight_chunks(schedule, p, v, m, float(stage))
         layers_chunk = layers_dev / v if schedule == SCHEDULE_INTERLEAVED else layers_dev
         acts = chunks * layers_chunk * act_layer + work_layer
@@ -507,7 +533,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
 
 
 @jit(parallel=True)
-def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, schedule, n_micro,
+def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro,
                   model, dev, tiers, tiles, work):
     """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS order."""
     n = tp.shape[0]
@@ -515,6 +541,7 @@ def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, sche
     for i in prange(n):
         # records are indexed inside the loop: numba's parfor lowering cannot
         # pass a record hoisted out of it (llvm type mismatch, numba 0.68)
-        evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i], schedule[i],
+        evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
+                     optimizer[i], schedule[i],
                      n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
     return out

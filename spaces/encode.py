@@ -15,7 +15,7 @@ from enum import IntEnum
 import numpy as np
 
 from spaces.catalog import LoadedSpace
-from spaces.enums import Dtype, Recompute, Reason, Schedule, labels, parse
+from spaces.enums import Dtype, Optimizer, Recompute, Reason, Schedule, labels, parse
 from spaces.errors import CatalogError
 
 
@@ -45,6 +45,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("tp_overlap", np.int8, "TP collectives overlapped with their GEMMs in chunks (Megatron "
               "--tp-comm-overlap)", boolean=True),
     Dimension("zero", np.int8, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
+    Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, or Adam on the host (ZeRO-Offload)",
+              enum=Optimizer),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
 )
 DIMENSION_NAMES = tuple(d.name for d in DIMENSIONS)

@@ -29,6 +29,14 @@ class Schedule(IntEnum):
     ZB_H1 = 3  #: zero-bubble ZB-H1 (Qi et al. 2023): backward split into B and W, W fills the cool-down
 
 
+class Optimizer(IntEnum):
+    """Where and how the optimizer step runs (issue 9's memory knobs)."""
+
+    ADAM = 0  #: Adam on the device: fp32 master, m and v (12 bytes/param)
+    ADAM_8BIT = 1  #: blockwise 8-bit Adam (Dettmers et al. 2022): 8-bit m and v, fp32 master (6 bytes/param)
+    CPU_ADAM = 2  #: ZeRO-Offload: states and the Adam step on the host, gradients down and weights up over PCIe
+
+
 class Dtype(IntEnum):
     """GEMM precision of a training run."""
 
@@ -73,6 +81,7 @@ class Feasibility(IntEnum):
 _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
     Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved",
                Schedule.ZB_H1: "zb-h1"},
+    Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam"},
 }
 
 

@@ -82,6 +82,11 @@ class Device(Record):
     #: memory the framework holds beyond the model's tensors
     #: (CUDA context, communication buffers, allocator fragmentation)
     memory_overhead_GiB: NonNegative
+    #: achieved host <-> device bandwidth per device, each direction (PCIe)
+    host_link_GB_per_s: Positive
+    #: host DRAM bandwidth available per device (the host's total / devices per host),
+    #: streamed by the CPU optimizer step
+    host_memory_GB_per_s: Positive
 
     @model_validator(mode="after")
     def _known_dtypes(self) -> Device:
@@ -107,6 +112,14 @@ class Device(Record):
     @property
     def memory_overhead_bytes(self) -> float:
         return self.memory_overhead_GiB * GIB
+
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        return self.host_link_GB_per_s * GB
+
+    @property
+    def host_memory_bytes_per_s(self) -> float:
+        return self.host_memory_GB_per_s * GB
 
     def peak_flops_per_s(self, dtype: str) -> float:
         return self.peak_TFLOP_per_s[dtype] * TFLOP
@@ -195,6 +208,7 @@ class Dimensions(Record):
     sequence_parallel: tuple[bool, ...] = (False,)
     tp_overlap: tuple[bool, ...] = (False,)
     zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)
+    optimizer: tuple[str, ...] = ("adam",)
     schedule: tuple[str, ...] = ("1f1b",)
 
     @model_validator(mode="before")

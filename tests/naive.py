@@ -19,6 +19,11 @@ ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = 0, 1, 2, 3, 4
 NONE, SELECTIVE, FULL = 0, 1, 2
 GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1 = 0, 1, 2, 3
 ADAM_BYTES_PER_PARAM = 34.0  # read master, m, v, grad (16) + write master, m, v (12) + weight (2) + clip read (4)
+ADAM, ADAM_8BIT, CPU_ADAM = 0, 1, 2  # spaces.enums.Optimizer
+# 8-bit Adam: m and v of one byte each beside the fp32 master (6 of Adam's 12 state bytes); its step reads
+# master 4 + m, v 2 + grad 4 and writes master 4 + m, v 2 + weight 2, plus the clipping read 4 = 22
+STATE_SHARE = {ADAM: 1.0, ADAM_8BIT: 0.5, CPU_ADAM: 0.0}
+STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0}
 
 
 def fields(rec) -> dict[str, float]:
@@ -424,7 +429,13 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             dp_comm += max(0.0, coll(ALL_GATHER, group, t, weights_b) - slowest["fwd"])
         else:
             dp_comm = max(0.0, coll(ALL_REDUCE, group, t, grads_b) - slowest["bwd"])
-    optimizer = memory_bound_s(ADAM_BYTES_PER_PARAM * max_params / (group if zero >= 1 else 1), 1, dev)
+    shard = max_params / (group if zero >= 1 else 1)
+    opt_kind = strategy.get("opt", ADAM)
+    if opt_kind == CPU_ADAM:  # gradients down, weights up (2 + 2 bytes); the host streams 28 bytes/param
+        optimizer = (4 * shard / dev["host_link_bytes_per_s"]
+                     + 28 * shard / (dev["host_memory_bytes_per_s"] * dev["memory_efficiency"]) + dev["launch_s"])
+    else:
+        optimizer = memory_bound_s(STEP_BYTES[opt_kind] * shard, 1, dev)
 
     step = busy + fill_drain + pp_comm + dp_comm + optimizer
     flop = 3 * work["global_batch"] * model_flop_per_sequence(model, s)
@@ -458,7 +469,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         else:
             weights = params * work["weight_bytes"]
         grads = params * work["grad_bytes"] / (group if zero >= 2 else 1)
-        optim = params * work["optimizer_bytes"] / (group if zero >= 1 else 1)
+        optim = params * work["optimizer_bytes"] * STATE_SHARE[opt_kind] / (group if zero >= 1 else 1)
         chunks = in_flight_chunks(schedule, p, v, m, i)
         stage_equivalents = chunks / v if schedule == INTERLEAVED else chunks
         acts = stage_equivalents * n_layers * act + recompute_buffer

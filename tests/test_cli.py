@@ -199,7 +199,7 @@ def test_default_sweep_through_the_console_script(tmp_path):
     assert out.is_file()
     assert not list((tmp_path / "results").glob("*.partial"))
     df = pl.read_parquet(out)
-    assert df.height == 21348  # 138,240 combinations, 21,348 valid (see --explain)
+    assert df.height == 64044  # 414,720 combinations, 64,044 valid (see --explain)
     best = df.filter(pl.col("feasible")).sort("step_time_s").row(0, named=True)
     assert best["mem_peak_bytes"] <= 80 * 1024**3
     assert "top 10" in proc.stdout

@@ -27,17 +27,19 @@ HERE = Path(__file__).parent
 
 #: product order, slowest first
 ORDER = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
-         "schedule")
+         "optimizer", "schedule")
 #: storage type of every column (architecture.md: int32 sizes, int8 enums and flags)
 DTYPES = {
     "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
-    "recompute": np.int8, "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "schedule": np.int8,
+    "recompute": np.int8, "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "optimizer": np.int8,
+    "schedule": np.int8,
     "row_id": np.int64, "n_microbatches": np.int32,
 }  # fmt: skip
 #: enum codes spelt out on purpose (a renumbering shows up as a failure)
 RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3}
+OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2}
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
 TP_OVERLAP_WITHOUT_SP = 11
@@ -101,6 +103,7 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
         "sequence_parallel": [int(v) for v in dims.sequence_parallel],
         "tp_overlap": [int(v) for v in dims.tp_overlap],
         "zero": list(dims.zero),
+        "optimizer": [OPTIMIZER[v] for v in dims.optimizer],
         "schedule": [SCHEDULE[v] for v in dims.schedule],
     }
     kept: dict[str, list] = {k: [] for k in (*ORDER, "row_id", "n_microbatches")}
@@ -466,6 +469,7 @@ def small_spaces(draw):
         sequence_parallel=draw(_sub([False, True], 2)),
         tp_overlap=draw(_sub([False, True], 2)),
         zero=draw(_sub([0, 1, 2, 3], 2)),
+        optimizer=draw(_sub(["adam", "adam-8bit", "cpu-adam"], 2)),
         schedule=draw(_sub(["gpipe", "1f1b", "interleaved", "zb-h1"], 4)),
     )
     if draw(st.booleans()):

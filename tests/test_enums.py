@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernels import codes
-from spaces.enums import Dtype, Feasibility, Reason, Recompute, Schedule, label, labels, parse
+from spaces.enums import Dtype, Feasibility, Optimizer, Reason, Recompute, Schedule, label, labels, parse
 
 MIRRORS = [
     (Recompute.NONE, codes.RECOMPUTE_NONE),
@@ -15,6 +15,9 @@ MIRRORS = [
     (Schedule.ONE_F_ONE_B, codes.SCHEDULE_1F1B),
     (Schedule.INTERLEAVED, codes.SCHEDULE_INTERLEAVED),
     (Schedule.ZB_H1, codes.SCHEDULE_ZB_H1),
+    (Optimizer.ADAM, codes.OPTIMIZER_ADAM),
+    (Optimizer.ADAM_8BIT, codes.OPTIMIZER_ADAM_8BIT),
+    (Optimizer.CPU_ADAM, codes.OPTIMIZER_CPU_ADAM),
     (Feasibility.OK, codes.FEASIBLE_OK),
     (Feasibility.OUT_OF_MEMORY, codes.FEASIBLE_OUT_OF_MEMORY),
 ]
@@ -27,12 +30,12 @@ def test_kernel_code_equals_enum(member, code):
 
 def test_every_kernel_enum_member_is_mirrored():
     mirrored = {m for m, _ in MIRRORS}
-    for enum in (Recompute, Schedule, Feasibility):
+    for enum in (Recompute, Schedule, Optimizer, Feasibility):
         assert set(enum) <= mirrored, f"{enum.__name__} has members the kernels do not know"
 
 
 def test_labels_round_trip():
-    for enum in (Recompute, Schedule, Dtype, Feasibility, Reason):
+    for enum in (Recompute, Schedule, Optimizer, Dtype, Feasibility, Reason):
         for member in enum:
             assert parse(enum, label(member)) is member
     assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1"]

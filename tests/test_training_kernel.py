@@ -37,8 +37,8 @@ PROPS = settings(max_examples=60, deadline=None)
 #: the strategy columns of ``evaluate_rows`` with the dtypes ``spaces.encode`` gives them
 COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
            ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
-           ("schedule", np.int8), ("n_micro", np.int32))
-BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0,
+           ("opt", np.int8), ("schedule", np.int8), ("n_micro", np.int32))
+BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0, opt=0,
             schedule=SCHEDULE_1F1B, n_micro=1)
 TIME_FIELDS = ("step_time_analytic_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "recompute_s", "stage_fwd_s", "stage_bwd_s")
@@ -358,7 +358,8 @@ def _random_device(rng) -> np.ndarray:
         hbm_capacity_bytes=rng.uniform(16, 192) * 2.0**30, compute_units=float(rng.integers(16, 200)),
         launch_s=rng.uniform(0.0, 1e-5), gemm_max_efficiency=rng.uniform(0.4, 1.0),
         attention_efficiency=rng.uniform(0.2, 0.8), memory_efficiency=rng.uniform(0.5, 1.0),
-        memory_overhead_bytes=rng.uniform(0, 8) * 2.0**30,
+        memory_overhead_bytes=rng.uniform(0, 8) * 2.0**30, host_link_bytes_per_s=rng.uniform(10e9, 64e9),
+        host_memory_bytes_per_s=rng.uniform(20e9, 100e9),
     )
 
 
@@ -381,7 +382,7 @@ def _random_strategy(rng) -> dict[str, int]:
     sp = int(rng.integers(2)) if tp > 1 else 0
     return dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=2 if interleaved else 1, mb=int(rng.integers(1, 5)),
                 recompute=int(rng.integers(3)), sp=sp, tpo=int(rng.integers(2)) * sp,
-                zero=int(rng.integers(4)) if dp > 1 else 0, schedule=schedule,
+                zero=int(rng.integers(4)) if dp > 1 else 0, opt=int(rng.integers(3)), schedule=schedule,
                 n_micro=int(rng.integers(1, 17)) * (pp if interleaved else 1))
 
 
@@ -442,6 +443,7 @@ def candidates(draw) -> dict[str, int]:
         tp=tp, pp=pp, dp=dp, cp=draw(st.sampled_from([1, 2])), vpp=2 if interleaved else 1,
         mb=draw(st.sampled_from([1, 2])), recompute=draw(st.sampled_from([0, 1, 2])),
         sp=sp, tpo=draw(st.sampled_from([0, 1])) * sp, zero=draw(st.integers(0, 3)) if dp > 1 else 0,
+        opt=draw(st.sampled_from([0, 1, 2])),
         schedule=schedule, n_micro=draw(st.integers(1, 16)) * (pp if interleaved else 1),
     )
 
@@ -596,3 +598,34 @@ def test_tp_overlap_hand_example():
     assert overlapped_s(4e-3, 10e-3) == pytest.approx(1e-3, rel=1e-15)
     assert overlapped_s(4e-3, 2e-3) == pytest.approx(2e-3, rel=1e-15)
     assert overlapped_s(0.0, 2e-3) == 0.0
+
+
+def test_optimizer_choices_memory_and_step(h100_8b):
+    """Llama 3 8B, one device (P = 8,030,261,248 parameters), H100 profile:
+    Adam keeps 12 bytes/param of fp32 states, 8-bit Adam 6, CPU Adam none;
+    CPU Adam's step moves 4 bytes/param over PCIe (50 GB/s) and streams 28
+    bytes/param of host memory (76.8 GB/s x memory efficiency 0.8):
+    P * (4 / 50e9 + 28 / (76.8e9 * 0.8)) + 4 us launch = 0.642 + 3.660 = 4.302 s."""
+    model, dev, tiers, tiles, work = h100_8b
+    p_total = 8_030_261_248
+    adam, eight, cpu = (run(model, dev, tiers, tiles, work, dp=1, opt=o) for o in (0, 1, 2))
+    assert adam["mem_optimizer_bytes"] == pytest.approx(12 * p_total, rel=1e-14)
+    assert eight["mem_optimizer_bytes"] == pytest.approx(6 * p_total, rel=1e-14)
+    assert cpu["mem_optimizer_bytes"] == 0.0
+    expected = p_total * (4 / 50e9 + 28 / (76.8e9 * 0.8)) + 4e-6
+    assert expected == pytest.approx(4.302, abs=1e-3)
+    assert cpu["optimizer_s"] == pytest.approx(expected, rel=1e-12)
+    # 8-bit Adam moves 22 of Adam's 34 bytes per parameter on the device
+    assert (eight["optimizer_s"] - 4e-6) == pytest.approx((adam["optimizer_s"] - 4e-6) * 22 / 34, rel=1e-12)
+    # the forward and backward do not care
+    assert adam["compute_s"] == eight["compute_s"] == cpu["compute_s"]
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_optimizer_offload_never_raises_device_memory(setup, name, work, s):
+    rows = [{**s, "opt": o} for o in (0, 1, 2)]
+    adam, eight, cpu = run_rows(rows, *setup(name, work, s))
+    assert cpu["mem_optimizer_bytes"] <= eight["mem_optimizer_bytes"] <= adam["mem_optimizer_bytes"]
+    assert cpu["mem_peak_bytes"] <= eight["mem_peak_bytes"] * (1 + 1e-12)
+    assert eight["mem_peak_bytes"] <= adam["mem_peak_bytes"] * (1 + 1e-12)
