@@ -148,6 +148,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         "name": rid, "description": f"{source} row {rid}", "model": rid, "hardware": gpu,
         "devices": ints["n_gpus"], "global_batch": ints["global_batch"], "seq_len": ints["seq"],
         "dtype": row.get("dtype") or "bf16", "flash_attention": row["source"] not in PRE_FLASH_SOURCES,
+        # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
+        "uneven_layers": ints["layers"] % ints["pp"] != 0,
         "dimensions": dims,
     }, where)
     return LoadedSpace(spec=spec, model=model, hardware=load_hardware(gpu), source=where, raw={}), searched

@@ -43,6 +43,7 @@ from kernels.training import (
     C_RC_COMPUTE,
     C_TP_LAYER,
     N_COST,
+    chunk_layers,
     row_costs,
 )
 
@@ -85,7 +86,6 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
     row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work, costs)
     p = pp
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
-    layers_chunk = model.layers / (p * v)
     layer_f = costs[C_LAYER_FWD] + costs[C_TP_LAYER] + costs[C_CP_F]
     layer_b = costs[C_LAYER_BWD] + costs[C_RC_COMPUTE] + costs[C_TP_LAYER] + costs[C_RC_COMM] + costs[C_CP_B]
     fwd_ns = np.empty((p, v), dtype=np.int64)
@@ -93,6 +93,7 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
     wgrad_ns = np.empty((p, v), dtype=np.int64)
     for d in range(p):
         for c in range(v):
+            layers_chunk = chunk_layers(d, c, p, v, model.layers)
             f = layers_chunk * layer_f
             b = layers_chunk * layer_b
             vs = c * p + d

@@ -215,6 +215,22 @@ def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) 
 
 
 @jit
+def device_layers(stage: int, pp: int, layers: float) -> float:
+    """Layers on the device of pipeline stage ``stage``: L // p each, and one more
+    on the first L mod p stages (uneven splits; an even split when p divides L)."""
+    n = int(layers)
+    return float(n // pp + (1 if stage < n % pp else 0))
+
+
+@jit
+def chunk_layers(stage: int, chunk: int, pp: int, v: int, layers: float) -> float:
+    """Layers of virtual chunk ``chunk`` on that device: its layers split over v
+    chunks the same way (the earlier chunks take the remainder)."""
+    n = int(device_layers(stage, pp, layers))
+    return float(n // v + (1 if chunk < n % v else 0))
+
+
+@jit
 def stage_params(stage: int, pp: int, layers_dev: float, lp: float, emb_params: float, model) -> float:
     """Parameters on the device of pipeline stage ``stage``: its layers, the
     embedding on the first stage, the final norm and output head on the last
@@ -340,20 +356,21 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     # ---- pipeline and data-parallel traffic
     p2p_msg = msg / t if sp else msg
     costs[C_P2P] = collective_time_s(SEND_RECV, p, t * c * d, p2p_msg, tiers)
-    layers_dev = model.layers / p
     lp = layer_params(model, t)
     emb_params = model.vocab * h / t
     params_max = 0.0
+    layers_max = device_layers(0, pp, model.layers)  # the first stages hold the most layers
     for stage in range(pp):
-        params_max = max(params_max, stage_params(stage, pp, layers_dev, lp, emb_params, model))
+        params_max = max(params_max, stage_params(stage, pp, device_layers(stage, pp, model.layers), lp, emb_params,
+                                                  model))
     dc = d * c
     grad_total = params_max * work.grad_bytes
     param_total = params_max * work.weight_bytes
     if zero >= 3:  # ZeRO-3 / FSDP gathers and scatters layer by layer: one collective per layer
-        rest = params_max - layers_dev * lp  # embedding / head / final norm, gathered as one unit
-        costs[C_DP_GRAD] = layers_dev * collective_time_s(REDUCE_SCATTER, dc, t, lp * work.grad_bytes, tiers) + \
+        rest = max(0.0, params_max - layers_max * lp)  # embedding / head / final norm, gathered as one unit
+        costs[C_DP_GRAD] = layers_max * collective_time_s(REDUCE_SCATTER, dc, t, lp * work.grad_bytes, tiers) + \
             collective_time_s(REDUCE_SCATTER, dc, t, rest * work.grad_bytes, tiers)
-        costs[C_DP_PARAM] = layers_dev * collective_time_s(ALL_GATHER, dc, t, lp * work.weight_bytes, tiers) + \
+        costs[C_DP_PARAM] = layers_max * collective_time_s(ALL_GATHER, dc, t, lp * work.weight_bytes, tiers) + \
             collective_time_s(ALL_GATHER, dc, t, rest * work.weight_bytes, tiers)
     elif zero >= 1:
         costs[C_DP_GRAD] = collective_time_s(REDUCE_SCATTER, dc, t, grad_total, tiers)
@@ -422,7 +439,6 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     logits = costs[C_LOGITS]
 
     # ---- per device: forward and backward of one micro-batch
-    layers_dev = model.layers / p
     lp = layer_params(model, t)
     emb_params = model.vocab * h / t
     t_max = -1.0
@@ -435,6 +451,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     best_rc = 0.0
     best_w = 0.0
     for stage in range(pp):
+        layers_dev = device_layers(stage, pp, model.layers)
         fwd_compute = layers_dev * layer_fwd
         bwd_compute = layers_dev * (layer_bwd + rc_compute)
         tp_time = layers_dev * (2.0 * tp_layer + rc_comm)
@@ -505,6 +522,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab) - act_layer
     peak = -1.0
     for stage in range(pp):
+        layers_dev = device_layers(stage, pp, model.layers)
         params = stage_params(stage, pp, layers_dev, lp, emb_params, model)
         if zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
             weights = min(params, params / dc + 2.0 * lp) * work.weight_bytes

@@ -172,7 +172,7 @@ class Encoder:
         rules: dict[Reason, np.ndarray] = {
             Reason.DEVICE_COUNT: tp * pp * dp * cp != spec.devices,
             Reason.TP_HEADS: (model.heads % tp != 0) | (model.kv_heads % tp != 0) | (model.ffn % tp != 0),
-            Reason.PP_LAYERS: model.layers % (pp * vpp) != 0,
+            Reason.PP_LAYERS: ((model.layers // pp) < vpp) if spec.uneven_layers else (model.layers % (pp * vpp) != 0),
             Reason.CP_SEQUENCE: (cp > 1) & (spec.seq_len % (2 * cp) != 0),
             Reason.BATCH: has_dp & (spec.global_batch % per_step != 0),
             Reason.VPP_SCHEDULE: (vpp > 1) != interleaved,
@@ -194,7 +194,7 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.VALID: "valid candidates",
     Reason.DEVICE_COUNT: "tp*pp*dp*cp != devices",
     Reason.TP_HEADS: "tp does not divide heads, kv_heads and ffn",
-    Reason.PP_LAYERS: "pp*vpp does not divide layers",
+    Reason.PP_LAYERS: "pp*vpp does not divide layers (or, with uneven_layers, leaves a chunk without one)",
     Reason.CP_SEQUENCE: "2*cp does not divide seq_len",
     Reason.BATCH: "dp*micro_batch does not divide global_batch",
     Reason.VPP_SCHEDULE: "vpp>1 without the interleaved schedule (or interleaved with vpp=1)",

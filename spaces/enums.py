@@ -58,7 +58,7 @@ class Reason(IntEnum):
     VALID = 0
     DEVICE_COUNT = 1  #: tp * pp * dp * cp != devices (derived dp: tp * pp * cp does not divide devices)
     TP_HEADS = 2  #: tp does not divide heads, kv_heads or ffn
-    PP_LAYERS = 3  #: pp * vpp does not divide the layers
+    PP_LAYERS = 3  #: pp * vpp does not divide the layers (uneven_layers: a virtual chunk would hold none)
     CP_SEQUENCE = 4  #: cp > 1 and 2 * cp does not divide the sequence (load-balanced causal CP)
     BATCH = 5  #: dp * micro_batch does not divide the global batch (rows with a dp only)
     VPP_SCHEDULE = 6  #: vpp > 1 needs the interleaved schedule and it needs vpp > 1

@@ -235,6 +235,9 @@ class SpaceSpec(Record):
     seq_len: PositiveInt
     dtype: Text = "bf16"
     flash_attention: bool = True
+    #: allow pipelines whose stages hold different numbers of layers (the first
+    #: L mod p stages one more); otherwise pp * vpp must divide the layers
+    uneven_layers: bool = False
     dimensions: Dimensions = Dimensions()
 
 

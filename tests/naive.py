@@ -360,11 +360,14 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         head_comm += coll(ALL_GATHER, t, 1, act_msg) + coll(REDUCE_SCATTER, t, 1, act_msg)
 
     # -- every stage
-    n_layers = model["layers"] / p
+    def layers_on(i):  # L // p on each stage, one more on the first L mod p stages
+        n = int(model["layers"])
+        return n // pp + (1 if i < n % pp else 0)
+
     embedding = V * h / t
 
     def stage_params(i):
-        total = n_layers * layer_params(model, t)
+        total = layers_on(i) * layer_params(model, t)
         if i == 0:
             total += embedding
         if i == pp - 1:
@@ -375,6 +378,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
 
     stages = []
     for i in range(pp):
+        n_layers = layers_on(i)
         st = {
             "compute": n_layers * (layer_f + layer_b + rc_work),
             "tp": n_layers * (tp_fwd + tp_bwd + rc_comm),
@@ -420,7 +424,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     if group > 1:
         if zero >= 3:  # one gather / scatter per layer, plus one for the rest (embedding, head, norm)
             layer = layer_params(model, t)
-            units = [(layer, n_layers), (max_params - n_layers * layer, 1)]
+            units = [(layer, layers_on(0)), (max(0.0, max_params - layers_on(0) * layer), 1)]
             gather = sum(k * coll(ALL_GATHER, group, t, size * work["weight_bytes"]) for size, k in units)
             scatter = sum(k * coll(REDUCE_SCATTER, group, t, size * work["grad_bytes"]) for size, k in units)
             dp_comm = max(0.0, m * (2 * gather + scatter - t_max))
@@ -472,7 +476,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         optim = params * work["optimizer_bytes"] * STATE_SHARE[opt_kind] / (group if zero >= 1 else 1)
         chunks = in_flight_chunks(schedule, p, v, m, i)
         stage_equivalents = chunks / v if schedule == INTERLEAVED else chunks
-        acts = stage_equivalents * n_layers * act + recompute_buffer
+        acts = stage_equivalents * layers_on(i) * act + recompute_buffer
         if i == pp - 1:
             acts += 4 * logits  # fp32 logits
         total = weights + grads + optim + acts + dev["memory_overhead_bytes"]

@@ -520,3 +520,17 @@ def test_property_counts_and_invariants(kwargs):
         assert set(dp.tolist()) <= set(dims["dp"])
 
     assert_same(encoded, reference(space))
+
+
+def test_uneven_layers_flag(tmp_path):
+    """llama3-8b has 32 layers: pp = 3 or 5 does not divide them, so only
+    uneven_layers admits them; pp = 3 with vpp = 11 would leave a chunk empty
+    (32 // 3 = 10 < 11) and stays out either way."""
+    base = {"name": "u", "description": "u", "model": "llama3-8b", "hardware": "h100-sxm5-80gb", "devices": 15,
+            "global_batch": 15 * 33, "seq_len": 2048,
+            "dimensions": {"tp": [1], "pp": [3, 5], "vpp": [1, 11], "schedule": ["1f1b", "interleaved"]}}
+    even = Encoder(space_from_raw(base, "t", tmp_path)).encode_all()
+    uneven = Encoder(space_from_raw({**base, "uneven_layers": True}, "t", tmp_path)).encode_all()
+    assert even.n_rows == 0 and even.first_reason[Reason.PP_LAYERS] > 0
+    kept = sorted(zip(uneven.columns["pp"].tolist(), uneven.columns["vpp"].tolist()))
+    assert (3, 1) in kept and (5, 1) in kept and (3, 11) not in kept

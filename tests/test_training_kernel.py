@@ -629,3 +629,29 @@ def test_optimizer_offload_never_raises_device_memory(setup, name, work, s):
     assert cpu["mem_optimizer_bytes"] <= eight["mem_optimizer_bytes"] <= adam["mem_optimizer_bytes"]
     assert cpu["mem_peak_bytes"] <= eight["mem_peak_bytes"] * (1 + 1e-12)
     assert eight["mem_peak_bytes"] <= adam["mem_peak_bytes"] * (1 + 1e-12)
+
+
+def test_uneven_layer_split():
+    """30 layers on 4 stages: 30 // 4 = 7 each and the first 30 mod 4 = 2 stages
+    one more: 8, 8, 7, 7; in 2 chunks per device: (4, 4), (4, 4), (4, 3), (4, 3)."""
+    from kernels.training import chunk_layers, device_layers
+
+    assert [device_layers(s, 4, 30.0) for s in range(4)] == [8.0, 8.0, 7.0, 7.0]
+    assert [[chunk_layers(s, c, 4, 2, 30.0) for c in range(2)] for s in range(4)] == [[4, 4], [4, 4], [4, 3], [4, 3]]
+    assert sum(device_layers(s, 7, 126.0) for s in range(7)) == 126.0
+
+
+def test_uneven_pipelines_match_the_reference(h100, llama3_8b, make_workload):
+    """A 30-layer Llama on 4 and 8 stages (uneven), against the plain-Python reference."""
+    model = llama3_8b.copy()
+    model["layers"] = 30.0
+    rng = np.random.default_rng(7)
+    strategies = []
+    for _ in range(40):
+        s = _random_strategy(rng)
+        s.update(pp=int(rng.choice([4, 8])), schedule=int(rng.choice([SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_ZB_H1])),
+                 vpp=1)
+        strategies.append(s)
+    work = make_workload(devices=64.0, global_batch=256.0)
+    for s, got in zip(strategies, run_rows(strategies, model, h100.device, h100.tiers, h100.tiles, work)):
+        _assert_outputs_close(got, run_naive(s, model, h100.device, h100.tiers, h100.tiles, work), s)
