@@ -98,3 +98,15 @@ def test_shards_merge_to_the_unsharded_sweep(tmp_path, results):
 def test_bad_shard_spec(spec, tmp_path):
     out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--shard", spec, "--out", str(tmp_path / "x.parquet")])
     assert out.exit_code == 2 and f"--shard = {spec!r}" in out.output
+
+
+def test_notebook_api_types(results):
+    import results as api
+
+    frame = api.load(results)
+    schema = frame.collect_schema()
+    assert schema["tp"] == pl.Int32 and schema["sequence_parallel"] == pl.Boolean
+    assert schema["recompute"] == pl.Categorical and schema["step_time_s"] == pl.Float64
+    best = api.top(results, 1).row(0, named=True)
+    assert best["recompute"] in ("none", "selective", "full")
+    assert "paraspace.version" in api.read_metadata(results)
