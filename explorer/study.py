@@ -101,10 +101,7 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
     space = search_space(encoder)
     name = study_name or loaded.spec.name
     directions = ["minimize", "minimize"] if objective == "time-memory" else ["minimize"]
-    study = optuna.create_study(
-        study_name=name, storage=storage or default_storage(out_dir, name), directions=directions,
-        sampler=make_sampler(sampler, seed, space), load_if_exists=True,
-    )
+    study = _open_study(name, storage or default_storage(out_dir, name), directions, make_sampler(sampler, seed, space))
     cap = max_mem_gib * 1024**3 if max_mem_gib is not None else loaded.hardware.device.hbm_capacity_bytes
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     labels_, table_schema = enum_labels(), result_schema()
@@ -145,6 +142,21 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
               for t in best],
         parts=parts, seconds=time.perf_counter() - began,
     )
+
+
+def _open_study(name: str, storage: Any, directions: list[str], sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """Create or join the study. Workers started together on a fresh database race
+    to create Optuna's tables and the study; the loser retries and joins."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(5):
+        try:
+            return optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
+                                       load_if_exists=True)
+        except (SQLAlchemyError, optuna.exceptions.DuplicatedStudyError):
+            time.sleep(0.5 * (attempt + 1))
+    return optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
+                               load_if_exists=True)
 
 
 def _constraint(trial: optuna.trial.FrozenTrial) -> list[float]:
