@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from results.rank import ResultsError, compare, pareto, top
 from results.writer import to_arrow
 from spaces import catalog
 from spaces.catalog import LoadedSpace
-from spaces.encode import DIMENSION_NAMES, Encoder
+from spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
 from spaces.enums import Reason
 from spaces.errors import CatalogError
 
@@ -28,7 +29,7 @@ TOP_METRICS = ("step_time_s", "simulated", "step_time_analytic_s", "tokens_per_s
 
 
 class InputError(click.ClickException):
-    """Bad user input: printed as 'error: ...', exit status 2."""
+    """Bad user input: printed as 'Error: ...', exit status 2."""
 
     exit_code = 2
 
@@ -37,8 +38,7 @@ class InputError(click.ClickException):
 
 
 def _guard(fn):  # noqa: ANN001, ANN202 - decorator
-    import functools
-
+    """Turn bad-input errors into 'Error: ...' with exit status 2."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -88,8 +88,6 @@ def shard_range(n_combinations: int, index: int, count: int) -> tuple[int, int]:
 
 
 def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
-    from spaces.encode import REASON_TEXT
-
     lines = [f"{'rule':<26}{'removed':>12}{'breaks':>12}  meaning", "-" * 100]
     for reason in Reason:
         if reason == Reason.VALID:
@@ -338,8 +336,6 @@ def config_options(fn):  # noqa: ANN001, ANN201 - decorator
 def _one_row(space: str | None, model: str | None, hardware: str | None, devices: int | None,
              global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]):  # noqa: ANN202
     """The loaded space and the encoded single row of a command-line configuration."""
-    from spaces.encode import REASON_TEXT
-
     loaded = _eval_space(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
     enc = Encoder(loaded).encode_all()
     if enc.n_rows != 1:
