@@ -12,7 +12,15 @@ import click
 import polars as pl
 
 from explorer.evaluate import DEFAULT_MAX_TASKS, pack
-from explorer.sweep import DEFAULT_CHUNK, DEFAULT_SIMULATE_TOP, enum_labels, evaluate_encoded, result_schema, run_sweep
+from explorer.sweep import (
+    DEFAULT_CHUNK,
+    DEFAULT_SIMULATE_TOP,
+    enum_labels,
+    evaluate_encoded,
+    result_schema,
+    run_sweep,
+    shard_range,
+)
 from results.rank import ResultsError, compare, pareto, top
 from results.writer import to_arrow
 from spaces import catalog
@@ -82,11 +90,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def shard_range(n_combinations: int, index: int, count: int) -> tuple[int, int]:
-    """Contiguous, deterministic, covering and disjoint ranges of the flat product."""
-    return n_combinations * index // count, n_combinations * (index + 1) // count
-
-
 def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
     lines = [f"{'rule':<26}{'removed':>12}{'breaks':>12}  meaning", "-" * 100]
     for reason in Reason:
@@ -135,10 +138,14 @@ def _top_table(frame: pl.DataFrame) -> str:
 @click.option("--shard", default=None, metavar="I/N",
               help="Evaluate only shard I of N (0-based) of the combinations, e.g. for a nightly job array; "
                    "writes results/SPACE/part-I-of-N.parquet.")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Run the shards on a Dask distributed scheduler (tcp://host:8786, or 'local' for a LocalCluster).")
+@click.option("--shards", type=click.IntRange(min=1), default=8, show_default=True, help="Shards to submit with --dask.")
 @_guard
 def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
           out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool,
-          simulate: bool, max_tasks: int, simulate_top: int, shard: str | None) -> None:
+          simulate: bool, max_tasks: int, simulate_top: int, shard: str | None, dask_address: str | None,
+          shards: int) -> None:
     """Evaluate every candidate of a strategy space and write them ranked to Parquet.
 
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
@@ -152,6 +159,17 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
             raise InputError(f"{loaded.source}: space = {encoder.n_combinations:,} combinations: expected at most "
                              "50,000,000 for --dry-run")
         click.echo(explain_table(enc.first_reason, enc.breaks, enc.n_combinations))
+        return
+    if dask_address is not None:
+        from explorer.distributed import run_on_dask
+
+        folder = out or Path("results") / loaded.spec.name
+        parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows)
+        rows = sum(p["n_rows"] for p in parts)
+        click.echo(f"{len(parts)} shards on {dask_address}: {sum(p['n_combinations'] for p in parts):,} combinations "
+                   f"-> {rows:,} candidates ({sum(p['n_feasible'] for p in parts):,} fit) in {folder}/")
+        if n_top and rows:
+            click.echo(_top_table(top(folder, n_top)))
         return
     start, stop = 0, encoder.n_combinations
     if shard is not None:

@@ -25,6 +25,12 @@ DEFAULT_CHUNK = 1 << 20
 DEFAULT_SIMULATE_TOP = 20_000
 
 
+def shard_range(n_combinations: int, index: int, count: int) -> tuple[int, int]:
+    """Shard ``index`` of ``count``: contiguous, deterministic, covering and disjoint
+    ranges of the flat product."""
+    return n_combinations * index // count, n_combinations * (index + 1) // count
+
+
 def paraspace_version() -> str:
     try:
         return version("paraspace")

@@ -110,3 +110,15 @@ def test_notebook_api_types(results):
     best = api.top(results, 1).row(0, named=True)
     assert best["recompute"] in ("none", "selective", "full")
     assert "paraspace.version" in api.read_metadata(results)
+
+
+def test_dask_local_cluster_equals_the_local_sweep(tmp_path, results):
+    """The same three shards on a Dask LocalCluster (two worker processes) give
+    the single sweep's rows exactly."""
+    pytest.importorskip("dask.distributed", reason="dask[distributed] (the test extra) is not installed")
+    folder = tmp_path / "dask"
+    out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--dask", "local", "--shards", "3", "--out",
+                                    str(folder), "-n", "0"])
+    assert out.exit_code == 0, out.output
+    assert sorted(p.name for p in folder.glob("*.parquet")) == [f"part-{i}-of-3.parquet" for i in range(3)]
+    assert top(folder, 100_000).equals(top(results, 100_000))

@@ -1,0 +1,53 @@
+"""Run a sweep's shards on a Dask distributed cluster.
+
+    paraspace sweep SPACE --dask tcp://scheduler:8786 --shards 64
+    paraspace sweep SPACE --dask local --shards 4        # a LocalCluster on this machine
+
+Each shard is the same deterministic slice of the product that ``--shard I/N``
+evaluates, run by ``explorer.sweep.run_sweep`` on a worker and written as
+``OUT/part-I-of-N.parquet`` (a shared filesystem is assumed for a remote
+cluster); the folder is then one dataset for ``top``, ``pareto`` and
+``compare``. The loaded space (model and hardware resolved) is pickled to the
+workers, so they need the package, not the caller's files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_range
+from spaces.catalog import LoadedSpace
+
+
+def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows: int) -> dict[str, Any]:
+    """On a worker: evaluate shard ``index`` of ``count`` and write it."""
+    from spaces.encode import Encoder
+
+    n = Encoder(space).n_combinations
+    start, stop = shard_range(n, index, count)
+    summary = run_sweep(space, Path(out) / f"part-{index}-of-{count}.parquet", chunk_rows=chunk_rows, progress=False,
+                        start=start, stop=stop)
+    return {"path": str(summary.path), "n_combinations": summary.n_combinations, "n_rows": summary.n_rows,
+            "n_feasible": summary.n_feasible, "seconds": summary.seconds}
+
+
+def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
+                chunk_rows: int = DEFAULT_CHUNK) -> list[dict[str, Any]]:
+    """Submit every shard to the cluster at ``address`` ("local": a LocalCluster) and wait."""
+    from dask.distributed import Client, LocalCluster
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
+        if address == "local" else None
+    try:
+        with Client(cluster if cluster is not None else address) as client:
+            futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, pure=False)
+                       for i in range(shards)]
+            return client.gather(futures)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+__all__ = ["run_on_dask"]
