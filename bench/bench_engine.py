@@ -23,14 +23,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.evaluate import pack  # noqa: E402
+from explorer.evaluate import KERNEL_ARGS, pack  # noqa: E402
 from kernels.event_tier import S_STEP, S_TASKS, row_graph, simulate_rows  # noqa: E402
 from spaces.catalog import load_space  # noqa: E402
 from tests import naive_engine  # noqa: E402
 
-STRATEGY = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
-            "optimizer", "schedule",
-            "n_microbatches")
 
 
 def rows(n: int) -> dict[str, np.ndarray]:
@@ -54,7 +51,7 @@ def main() -> None:
     pk = pack(space)
     records = (pk.model, pk.device, pk.tiers, pk.tiles, pk.workload)
     cols = rows(args.rows)
-    strategy = [cols[k] for k in STRATEGY]
+    strategy = [cols[k] for k in KERNEL_ARGS]
     n = args.rows
 
     def run(k: int) -> np.ndarray:

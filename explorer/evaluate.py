@@ -79,9 +79,14 @@ def pack(space: LoadedSpace) -> Packed:
 DEFAULT_MAX_TASKS = 200_000
 
 
+#: the strategy columns in the order the row kernels take them (evaluate_rows,
+#: simulate_rows, row_graph), followed there by the parameter records
+KERNEL_ARGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
+               "optimizer", "schedule", "n_microbatches")
+
+
 def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    return tuple(cols[k] for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel",
-                                   "tp_overlap", "zero", "optimizer", "schedule", "n_microbatches"))
+    return tuple(cols[k] for k in KERNEL_ARGS)
 
 
 def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

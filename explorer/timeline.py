@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from explorer.evaluate import Packed, ScheduleError
+from explorer.evaluate import KERNEL_ARGS, Packed, ScheduleError
 from kernels.engine import KIND_NAMES, OK, simulate
 from kernels.event_tier import DEFAULT_BUCKETS, row_graph
 from kernels.pipeline import STREAM_CLASSES, streams_per_device
@@ -22,11 +22,8 @@ def stream_names(hw: Hardware) -> tuple[str, ...]:
 
 def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:
     """Simulate one encoded row (strategy values as ints, plus n_microbatches) with capture on."""
-    g = row_graph(row["tp"], row["pp"], row["dp"], row["cp"], row["vpp"], row["micro_batch"], row["recompute"],
-                  row["sequence_parallel"], row["tp_overlap"], row["zero"], row["optimizer"], row["schedule"],
-                  row["n_microbatches"],
-                  packed.model[0],
-                  packed.device[0], packed.tiers, packed.tiles, packed.workload[0], n_buckets)
+    g = row_graph(*(row[k] for k in KERNEL_ARGS), packed.model[0], packed.device[0], packed.tiers, packed.tiles,
+                  packed.workload[0], n_buckets)
     dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
     start = np.empty(dur.shape[0], dtype=np.int64)
     end = np.empty(dur.shape[0], dtype=np.int64)
