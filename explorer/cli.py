@@ -25,7 +25,7 @@ from results.rank import ResultsError, compare, pareto, top
 from results.writer import to_arrow
 from spaces import catalog
 from spaces.catalog import LoadedSpace
-from spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
+from spaces.encode import DIMENSION_NAMES, MOE_DIMENSIONS, REASON_TEXT, Encoder
 from spaces.enums import Reason
 from spaces.errors import CatalogError
 
@@ -102,9 +102,16 @@ def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
     return "\n".join(lines)
 
 
+def _dimensions_shown(frame: pl.DataFrame) -> list[str]:
+    """The strategy columns worth printing: the expert ones only where a row uses
+    expert parallelism (a dense model's rows all hold their defaults)."""
+    dense = frame.is_empty() or (frame["ep"].max() == 1 and frame["expert_tp"].max() == 1)
+    return [n for n in DIMENSION_NAMES if not (dense and n in MOE_DIMENSIONS)]
+
+
 def _top_table(frame: pl.DataFrame) -> str:
     shown = frame.select(
-        ["row_id", *DIMENSION_NAMES, "n_microbatches"]
+        ["row_id", *_dimensions_shown(frame), "n_microbatches"]
         + [pl.col(c) for c in TOP_METRICS if c != "mem_peak_bytes"]
         + [(pl.col("mem_peak_bytes") / GIB).round(1).alias("mem_peak_GiB")]
     ).with_columns(pl.col("step_time_s").round(3), pl.col("step_time_analytic_s").round(3),
@@ -227,7 +234,8 @@ def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
     """Feasible rows that no other row beats on both columns."""
     front = pareto(results, x, y, where=where)
     click.echo(f"{front.height} rows on the {x} / {y} front:")
-    click.echo(_with_frame_config(front.select([*DIMENSION_NAMES, x, y] if y != x else [*DIMENSION_NAMES, x])))
+    dims = _dimensions_shown(front)
+    click.echo(_with_frame_config(front.select([*dims, x, y] if y != x else [*dims, x])))
 
 
 @main.command("report")

@@ -10,7 +10,9 @@ from kernels import params
 from kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from kernels.training import OUTPUTS, evaluate_rows
 from spaces.catalog import LoadedSpace
-from spaces.schema import Hardware, Model
+from spaces.enums import Collective, parse
+from spaces.errors import CatalogError
+from spaces.schema import GB, Hardware, Model
 
 #: bytes per element of the 16-bit activations/weights, fp32 main gradients and
 #: fp32 master + Adam m + v (Megatron distributed optimizer: 2 + 4 + 12 = 18 bytes/param)
@@ -20,6 +22,7 @@ OPTIMIZER_BYTES = 12.0
 #: 8-bit GEMMs (Transformer Engine FP8 recipes) cast each 16-bit operand: read 2 bytes, write 1
 CAST_BYTES_8BIT = 3.0
 EIGHT_BIT_DTYPES = ("fp8", "int8")
+MIB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -34,12 +37,27 @@ class Packed:
 
 
 def pack_model(model: Model) -> np.ndarray:
+    extra: dict[str, float] = {"mtp_depth": model.mtp_depth}
+    if model.moe is not None:
+        moe = model.moe
+        extra.update(experts=moe.experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn,
+                     shared_experts=moe.shared_experts, dense_layers=moe.dense_layers, max_nodes=moe.max_nodes)
+    if model.mla is not None:
+        mla = model.mla
+        extra.update(mla=1.0, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+                     qk_nope_head_dim=mla.qk_nope_head_dim, qk_rope_head_dim=mla.qk_rope_head_dim,
+                     v_head_dim=mla.v_head_dim)
     return params.record(
         params.MODEL,
         layers=model.layers, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads,
         head_dim=model.d_head, ffn=model.ffn, vocab=model.vocab, glu=model.glu, bias=model.bias,
-        tied_embeddings=model.tied_embeddings, dropout=model.dropout,
+        tied_embeddings=model.tied_embeddings, dropout=model.dropout, **extra,
     )
+
+
+def _table_fits(hw: Hardware, field: str, points: tuple, limit: int) -> None:
+    if len(points) > limit:
+        raise CatalogError(hw.name, field, f"{len(points)} points", f"at most {limit} points")
 
 
 def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -53,10 +71,23 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         memory_overhead_bytes=dev.memory_overhead_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
         host_memory_bytes_per_s=dev.host_memory_bytes_per_s,
     )
+    _table_fits(hw, "device.gemm_efficiency", dev.gemm_efficiency, params.MAX_GEMM_POINTS)
+    points = np.asarray(dev.gemm_efficiency, dtype=np.float64).reshape(-1, 4)
+    device["n_gemm"] = len(points)
+    for j, name in enumerate(("gemm_m", "gemm_n", "gemm_k", "gemm_eff")):
+        device[name][0, : len(points)] = points[:, j]
     tiers = params.tier_table([
         (link.domain_devices or 0, link.bandwidth_bytes_per_s * link.efficiency / link.shared_by, link.latency_s)
         for link in hw.links
     ])
+    for i, link in enumerate(hw.links):
+        for op, gb in link.op_bandwidth_GB_per_s.items():
+            tiers["op_scale"][i, int(parse(Collective, op))] = gb * GB / tiers["bytes_per_s"][i]
+        _table_fits(hw, f"links.{i}.size_curve", link.size_curve, params.MAX_CURVE_POINTS)
+        tiers["n_curve"][i] = len(link.size_curve)
+        for j, (mib, fraction) in enumerate(link.size_curve):
+            tiers["curve_bytes"][i, j] = mib * MIB
+            tiers["curve_fraction"][i, j] = fraction
     tiles = np.asarray(dev.gemm_tiles, dtype=np.float64)
     return device, tiers, tiles
 
@@ -70,6 +101,7 @@ def pack(space: LoadedSpace) -> Packed:
         act_bytes=ACT_BYTES, weight_bytes=ACT_BYTES, grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES,
         flash_attention=spec.flash_attention,
         gemm_cast_bytes=CAST_BYTES_8BIT if spec.dtype in EIGHT_BIT_DTYPES else 0.0,
+        moe_imbalance=spec.moe_imbalance,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload)
 
@@ -82,7 +114,7 @@ DEFAULT_MAX_TASKS = 200_000
 #: the strategy columns in the order the row kernels take them (evaluate_rows,
 #: simulate_rows, row_graph), followed there by the parameter records
 KERNEL_ARGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
-               "optimizer", "schedule", "n_microbatches")
+               "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo", "n_microbatches")
 
 
 def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:

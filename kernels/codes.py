@@ -1,8 +1,7 @@
 """Integer codes of the enums the kernels branch on.
 
 Mirrors ``spaces.enums`` (kernels may not import spaces): the values are
-pinned to those definitions by ``tests/test_enums.py``. Collective and
-operator codes are the kernels' own and are defined only here.
+pinned to those definitions by ``tests/test_enums.py``.
 """
 
 # spaces.enums.Recompute
@@ -21,11 +20,22 @@ OPTIMIZER_ADAM = 0
 OPTIMIZER_ADAM_8BIT = 1
 OPTIMIZER_CPU_ADAM = 2
 
+# spaces.enums.Dispatch
+DISPATCH_ALLGATHER = 0
+DISPATCH_ALLTOALL = 1
+DISPATCH_HIERARCHICAL = 2
+DISPATCH_SENDRECV_ALLGATHER = 3
+DISPATCH_SENDRECV_ALLGATHER_SPLIT = 4
+
+# spaces.enums.Placement
+PLACEMENT_INNER = 0
+PLACEMENT_OUTER = 1
+
 # spaces.enums.Feasibility
 FEASIBLE_OK = 0
 FEASIBLE_OUT_OF_MEMORY = 1
 
-# collectives (kernels.collectives)
+# spaces.enums.Collective (kernels.collectives)
 ALL_REDUCE = 0
 ALL_GATHER = 1
 REDUCE_SCATTER = 2

@@ -16,8 +16,36 @@ slowest tier crossed dominates, as it should. modeling.md section 3.
 
 from __future__ import annotations
 
+import math
+
 from kernels.codes import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV
 from kernels.jit import jit
+
+
+@jit
+def size_fraction(tier, size_bytes: float) -> float:
+    """Fraction of the large-message bandwidth a ``size_bytes`` message achieves on
+    ``tier``: its curve interpolated in log size, flat outside; 1 without a curve."""
+    n = int(tier.n_curve)
+    if n == 0 or size_bytes <= 0.0:
+        return 1.0
+    if size_bytes <= tier.curve_bytes[0]:
+        return tier.curve_fraction[0]
+    for i in range(1, n):
+        if size_bytes <= tier.curve_bytes[i]:
+            x0 = tier.curve_bytes[i - 1]
+            x1 = tier.curve_bytes[i]
+            w = math.log(size_bytes / x0) / math.log(x1 / x0)
+            return tier.curve_fraction[i - 1] + w * (tier.curve_fraction[i] - tier.curve_fraction[i - 1])
+    return tier.curve_fraction[n - 1]
+
+
+@jit
+def link_bytes_per_s(tier, op: int, size_bytes: float) -> float:
+    """Achieved bandwidth of collective ``op`` moving ``size_bytes`` over ``tier``:
+    its measured per-operation bandwidth (the tier's bandwidth when none was
+    measured) times the bandwidth-vs-size curve."""
+    return tier.bytes_per_s * tier.op_scale[op] * size_fraction(tier, size_bytes)
 
 
 @jit
@@ -63,7 +91,8 @@ def collective_time_s(op: int, size: float, stride: float, size_bytes: float, ti
         for i in range(tiers.shape[0]):
             dom = tiers[i].domain_devices
             if dom <= 0.0 or stride * size <= dom:
-                return flat_time_s(op, 2.0, size_bytes, tiers[i].bytes_per_s, tiers[i].latency_s)
+                return flat_time_s(op, 2.0, size_bytes, link_bytes_per_s(tiers[i], op, size_bytes),
+                                   tiers[i].latency_s)
     total = 0.0
     inner = 1.0  # members combined by the tiers below
     for i in range(tiers.shape[0]):
@@ -73,9 +102,11 @@ def collective_time_s(op: int, size: float, stride: float, size_bytes: float, ti
             if op == ALL_TO_ALL:
                 # data for ranks inside this domain but outside the inner one
                 share = (k - inner) / size
-                total += (r - 1.0) * tiers[i].latency_s + size_bytes * share / tiers[i].bytes_per_s
+                bw = link_bytes_per_s(tiers[i], op, size_bytes / size)
+                total += (r - 1.0) * tiers[i].latency_s + size_bytes * share / bw
             else:
-                total += flat_time_s(op, r, size_bytes / inner, tiers[i].bytes_per_s, tiers[i].latency_s)
+                part = size_bytes / inner
+                total += flat_time_s(op, r, part, link_bytes_per_s(tiers[i], op, part), tiers[i].latency_s)
         inner = k
         if inner >= size:
             break

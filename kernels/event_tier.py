@@ -34,16 +34,15 @@ from kernels.training import (
     C_HEAD_COMM,
     C_HEAD_F,
     C_HEAD_WGRAD,
-    C_LAYER_BWD,
-    C_LAYER_FWD,
-    C_LAYER_WGRAD,
+    C_MTP_B,
+    C_MTP_F,
+    C_MTP_W,
     C_OPT,
     C_P2P,
-    C_RC_COMM,
-    C_RC_COMPUTE,
-    C_TP_LAYER,
     N_COST,
+    chunk_dense_layers,
     chunk_layers,
+    layers_pass_s,
     row_costs,
 )
 
@@ -78,33 +77,30 @@ def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
 
 
 @jit
-def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev, tiers,
-              tiles, work,
-              n_buckets):
+def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+              dispatch, tbo, n_micro, model, dev, tiers, tiles, work, n_buckets):
     """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo, model,
+              dev, tiers, tiles, work, costs)
     p = pp
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
-    layer_f = costs[C_LAYER_FWD] + costs[C_TP_LAYER] + costs[C_CP_F]
-    layer_b = costs[C_LAYER_BWD] + costs[C_RC_COMPUTE] + costs[C_TP_LAYER] + costs[C_RC_COMM] + costs[C_CP_B]
     fwd_ns = np.empty((p, v), dtype=np.int64)
     bwd_ns = np.empty((p, v), dtype=np.int64)
     wgrad_ns = np.empty((p, v), dtype=np.int64)
     for d in range(p):
         for c in range(v):
             layers_chunk = chunk_layers(d, c, p, v, model.layers)
-            f = layers_chunk * layer_f
-            b = layers_chunk * layer_b
+            nd = chunk_dense_layers(d, c, p, v, model)
+            f, b, w, _, _, _ = layers_pass_s(costs, nd, layers_chunk - nd, recompute)
             vs = c * p + d
             if vs == 0:
                 f += costs[C_EMB_F] + costs[C_EMB_COMM]
                 b += costs[C_EMB_B]
-            w = layers_chunk * costs[C_LAYER_WGRAD]
             if vs == p * v - 1:
-                f += costs[C_HEAD_F] + costs[C_HEAD_COMM]
-                b += costs[C_HEAD_B]
-                w += costs[C_HEAD_WGRAD]
+                f += costs[C_HEAD_F] + costs[C_HEAD_COMM] + costs[C_MTP_F]
+                b += costs[C_HEAD_B] + costs[C_MTP_B]
+                w += costs[C_HEAD_WGRAD] + costs[C_MTP_W]
             fwd_ns[d, c] = np.int64(round(f * NS))
             bwd_ns[d, c] = np.int64(round(b * NS))
             wgrad_ns[d, c] = min(np.int64(round(w * NS)), bwd_ns[d, c])
@@ -190,12 +186,10 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
 
 
 @jit
-def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev,
-                 tiers, tiles, work,
-                 n_buckets, out) -> int:
-    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev,
-                  tiers, tiles, work,
-                  n_buckets)
+def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                 dispatch, tbo, n_micro, model, dev, tiers, tiles, work, n_buckets, out) -> int:
+    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                  dispatch, tbo, n_micro, model, dev, tiers, tiles, work, n_buckets)
     dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
     start = np.empty(dur.shape[0], dtype=np.int64)
     end = np.empty(dur.shape[0], dtype=np.int64)
@@ -208,9 +202,8 @@ def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optim
 
 
 @jit(parallel=True)
-def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro, model, dev,
-                  tiers, tiles, work,
-                  select, analytic_step, tokens, mfu, n_buckets):
+def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                  dispatch, tbo, n_micro, model, dev, tiers, tiles, work, select, analytic_step, tokens, mfu, n_buckets):
     """Simulate the rows where ``select`` is true; returns (n, N_SIM) float64.
 
     Rows not simulated get the analytic step time, ``simulated`` 0 and NaN
@@ -222,8 +215,8 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
         row = out[i]
         if select[i]:
             status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
-                                  optimizer[i],
-                                  schedule[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
+                                  optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i],
+                                  n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
             if status == OK:
                 scale = analytic_step[i] / row[S_STEP]
                 tokens[i] *= scale

@@ -34,11 +34,73 @@ def tile_efficiency(m: float, n: float, units: float, tiles) -> float:
 
 
 @jit
+def table_efficiency(m: float, n: float, k: float, dev) -> float:
+    """GEMM efficiency from the device's measured points (``dev.n_gemm`` > 0).
+
+    The points of the (n, k) nearest to the query in log distance are used;
+    among them the efficiency is interpolated linearly in log2(m) and held flat
+    beyond the smallest and largest measured m."""
+    npts = int(dev.n_gemm)
+    best = 1e300
+    bn = 0.0
+    bk = 0.0
+    for i in range(npts):
+        dist = (math.log2(dev.gemm_n[i] / n)) ** 2 + (math.log2(dev.gemm_k[i] / k)) ** 2
+        if dist < best:
+            best = dist
+            bn = dev.gemm_n[i]
+            bk = dev.gemm_k[i]
+    lo_m = -1.0
+    lo_e = 0.0
+    hi_m = 1e300
+    hi_e = 0.0
+    small_m = 1e300
+    small_e = 0.0
+    large_m = -1.0
+    large_e = 0.0
+    for i in range(npts):
+        if dev.gemm_n[i] != bn or dev.gemm_k[i] != bk:
+            continue
+        pm = dev.gemm_m[i]
+        pe = dev.gemm_eff[i]
+        if pm <= m and pm > lo_m:
+            lo_m = pm
+            lo_e = pe
+        if pm >= m and pm < hi_m:
+            hi_m = pm
+            hi_e = pe
+        if pm < small_m:
+            small_m = pm
+            small_e = pe
+        if pm > large_m:
+            large_m = pm
+            large_e = pe
+    if lo_m < 0.0:
+        return small_e
+    if hi_m >= 1e300:
+        return large_e
+    if hi_m == lo_m:
+        return lo_e
+    w = math.log2(m / lo_m) / math.log2(hi_m / lo_m)
+    return lo_e + w * (hi_e - lo_e)
+
+
+@jit
+def gemm_efficiency(m: float, n: float, k: float, dev, tiles) -> float:
+    """Achieved / peak FLOP/s of an (m x k) @ (k x n) GEMM: the measured table
+    where the device has one, else the best tile's wave and padding efficiency
+    times the device's large-GEMM efficiency."""
+    if dev.n_gemm > 0:
+        return table_efficiency(m, n, k, dev)
+    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles)
+
+
+@jit
 def gemm_time_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float) -> float:
-    """(m x k) @ (k x n): max(2mnk / (peak * max_eff * tile_eff), bytes / achieved HBM) + launch."""
+    """(m x k) @ (k x n): max(2mnk / (peak * efficiency), bytes / achieved HBM) + launch."""
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0
-    eff = dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles)
+    eff = gemm_efficiency(m, n, k, dev, tiles)
     compute = 2.0 * m * n * k / (dev.peak_flops_per_s * eff)
     traffic = (m * k + k * n + m * n) * dtype_bytes / (dev.hbm_bytes_per_s * dev.memory_efficiency)
     return max(compute, traffic) + dev.launch_s
@@ -57,7 +119,15 @@ def gemm_fwd_bwd_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float)
 @jit
 def attention_flops(b: float, s_q: float, s_kv: float, heads: float, head_dim: float, causal: bool) -> float:
     """Forward FLOP of softmax(Q K^T) V: 2 GEMMs of 2*b*s_q*s_kv*heads*head_dim; half when causal."""
-    flops = 4.0 * b * s_q * s_kv * heads * head_dim
+    return attention_flops_qkv(b, s_q, s_kv, heads, head_dim, head_dim, causal)
+
+
+@jit
+def attention_flops_qkv(b: float, s_q: float, s_kv: float, heads: float, qk_dim: float, v_dim: float,
+                        causal: bool) -> float:
+    """Forward FLOP with separate query/key and value head dims (MLA: 192 and 128):
+    Q K^T 2*b*s_q*s_kv*heads*qk_dim plus P V 2*b*s_q*s_kv*heads*v_dim; half when causal."""
+    flops = 2.0 * b * s_q * s_kv * heads * (qk_dim + v_dim)
     return 0.5 * flops if causal else flops
 
 
@@ -72,9 +142,18 @@ def attention_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_head
     read back four times (scores, softmax, probabilities for P V) in each direction.
     Returns (forward seconds, backward seconds, forward FLOP).
     """
-    flops = attention_flops(b, s_q, s_kv, heads, head_dim, causal)
-    qo = 2.0 * b * s_q * heads * head_dim * dtype_bytes
-    kv = 2.0 * b * s_kv * kv_heads * head_dim * dtype_bytes
+    return attention_qkv_fwd_bwd_s(b, s_q, s_kv, heads, kv_heads, head_dim, head_dim, causal, flash, dev,
+                                   dtype_bytes)
+
+
+@jit
+def attention_qkv_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_heads: float, qk_dim: float,
+                            v_dim: float, causal: bool, flash: bool, dev, dtype_bytes: float):
+    """``attention_fwd_bwd_s`` with query/key and value head dims apart (MLA
+    after its up-projections: every head has its own K and V, kv_heads = heads)."""
+    flops = attention_flops_qkv(b, s_q, s_kv, heads, qk_dim, v_dim, causal)
+    qo = b * s_q * heads * (qk_dim + v_dim) * dtype_bytes
+    kv = b * s_kv * kv_heads * (qk_dim + v_dim) * dtype_bytes
     traffic = qo + kv
     if not flash:
         traffic += 4.0 * b * heads * s_q * s_kv * dtype_bytes

@@ -9,6 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+#: points a link's bandwidth-vs-size curve and a device's measured GEMM table may
+#: hold (fixed-size fields of the records below; ``explorer.evaluate.pack`` refuses more)
+MAX_CURVE_POINTS = 16
+MAX_GEMM_POINTS = 64
+#: collectives a tier may carry a measured bandwidth for (kernels.codes ALL_REDUCE..SEND_RECV)
+N_COLLECTIVES = 5
+
 #: One device of the cluster.
 DEVICE = np.dtype(
     [
@@ -23,6 +30,12 @@ DEVICE = np.dtype(
         ("memory_overhead_bytes", np.float64),
         ("host_link_bytes_per_s", np.float64),  # PCIe to the host, each direction
         ("host_memory_bytes_per_s", np.float64),  # host DRAM bandwidth per device
+        # measured GEMM efficiency points (m, n, k, achieved/peak); n_gemm of them are used
+        ("n_gemm", np.float64),
+        ("gemm_m", np.float64, (MAX_GEMM_POINTS,)),
+        ("gemm_n", np.float64, (MAX_GEMM_POINTS,)),
+        ("gemm_k", np.float64, (MAX_GEMM_POINTS,)),
+        ("gemm_eff", np.float64, (MAX_GEMM_POINTS,)),
     ]
 )
 
@@ -32,10 +45,17 @@ TIER = np.dtype(
         ("domain_devices", np.float64),
         ("bytes_per_s", np.float64),  # achieved: bandwidth x efficiency / shared_by
         ("latency_s", np.float64),
+        # achieved bandwidth of each collective (index = kernels.codes op) / bytes_per_s:
+        # 1 unless measured, so that scaling bytes_per_s scales every operation
+        ("op_scale", np.float64, (N_COLLECTIVES,)),
+        # bandwidth-vs-message-size curve: n_curve points (bytes, fraction), ascending
+        ("n_curve", np.float64),
+        ("curve_bytes", np.float64, (MAX_CURVE_POINTS,)),
+        ("curve_fraction", np.float64, (MAX_CURVE_POINTS,)),
     ]
 )
 
-#: A dense transformer.
+#: A transformer, dense or MoE, MHA/GQA or MLA (0 in the MoE / MLA fields when absent).
 MODEL = np.dtype(
     [
         ("layers", np.float64),
@@ -49,6 +69,19 @@ MODEL = np.dtype(
         ("bias", np.float64),
         ("tied_embeddings", np.float64),
         ("dropout", np.float64),
+        ("experts", np.float64),  # routed experts per MoE layer (0: dense model)
+        ("top_k", np.float64),
+        ("expert_ffn", np.float64),
+        ("shared_experts", np.float64),
+        ("dense_layers", np.float64),  # the first layers keep a dense MLP
+        ("max_nodes", np.float64),  # node-limited routing (0: none)
+        ("mla", np.float64),  # 1: multi-head latent attention
+        ("q_lora_rank", np.float64),
+        ("kv_lora_rank", np.float64),
+        ("qk_nope_head_dim", np.float64),
+        ("qk_rope_head_dim", np.float64),
+        ("v_head_dim", np.float64),
+        ("mtp_depth", np.float64),
     ]
 )
 
@@ -67,20 +100,40 @@ WORKLOAD = np.dtype(
         # when the GEMM precision is 8-bit (FP8 recipes cast activations, weights and
         # output gradients every pass); 0 for 16-bit GEMMs
         ("gemm_cast_bytes", np.float64),
+        ("moe_imbalance", np.float64),  # busiest expert rank's tokens / the mean
     ]
 )
 
 
+def _has_default(dtype: np.dtype, name: str) -> bool:
+    """Array-valued fields (tables) and their counts default to empty."""
+    return dtype[name].shape != () or name.startswith("n_") or name in DEFAULTS
+
+
+#: scalar fields that may be omitted: the MoE / MLA description of a dense MHA
+#: model (0) and balanced routing
+DEFAULTS = {
+    **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
+                     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                     "mtp_depth"), 0.0),
+    "moe_imbalance": 1.0,
+}
+
+
 def record(dtype: np.dtype, **values: float) -> np.ndarray:
-    """A one-element record array of ``dtype``; every field must be given.
+    """A one-element record array of ``dtype``; every scalar field must be given
+    except those in ``DEFAULTS`` and the tables (arrays and their ``n_*`` counts: empty).
 
     Returned as a ``np.recarray`` view (numba sees the same type) so that the
     kernels' attribute access also works with ``NUMBA_DISABLE_JIT=1``."""
-    missing = set(dtype.names or ()) - set(values)
+    missing = {n for n in dtype.names or () if not _has_default(dtype, n)} - set(values)
     extra = set(values) - set(dtype.names or ())
     if missing or extra:
         raise ValueError(f"record {dtype}: missing {sorted(missing)}, unknown {sorted(extra)}")
     out = np.zeros(1, dtype=dtype)
+    for key, value in DEFAULTS.items():
+        if key in out.dtype.names:
+            out[key] = value
     for key, value in values.items():
         out[key] = value
     return out.view(np.recarray)
@@ -88,8 +141,12 @@ def record(dtype: np.dtype, **values: float) -> np.ndarray:
 
 def tier_table(levels: list[tuple[float, float, float]] | tuple[tuple[float, float, float], ...]) -> np.ndarray:
     """TIER records from ``(domain_devices, bytes_per_s, latency_s)``, innermost first
-    (a ``np.recarray``, as ``record`` returns)."""
+    (a ``np.recarray``, as ``record`` returns), every collective at ``bytes_per_s``
+    and no size curve; set ``op_scale`` / the curve fields to refine."""
     out = np.zeros(len(levels), dtype=TIER)
-    for i, level in enumerate(levels):
-        out[i] = level
+    for i, (domain, bw, lat) in enumerate(levels):
+        out["domain_devices"][i] = domain
+        out["bytes_per_s"][i] = bw
+        out["latency_s"][i] = lat
+        out["op_scale"][i] = 1.0
     return out.view(np.recarray)

@@ -11,6 +11,14 @@ Megatron distributed-optimizer bytes per parameter). modeling.md sections 5-7.
 Rank layout: TP innermost, then CP, DP, PP outermost (Megatron's default
 order), so TP groups have stride 1, CP stride tp, the DP x CP gradient group
 stride tp, and neighbouring pipeline stages are tp*cp*dp devices apart.
+
+MoE layers (``kernels.moe``) re-use the tp * cp * dp ranks of a stage as
+expert TP (innermost) x EP x expert DP: the EP group has stride etp (placement
+inner) or etp * edp (outer), the expert-gradient group the other stride. Each
+rank dispatches its 1/tp share of the micro-batch's tokens; an MoE layer is
+the attention part of a dense layer plus router, dispatch, grouped expert
+GEMMs, shared experts and combine. MLA attention replaces the Q/K/V
+projections by its low-rank down/up projections (replicated down, TP-split up).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from kernels.codes import (
     FEASIBLE_OK,
     FEASIBLE_OUT_OF_MEMORY,
     OPTIMIZER_CPU_ADAM,
+    PLACEMENT_OUTER,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
@@ -35,7 +44,15 @@ from kernels.codes import (
 )
 from kernels.collectives import collective_time_s
 from kernels.jit import jit
-from kernels.ops import attention_fwd_bwd_s, gemm_fwd_bwd_s, gemm_time_s, memory_bound_s
+from kernels.moe import (
+    combine_s,
+    dispatch_s,
+    grouped_gemm_fwd_bwd_s,
+    local_pass_s,
+    staging_bytes,
+    two_batch_exposed_s,
+)
+from kernels.ops import attention_qkv_fwd_bwd_s, gemm_fwd_bwd_s, gemm_time_s, memory_bound_s
 
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
 #: ``results.schema`` gives each its unit and meaning (pinned by a test).
@@ -46,6 +63,7 @@ OUTPUTS = (
     "cp_comm_s",
     "pp_comm_s",
     "dp_comm_s",
+    "ep_comm_s",
     "bubble_s",
     "optimizer_s",
     "recompute_s",
@@ -58,6 +76,7 @@ OUTPUTS = (
     "mem_grads_bytes",
     "mem_optimizer_bytes",
     "mem_activations_bytes",
+    "mem_moe_buffers_bytes",
     "mem_overhead_bytes",
     "mem_peak_bytes",
     "mem_peak_stage",
@@ -66,8 +85,8 @@ OUTPUTS = (
 )
 N_OUT = len(OUTPUTS)
 (
-    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_BUBBLE, O_OPT, O_RECOMPUTE, O_FWD, O_BWD,
-    O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS, O_REASON,
+    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_BUBBLE, O_OPT, O_RECOMPUTE, O_FWD, O_BWD,
+    O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MMOE, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS, O_REASON,
 ) = range(N_OUT)
 
 #: Cost components of one candidate (``row_costs``), seconds unless noted:
@@ -78,12 +97,16 @@ N_OUT = len(OUTPUTS)
 #: one pass's), the optimizer step, logits per micro-batch (elements), the
 #: largest stage's parameters (count), and the weight-gradient GEMMs inside the
 #: layer's and the head's backward (the W half that zero-bubble schedules split off).
+#: MoE layers: forward / backward compute, their weight-gradient GEMMs, exposed
+#: EP communication forward / backward, and the MoE buffers' bytes. The
+#: multi-token-prediction modules' forward / backward / W on the last stage.
 (
     C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
     C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
-    C_LAYER_WGRAD, C_HEAD_WGRAD,
-) = range(21)
-N_COST = 21
+    C_LAYER_WGRAD, C_HEAD_WGRAD, C_MOE_FWD, C_MOE_BWD, C_MOE_WGRAD, C_EP_F, C_EP_B, C_MOE_BUFFER,
+    C_MTP_F, C_MTP_B, C_MTP_W,
+) = range(30)
+N_COST = 30
 
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
@@ -127,49 +150,128 @@ def overlapped_s(comm: float, compute: float) -> float:
 
 
 @jit
-def layer_params(model, t: float) -> float:
-    """Parameters of one transformer layer held by one of t tensor-parallel ranks.
+def attention_weights(model):
+    """Matrix elements of one layer's attention as (TP-split, replicated).
 
-    Attention: Q, K, V (GQA: K and V have kv_heads), output projection; MLP:
-    3 h f (gated) or 2 h f; sharded by t. Norm weights (2h; 4h with biases)
-    are replicated. Biases of column-parallel matrices (QKV, MLP up) are
-    sharded; those of row-parallel ones (output projection, MLP down) are
-    added after the TP reduction and replicated (Megatron-LM).
-    """
+    MHA/GQA: Q, K, V (kv_heads for K and V) and the output projection, all split.
+    MLA (DeepSeek-V2/V3): the down-projections h x q_lora and h x (kv_lora + rope)
+    are replicated; the up-projections q_lora x heads (nope + rope) (or h x that
+    without a query rank), kv_lora x heads (nope + v) and the output heads v x h
+    are split by heads."""
     h = model.hidden
-    dh = model.head_dim
-    q = model.heads * dh
-    kv = model.kv_heads * dh
-    mats = h * (q + 2.0 * kv) + q * h
-    mats += (3.0 if model.glu > 0 else 2.0) * h * model.ffn
-    sharded_bias = 0.0
-    norms = 2.0 * h
-    if model.bias > 0:
-        sharded_bias = (q + 2.0 * kv) + (2.0 if model.glu > 0 else 1.0) * model.ffn
-        norms = 4.0 * h + 2.0 * h  # norm weights and biases, plus out-proj and down-proj biases
-    return (mats + sharded_bias) / t + norms
+    if model.mla > 0:
+        heads = model.heads
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        split = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim) + heads * model.v_head_dim * h
+        rep = h * (model.kv_lora_rank + model.qk_rope_head_dim)
+        if model.q_lora_rank > 0:
+            split += model.q_lora_rank * heads * qk
+            rep += h * model.q_lora_rank
+        else:
+            split += h * heads * qk
+        return split, rep
+    q = model.heads * model.head_dim
+    kv = model.kv_heads * model.head_dim
+    return h * (q + 2.0 * kv) + q * h, 0.0
 
 
 @jit
-def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool, recompute: int,
-                               flash: bool, model, ab: float) -> float:
-    """Activation bytes one layer keeps for backward, per micro-batch per device.
+def layer_vectors(model, width: float):
+    """Vector parameters of one layer as (TP-split, replicated): biases of the
+    column-parallel matrices (QKV, MLP up of ``width``) are split; norm weights
+    (2h; with biases 4h, plus the out-proj and down-proj biases added after the
+    TP reduction: 6h) and MLA's latent norms are replicated (Megatron-LM)."""
+    h = model.hidden
+    split = 0.0
+    rep = 2.0 * h
+    if model.bias > 0:
+        q = model.heads * model.head_dim
+        kv = model.kv_heads * model.head_dim
+        split = (q + 2.0 * kv) + (2.0 if model.glu > 0 else 1.0) * width
+        rep = 6.0 * h
+    if model.mla > 0:
+        rep += model.kv_lora_rank + model.q_lora_rank
+    return split, rep
 
-    Korthikanti et al. 2022 (section 4.1, eq. 1-2), generalised to GQA and gated
-    MLPs and to any element width ab (their coefficients assume ab = 2):
-    replicated (split by t only with sequence parallelism): two norm inputs,
-    QKV and MLP inputs (ab each per token x h), dropout masks (1 byte, x2);
-    split by t: Q, K, V, attention output, MLP intermediates (3f gated: gate
-    and up outputs and the down-projection input; 2f for GeLU); the s x s
-    softmax output (+ dropout mask and output) unless FlashAttention or
-    selective recompute removes it (flash keeps the fp32 log-sum-exp instead).
-    Full recompute keeps only the layer input.
-    For GPT (ab = 2, f = 4h, dropout, no flash):
-    s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP.
-    """
+
+@jit
+def mlp_matrices(model, width: float) -> float:
+    """Matrix elements of a (gated) MLP of intermediate ``width``."""
+    return (3.0 if model.glu > 0 else 2.0) * model.hidden * width
+
+
+@jit
+def layer_params(model, t: float) -> float:
+    """Parameters of one dense transformer layer held by one of t tensor-parallel ranks.
+
+    Attention (``attention_weights``) and the MLP (3 h f gated, 2 h f otherwise)
+    are sharded by t, as are the column-parallel biases; norms and the
+    row-parallel biases are replicated (``layer_vectors``)."""
+    split, rep = attention_weights(model)
+    vsplit, vrep = layer_vectors(model, model.ffn)
+    return (split + mlp_matrices(model, model.ffn) + vsplit) / t + rep + vrep
+
+
+@jit
+def moe_layer_params(model, t: float, ep: float, etp: float):
+    """Parameters of one MoE layer on one device as (non-expert, expert): the
+    attention and norms as in a dense layer, the router (experts x h, replicated),
+    the shared experts split by t like a dense MLP, and E / ep routed experts
+    (3 h f_e each, gated) split by the expert TP size."""
+    split, rep = attention_weights(model)
+    shared = model.shared_experts * model.expert_ffn
+    vsplit, vrep = layer_vectors(model, shared)
+    router = model.experts * model.hidden
+    dense = (split + mlp_matrices(model, shared) + vsplit) / t + rep + vrep + router
+    expert = model.experts / ep * 3.0 * model.hidden * model.expert_ffn / etp
+    return dense, expert
+
+
+@jit
+def mtp_params(model, t: float, ep: float, etp: float):
+    """Parameters of the multi-token-prediction modules as (non-expert, expert):
+    per depth one more layer (MoE when the model is), its 2h x h projection
+    (split by t) and two norms; embedding and head are shared with the model."""
+    if model.mtp_depth <= 0:
+        return 0.0, 0.0
+    h = model.hidden
+    if model.experts > 0:
+        dense, expert = moe_layer_params(model, t, ep, etp)
+    else:
+        dense = layer_params(model, t)
+        expert = 0.0
+    return model.mtp_depth * (dense + 2.0 * h * h / t + 2.0 * h), model.mtp_depth * expert
+
+
+@jit
+def model_params(model):
+    """(total, active per token) parameters of the whole model, MTP modules excluded.
+
+    Active counts what one token's forward multiplies by: every layer's attention
+    and norms, the dense MLPs, the router, shared experts and top_k routed
+    experts of each MoE layer, embedding and output head."""
+    dense_layers = model.layers
+    moe_layers = 0.0
+    if model.experts > 0:
+        dense_layers = model.dense_layers
+        moe_layers = model.layers - model.dense_layers
+    emb = model.vocab * model.hidden * (1.0 if model.tied_embeddings > 0 else 2.0)
+    final_norm = model.hidden * (2.0 if model.bias > 0 else 1.0)
+    base = dense_layers * layer_params(model, 1.0) + emb + final_norm
+    if moe_layers == 0.0:
+        return base, base
+    dense, expert = moe_layer_params(model, 1.0, 1.0, 1.0)
+    one_expert = 3.0 * model.hidden * model.expert_ffn
+    total = base + moe_layers * (dense + expert)
+    active = base + moe_layers * (dense + model.top_k * one_expert)
+    return total, active
+
+
+@jit
+def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, recompute: int, flash: bool, model,
+                            ab: float, moe_layer: bool, imbalance: float) -> float:
     tokens = b * s / c
     h = model.hidden
-    dh = model.head_dim
     if recompute == RECOMPUTE_FULL:
         full_input = ab * tokens * h
         return full_input / t if sp else full_input
@@ -180,9 +282,23 @@ def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool,
     if sp:
         replicated /= t
     heads = model.heads / t
-    kv = model.kv_heads / t
-    split = ab * tokens * dh * (2.0 * heads + 2.0 * kv)
-    split += (3.0 if model.glu > 0 else 2.0) * ab * tokens * model.ffn / t
+    if model.mla > 0:  # Q, K (nope + rope), V and O per head; the replicated latents
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        split = ab * tokens * heads * (2.0 * qk + 2.0 * model.v_head_dim)
+        split += ab * tokens * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+    else:
+        kv = model.kv_heads / t
+        split = ab * tokens * model.head_dim * (2.0 * heads + 2.0 * kv)
+    if moe_layer:
+        # router logits and probabilities (fp32) of this rank's 1/t of the tokens; per
+        # routed row: the expert input and output (h each) and gate, up, activation (3 f_e);
+        # the shared experts as a dense MLP split by t
+        rows = tokens / t * model.top_k * imbalance
+        split += 8.0 * tokens / t * model.experts
+        split += ab * rows * (2.0 * h + 3.0 * model.expert_ffn)
+        split += 3.0 * ab * tokens * model.shared_experts * model.expert_ffn / t
+    else:
+        split += (3.0 if model.glu > 0 else 2.0) * ab * tokens * model.ffn / t
     scores = 0.0
     if flash:
         scores = 4.0 * b * heads * (s / c)
@@ -190,6 +306,37 @@ def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool,
         per_elem = ab + (1.0 + ab if dropout else 0.0)
         scores = per_elem * b * heads * (s / c) * s
     return replicated + split + scores
+
+
+@jit
+def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool, recompute: int,
+                               flash: bool, model, ab: float) -> float:
+    """Activation bytes one dense layer keeps for backward, per micro-batch per device.
+
+    Korthikanti et al. 2022 (section 4.1, eq. 1-2), generalised to GQA and gated
+    MLPs and to any element width ab (their coefficients assume ab = 2):
+    replicated (split by t only with sequence parallelism): two norm inputs,
+    QKV and MLP inputs (ab each per token x h), dropout masks (1 byte, x2);
+    split by t: Q, K, V, attention output, MLP intermediates (3f gated: gate
+    and up outputs and the down-projection input; 2f for GeLU); the s x s
+    softmax output (+ dropout mask and output) unless FlashAttention or
+    selective recompute removes it (flash keeps the fp32 log-sum-exp instead).
+    Full recompute keeps only the layer input. MLA keeps its per-head Q, K, V, O
+    and the replicated latents.
+    For GPT (ab = 2, f = 4h, dropout, no flash):
+    s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP.
+    """
+    return _layer_activation_bytes(b, s, t, c, sp, recompute, flash, model, ab, False, 1.0)
+
+
+@jit
+def moe_activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool, recompute: int,
+                                   flash: bool, model, ab: float, imbalance: float) -> float:
+    """``activation_bytes_per_layer`` of an MoE layer: the MLP's intermediates
+    replaced by the router's fp32 logits and probabilities, the routed rows
+    (k x imbalance per token: expert input, output and three f_e-wide
+    intermediates) and the shared experts' intermediates."""
+    return _layer_activation_bytes(b, s, t, c, sp, recompute, flash, model, ab, True, imbalance)
 
 
 @jit
@@ -231,35 +378,99 @@ def chunk_layers(stage: int, chunk: int, pp: int, v: int, layers: float) -> floa
 
 
 @jit
-def stage_params(stage: int, pp: int, layers_dev: float, lp: float, emb_params: float, model) -> float:
-    """Parameters on the device of pipeline stage ``stage``: its layers, the
-    embedding on the first stage, the final norm and output head on the last
-    (tied embeddings share one matrix only when both ends are on one device)."""
-    params = layers_dev * lp
+def device_dense_layers(stage: int, pp: int, model) -> float:
+    """Layers with a dense MLP on that device: all of them in a dense model; in an
+    MoE model those of its layers among the first ``dense_layers``."""
+    n = device_layers(stage, pp, model.layers)
+    if model.experts <= 0:
+        return n
+    total = int(model.layers)
+    first = stage * (total // pp) + min(stage, total % pp)
+    return float(max(0.0, min(model.dense_layers - first, n)))
+
+
+@jit
+def chunk_dense_layers(stage: int, chunk: int, pp: int, v: int, model) -> float:
+    """Dense layers of virtual chunk ``chunk`` on that device (its dense layers
+    fill its chunks in order)."""
+    before = 0.0
+    for c in range(chunk):
+        before += chunk_layers(stage, c, pp, v, model.layers)
+    return max(0.0, min(device_dense_layers(stage, pp, model) - before, chunk_layers(stage, chunk, pp, v,
+                                                                                     model.layers)))
+
+
+@jit
+def stage_params(stage: int, pp: int, t: float, ep: float, etp: float, model):
+    """Parameters on the device of pipeline stage ``stage`` as (non-expert, expert):
+    its dense and MoE layers, the embedding on the first stage, the final norm
+    and output head (and the MTP modules, with a copy of the embedding) on the
+    last (tied embeddings share one matrix only when both ends are on one device)."""
+    n = device_layers(stage, pp, model.layers)
+    nd = device_dense_layers(stage, pp, model)
+    emb = model.vocab * model.hidden / t
+    dense = nd * layer_params(model, t)
+    expert = 0.0
+    if n > nd:
+        md, me = moe_layer_params(model, t, ep, etp)
+        dense += (n - nd) * md
+        expert += (n - nd) * me
     if stage == 0:
-        params += emb_params
+        dense += emb
     if stage == pp - 1:
-        params += model.hidden * (2.0 if model.bias > 0 else 1.0)  # final norm (LayerNorm has a bias)
+        dense += model.hidden * (2.0 if model.bias > 0 else 1.0)  # final norm (LayerNorm has a bias)
         if model.tied_embeddings == 0 or pp > 1:
-            params += emb_params
-    return params
+            dense += emb
+        td, te = mtp_params(model, t, ep, etp)
+        dense += td
+        expert += te
+        if model.mtp_depth > 0 and pp > 1:
+            dense += emb
+    return dense, expert
 
 
 @jit
 def model_flop_per_sequence(model, s: float) -> float:
-    """Forward FLOP of the whole model for one sequence (causal attention)."""
+    """Forward FLOP of the whole model for one sequence (causal attention): two
+    per active matrix element per token, plus the attention core."""
+    split, rep = attention_weights(model)
     h = model.hidden
-    q = model.heads * model.head_dim
-    kv = model.kv_heads * model.head_dim
-    per_layer = 2.0 * s * h * (q + 2.0 * kv) + 2.0 * s * q * h
-    per_layer += 2.0 * s * h * model.ffn * (3.0 if model.glu > 0 else 2.0)
-    per_layer += 2.0 * s * s * q  # causal: half of 4 s^2 heads head_dim
-    return model.layers * per_layer + 2.0 * s * h * model.vocab
+    if model.mla > 0:
+        core = s * s * model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    else:
+        core = 2.0 * s * s * model.heads * model.head_dim  # causal: half of 4 s^2 heads head_dim
+    attn = 2.0 * s * (split + rep) + core
+    dense_layers = model.layers
+    flop = 0.0
+    if model.experts > 0:
+        dense_layers = model.dense_layers
+        experts = model.top_k + model.shared_experts
+        moe_mlp = 2.0 * s * (experts * 3.0 * h * model.expert_ffn + model.experts * h)
+        flop += (model.layers - model.dense_layers) * (attn + moe_mlp)
+    flop += dense_layers * (attn + 2.0 * s * mlp_matrices(model, model.ffn))
+    return flop + 2.0 * s * h * model.vocab
 
 
 @jit
-def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work,
-              costs):
+def gemm_passes_s(m: float, n: float, k: float, dev, tiles, ab: float):
+    """(forward, backward, weight-gradient) seconds of a GEMM Y = X W (m x k @ k x n)."""
+    f, b, _ = gemm_fwd_bwd_s(m, n, k, dev, tiles, ab)
+    return f, b, gemm_time_s(k, n, m, dev, tiles, ab)
+
+
+@jit
+def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: int):
+    """(EP group stride, expert-DP size, expert-DP stride) in a stage's t * c * d ranks,
+    laid out expert TP innermost, then EP and expert DP (swapped when outer)."""
+    edp = max(1.0, t * c * d / (ep * etp))
+    if placement == PLACEMENT_OUTER:
+        return etp * edp, edp, etp
+    return etp, edp, etp * ep
+
+
+@jit
+def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo,
+              model, dev, tiers, tiles, work, costs):
     """Fill ``costs`` (length N_COST, seconds) with the latencies one candidate is built from.
 
     Shared by the analytic tier (``evaluate_one``) and the event tier
@@ -269,42 +480,82 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     d = float(dp)
     c = float(cp)
     b = float(mb)
+    e = float(ep)
+    et = float(etp)
     sp = sp_flag != 0 and tp > 1
     s = work.seq_len
     ab = work.act_bytes
     flash = work.flash_attention > 0
     h = model.hidden
-    dh = model.head_dim
     tokens = b * s / c
     heads = model.heads / t
-    kv = model.kv_heads / t
     f = model.ffn / t
-    q_out = heads * dh
-    kv_out = kv * dh
 
-    # ---- one layer, one micro-batch, one device
-    f1, b1, _ = gemm_fwd_bwd_s(tokens, q_out + 2.0 * kv_out, h, dev, tiles, ab)
-    f2, b2, _ = gemm_fwd_bwd_s(tokens, h, q_out, dev, tiles, ab)
-    f3, b3, _ = gemm_fwd_bwd_s(tokens, (2.0 if model.glu > 0 else 1.0) * f, h, dev, tiles, ab)
-    f4, b4, _ = gemm_fwd_bwd_s(tokens, h, f, dev, tiles, ab)
-    attn_f, attn_b, _ = attention_fwd_bwd_s(b, s / c, s, heads, kv, dh, True, flash, dev, ab)
+    # ---- attention, one layer, one micro-batch, one device
+    wg = 0.0  # weight-gradient GEMMs dW = X^T dY (m x n x k forward -> k x n x m)
+    if model.mla > 0:
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        kv_lat = model.kv_lora_rank + model.qk_rope_head_dim
+        f1, b1, w1 = gemm_passes_s(tokens, kv_lat, h, dev, tiles, ab)  # KV down (replicated)
+        fx, bx, wx = gemm_passes_s(tokens, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank,
+                                   dev, tiles, ab)
+        f1 += fx
+        b1 += bx
+        w1 += wx
+        if model.q_lora_rank > 0:
+            fx, bx, wx = gemm_passes_s(tokens, model.q_lora_rank, h, dev, tiles, ab)
+            fy, by, wy = gemm_passes_s(tokens, heads * qk, model.q_lora_rank, dev, tiles, ab)
+            fx += fy
+            bx += by
+            wx += wy
+        else:
+            fx, bx, wx = gemm_passes_s(tokens, heads * qk, h, dev, tiles, ab)
+        f1 += fx
+        b1 += bx
+        w1 += wx
+        v_out = heads * model.v_head_dim
+        rope_width = heads * model.qk_rope_head_dim + model.qk_rope_head_dim
+        attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, s, heads, heads, qk, model.v_head_dim, True, flash,
+                                                    dev, ab)
+        # the latent norms, read and written
+        latent_norm_bytes = 2.0 * tokens * (model.kv_lora_rank + model.q_lora_rank) * ab
+        proj_out = kv_lat + heads * (model.qk_nope_head_dim + model.v_head_dim) + heads * qk + model.q_lora_rank
+    else:
+        dh = model.head_dim
+        q_out = heads * dh
+        kv_out = model.kv_heads / t * dh
+        f1, b1, w1 = gemm_passes_s(tokens, q_out + 2.0 * kv_out, h, dev, tiles, ab)
+        v_out = q_out
+        rope_width = q_out + kv_out
+        attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, s, heads, model.kv_heads / t, dh, dh, True, flash,
+                                                    dev, ab)
+        latent_norm_bytes = 0.0
+        proj_out = q_out + 2.0 * kv_out
+    f2, b2, w2 = gemm_passes_s(tokens, h, v_out, dev, tiles, ab)
+    wg += w1 + w2
     norm_tokens = tokens / t if sp else tokens
     mem_bytes = 10.0 * norm_tokens * h * ab  # 2 norms (read+write), 2 residual adds (2 reads+write)
-    n_kernels = 4.0
+    n_kernels = 5.0  # two norms, two residual adds, rotary embedding
     if model.dropout > 0:
         mem_bytes += 5.0 * norm_tokens * h * ab
         n_kernels += 2.0
-    mem_bytes += 2.0 * tokens * (q_out + kv_out) * ab  # rotary embedding on Q and K
-    mem_bytes += (3.0 if model.glu > 0 else 2.0) * tokens * f * ab  # activation function
-    n_kernels += 2.0
-    mb_f = memory_bound_s(mem_bytes, n_kernels, dev)
-    layer_fwd = f1 + f2 + f3 + f4 + attn_f + mb_f
-    layer_bwd = b1 + b2 + b3 + b4 + attn_b + 2.0 * mb_f
+    mem_bytes += 2.0 * tokens * rope_width * ab + latent_norm_bytes  # rotary embedding on Q and K
+    common = memory_bound_s(mem_bytes, n_kernels, dev)
+    attn_part_f = f1 + f2 + attn_f + common
+    attn_part_b = b1 + b2 + attn_b + 2.0 * common
+
+    # ---- dense MLP
+    up = (2.0 if model.glu > 0 else 1.0) * f
+    f3, b3, w3 = gemm_passes_s(tokens, up, h, dev, tiles, ab)
+    f4, b4, w4 = gemm_passes_s(tokens, h, f, dev, tiles, ab)
+    act = memory_bound_s((3.0 if model.glu > 0 else 2.0) * tokens * f * ab, 1.0, dev)  # activation function
+    layer_fwd = attn_part_f + f3 + f4 + act
+    layer_bwd = attn_part_b + b3 + b4 + 2.0 * act
     if work.gemm_cast_bytes > 0:  # 8-bit GEMMs: cast inputs and weights forward, output gradients backward
-        up = (2.0 if model.glu > 0 else 1.0) * f
-        inputs = tokens * (h + q_out + h + f)
-        weights = h * (q_out + 2.0 * kv_out) + q_out * h + h * up + f * h
-        grads = tokens * (q_out + 2.0 * kv_out + h + up + h)
+        split, rep = attention_weights(model)
+        inputs = tokens * (h + v_out + h + f)
+        weights = (split / t + rep) + h * up + f * h
+        grads = tokens * (proj_out + h + up + h)
         layer_fwd += memory_bound_s(work.gemm_cast_bytes * (inputs + weights), 8.0, dev)
         layer_bwd += memory_bound_s(work.gemm_cast_bytes * grads, 4.0, dev)
 
@@ -325,7 +576,9 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     cp_f = 0.0
     cp_b = 0.0
     if cp > 1:  # ring attention: K and V chunks pass c - 1 times, overlapped with the attention core
-        kv_chunk = b * (s / c) * 2.0 * kv_out * ab
+        kv_chunk = b * (s / c) * 2.0 * (rope_width - heads * (model.qk_rope_head_dim if model.mla > 0 else 0.0)) * ab
+        if model.mla <= 0:
+            kv_chunk = b * (s / c) * 2.0 * (model.kv_heads / t * model.head_dim) * ab
         ring = (c - 1.0) * collective_time_s(SEND_RECV, c, t, kv_chunk, tiers)
         cp_f = max(0.0, ring - attn_f)
         cp_b = max(0.0, 2.0 * ring - attn_b)
@@ -338,13 +591,85 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     elif recompute == RECOMPUTE_SELECTIVE:
         rc_compute = attn_f
 
+    # ---- MoE layer: the attention part, router, dispatch, experts, shared experts, combine
+    ep_stride, edp, _ = ep_strides(t, c, d, e, et, placement)
+    moe_f = 0.0
+    moe_b = 0.0
+    moe_w = 0.0
+    ep_f = 0.0
+    ep_b = 0.0
+    buffers = 0.0
+    if model.experts > 0:
+        n_exp = model.experts
+        k = model.top_k
+        fe = model.expert_ffn
+        imb = work.moe_imbalance
+        t_rank = tokens / t  # this rank's share of the micro-batch's tokens
+        tok_bytes = t_rank * h * ab
+        rf, rb, rw = gemm_passes_s(t_rank, n_exp, h, dev, tiles, ab)
+        router = memory_bound_s(3.0 * 4.0 * t_rank * n_exp, 2.0, dev)  # softmax and top-k over fp32 logits
+        groups = n_exp / e
+        m_e = e * et * t_rank * k * imb / n_exp  # rows per local expert on the busiest rank
+        g1f, g1b, g1w = grouped_gemm_fwd_bwd_s(groups, m_e, 2.0 * fe / et, h, dev, tiles, ab)
+        g2f, g2b, g2w = grouped_gemm_fwd_bwd_s(groups, m_e, h, fe / et, dev, tiles, ab)
+        g_act = memory_bound_s(3.0 * groups * m_e * fe / et * ab, 1.0, dev)
+        expert_f = g1f + g2f + g_act
+        expert_b = g1b + g2b + 2.0 * g_act
+        sh_f = 0.0
+        sh_b = 0.0
+        sh_w = 0.0
+        if model.shared_experts > 0:
+            width = model.shared_experts * fe / t
+            s1f, s1b, s1w = gemm_passes_s(tokens, 2.0 * width, h, dev, tiles, ab)
+            s2f, s2b, s2w = gemm_passes_s(tokens, h, width, dev, tiles, ab)
+            s_act = memory_bound_s(3.0 * tokens * width * ab, 1.0, dev)
+            sh_f = s1f + s2f + s_act
+            sh_b = s1b + s2b + 2.0 * s_act
+            sh_w = s1w + s2w
+        local = local_pass_s(dispatch, tok_bytes, e, k, imb, dev)  # permute before, unpermute after
+        disp, _, _ = dispatch_s(dispatch, tok_bytes, e, ep_stride, n_exp, k, model.max_nodes, tiers)
+        comb = combine_s(dispatch, tok_bytes, e, ep_stride, n_exp, k, model.max_nodes, tiers)
+        if et > 1.0:  # expert TP: the dispatched rows gathered among its ranks, the outputs scattered back
+            rows_bytes = et * t_rank * k * imb * h * ab
+            disp += collective_time_s(ALL_GATHER, et, 1.0, rows_bytes, tiers)
+            comb += collective_time_s(REDUCE_SCATTER, et, 1.0, rows_bytes, tiers)
+        if tbo != 0:
+            ep_f = two_batch_exposed_s(disp, comb, expert_f + sh_f)
+            ep_b = two_batch_exposed_s(comb, disp, expert_b + sh_b)
+        else:
+            ep_f = disp + comb
+            ep_b = comb + disp
+        moe_f = attn_part_f + rf + router + 2.0 * local + expert_f + sh_f
+        moe_b = attn_part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b
+        moe_w = w1 + w2 + rw + g1w + g2w + sh_w
+        buffers = staging_bytes(dispatch, tok_bytes, e, k, imb)
+
+    # ---- multi-token prediction modules (last stage): one more layer, a 2h -> h projection
+    # and the output head again, each per depth
+    hf, hb, hw = gemm_passes_s(tokens, model.vocab / t, h, dev, tiles, ab)
+    mtp_f = 0.0
+    mtp_b = 0.0
+    mtp_w = 0.0
+    if model.mtp_depth > 0:
+        pf, pb, pw = gemm_passes_s(tokens, h / t, 2.0 * h, dev, tiles, ab)
+        if model.experts > 0:
+            lf = moe_f + ep_f
+            lb = moe_b + ep_b
+            lw = moe_w
+        else:
+            lf = layer_fwd
+            lb = layer_bwd
+            lw = w1 + w2 + w3 + w4
+        mtp_f = model.mtp_depth * (lf + tp_layer + pf + hf)
+        mtp_b = model.mtp_depth * (lb + tp_layer + pb + hb)
+        mtp_w = model.mtp_depth * (lw + pw + hw)
+
     # ---- embedding (first device) and output head + loss (last device)
     emb_f = memory_bound_s(2.0 * tokens * h * ab, 1.0, dev)
     emb_b = memory_bound_s(3.0 * tokens * h * ab, 1.0, dev)
     emb_comm = collective_time_s(REDUCE_SCATTER if sp else ALL_REDUCE, t, 1.0, msg, tiers)
     if sp:
         emb_comm += collective_time_s(ALL_GATHER, t, 1.0, msg, tiers)
-    hf, hb, _ = gemm_fwd_bwd_s(tokens, model.vocab / t, h, dev, tiles, ab)
     logits = tokens * model.vocab / t
     head_f = hf + memory_bound_s(2.0 * norm_tokens * h * ab + 12.0 * logits, 4.0, dev)
     head_b = hb + memory_bound_s(2.0 * norm_tokens * h * ab + 8.0 * logits, 3.0, dev)
@@ -357,28 +682,44 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     p2p_msg = msg / t if sp else msg
     costs[C_P2P] = collective_time_s(SEND_RECV, p, t * c * d, p2p_msg, tiers)
     lp = layer_params(model, t)
-    emb_params = model.vocab * h / t
-    params_max = 0.0
-    layers_max = device_layers(0, pp, model.layers)  # the first stages hold the most layers
+    params_max = -1.0
+    dense_max = 0.0
+    expert_max = 0.0
     for stage in range(pp):
-        params_max = max(params_max, stage_params(stage, pp, device_layers(stage, pp, model.layers), lp, emb_params,
-                                                  model))
+        sd, se = stage_params(stage, pp, t, e, et, model)
+        if sd + se > params_max:
+            params_max = sd + se
+            dense_max = sd
+            expert_max = se
+    layers_max = device_layers(0, pp, model.layers)  # the first stages hold the most layers
+    moe_dense, moe_expert = moe_layer_params(model, t, e, et)
+    layer_dense = lp
+    layer_expert = 0.0
+    if model.experts > 0 and model.dense_layers < model.layers:
+        layer_dense = moe_dense
+        layer_expert = moe_expert
     dc = d * c
-    grad_total = params_max * work.grad_bytes
-    param_total = params_max * work.weight_bytes
+    _, _, edp_stride = ep_strides(t, c, d, e, et, placement)
     if zero >= 3:  # ZeRO-3 / FSDP gathers and scatters layer by layer: one collective per layer
-        rest = max(0.0, params_max - layers_max * lp)  # embedding / head / final norm, gathered as one unit
-        costs[C_DP_GRAD] = layers_max * collective_time_s(REDUCE_SCATTER, dc, t, lp * work.grad_bytes, tiers) + \
+        rest = max(0.0, dense_max - layers_max * layer_dense)  # embedding / head / final norm, as one unit
+        costs[C_DP_GRAD] = layers_max * (
+            collective_time_s(REDUCE_SCATTER, dc, t, layer_dense * work.grad_bytes, tiers)
+            + collective_time_s(REDUCE_SCATTER, edp, edp_stride, layer_expert * work.grad_bytes, tiers)) + \
             collective_time_s(REDUCE_SCATTER, dc, t, rest * work.grad_bytes, tiers)
-        costs[C_DP_PARAM] = layers_max * collective_time_s(ALL_GATHER, dc, t, lp * work.weight_bytes, tiers) + \
+        costs[C_DP_PARAM] = layers_max * (
+            collective_time_s(ALL_GATHER, dc, t, layer_dense * work.weight_bytes, tiers)
+            + collective_time_s(ALL_GATHER, edp, edp_stride, layer_expert * work.weight_bytes, tiers)) + \
             collective_time_s(ALL_GATHER, dc, t, rest * work.weight_bytes, tiers)
     elif zero >= 1:
-        costs[C_DP_GRAD] = collective_time_s(REDUCE_SCATTER, dc, t, grad_total, tiers)
-        costs[C_DP_PARAM] = collective_time_s(ALL_GATHER, dc, t, param_total, tiers)
+        costs[C_DP_GRAD] = collective_time_s(REDUCE_SCATTER, dc, t, dense_max * work.grad_bytes, tiers) + \
+            collective_time_s(REDUCE_SCATTER, edp, edp_stride, expert_max * work.grad_bytes, tiers)
+        costs[C_DP_PARAM] = collective_time_s(ALL_GATHER, dc, t, dense_max * work.weight_bytes, tiers) + \
+            collective_time_s(ALL_GATHER, edp, edp_stride, expert_max * work.weight_bytes, tiers)
     else:
-        costs[C_DP_GRAD] = collective_time_s(ALL_REDUCE, dc, t, grad_total, tiers)
+        costs[C_DP_GRAD] = collective_time_s(ALL_REDUCE, dc, t, dense_max * work.grad_bytes, tiers) + \
+            collective_time_s(ALL_REDUCE, edp, edp_stride, expert_max * work.grad_bytes, tiers)
         costs[C_DP_PARAM] = 0.0
-    opt_shard = params_max / dc if zero >= 1 else params_max
+    opt_shard = dense_max / dc + expert_max / edp if zero >= 1 else params_max
     costs[C_OPT] = optimizer_step_s(optimizer, opt_shard, dev)
     costs[C_LAYER_FWD] = layer_fwd
     costs[C_LAYER_BWD] = layer_bwd
@@ -395,22 +736,47 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     costs[C_HEAD_COMM] = head_comm
     costs[C_LOGITS] = logits
     costs[C_PARAMS_MAX] = params_max
-    # weight gradients dW = X^T dY of each GEMM (m x n x k forward -> k x n x m)
-    up = (2.0 if model.glu > 0 else 1.0) * f
-    costs[C_LAYER_WGRAD] = (gemm_time_s(h, q_out + 2.0 * kv_out, tokens, dev, tiles, ab)
-                            + gemm_time_s(q_out, h, tokens, dev, tiles, ab)
-                            + gemm_time_s(h, up, tokens, dev, tiles, ab)
-                            + gemm_time_s(f, h, tokens, dev, tiles, ab))
-    costs[C_HEAD_WGRAD] = gemm_time_s(h, model.vocab / t, tokens, dev, tiles, ab)
+    costs[C_LAYER_WGRAD] = w1 + w2 + w3 + w4
+    costs[C_HEAD_WGRAD] = hw
+    costs[C_MOE_FWD] = moe_f
+    costs[C_MOE_BWD] = moe_b
+    costs[C_MOE_WGRAD] = moe_w
+    costs[C_EP_F] = ep_f
+    costs[C_EP_B] = ep_b
+    costs[C_MOE_BUFFER] = buffers
+    costs[C_MTP_F] = mtp_f
+    costs[C_MTP_B] = mtp_b
+    costs[C_MTP_W] = mtp_w
 
 
 @jit
-def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, n_micro,
-                 model, dev, tiers, tiles, work, out):
+def layers_pass_s(costs, nd: float, nm: float, recompute: int):
+    """Seconds of ``nd`` dense and ``nm`` MoE layers of one micro-batch:
+    (forward with its communication, backward with recompute and communication,
+    weight-gradient GEMMs inside that backward, recompute, TP, EP communication)."""
+    rc_moe = costs[C_RC_COMPUTE]
+    rc_ep = 0.0
+    if recompute == RECOMPUTE_FULL:  # an MoE layer recomputes its forward, dispatch and combine included
+        rc_moe = costs[C_MOE_FWD]
+        rc_ep = costs[C_EP_F]
+    n = nd + nm
+    tp = n * (2.0 * costs[C_TP_LAYER] + costs[C_RC_COMM])
+    ep = nm * (costs[C_EP_F] + costs[C_EP_B] + rc_ep)
+    fwd = nd * costs[C_LAYER_FWD] + nm * costs[C_MOE_FWD] + n * (costs[C_TP_LAYER] + costs[C_CP_F]) + nm * costs[C_EP_F]
+    bwd = (nd * (costs[C_LAYER_BWD] + costs[C_RC_COMPUTE]) + nm * (costs[C_MOE_BWD] + rc_moe + costs[C_EP_B] + rc_ep)
+           + n * (costs[C_TP_LAYER] + costs[C_RC_COMM] + costs[C_CP_B]))
+    wgrad = nd * costs[C_LAYER_WGRAD] + nm * costs[C_MOE_WGRAD]
+    rc = nd * costs[C_RC_COMPUTE] + nm * (rc_moe + rc_ep) + n * costs[C_RC_COMM]
+    return fwd, bwd, wgrad, rc, tp, ep
+
+
+@jit
+def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp,
+                 placement, dispatch, tbo, n_micro, model, dev, tiers, tiles, work, out):
     """Fill ``out`` (length N_OUT) for one candidate."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, model, dev, tiers, tiles, work,
-              costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo,
+              model, dev, tiers, tiles, work, costs)
     t = float(tp)
     p = float(pp)
     d = float(dp)
@@ -422,59 +788,44 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     s = work.seq_len
     ab = work.act_bytes
     flash = work.flash_attention > 0
-    h = model.hidden
-    layer_fwd = costs[C_LAYER_FWD]
-    layer_bwd = costs[C_LAYER_BWD]
-    tp_layer = costs[C_TP_LAYER]
-    cp_f = costs[C_CP_F]
-    cp_b = costs[C_CP_B]
-    rc_compute = costs[C_RC_COMPUTE]
-    rc_comm = costs[C_RC_COMM]
-    emb_f = costs[C_EMB_F]
-    emb_b = costs[C_EMB_B]
-    emb_comm = costs[C_EMB_COMM]
-    head_f = costs[C_HEAD_F]
-    head_b = costs[C_HEAD_B]
-    head_comm = costs[C_HEAD_COMM]
-    logits = costs[C_LOGITS]
 
     # ---- per device: forward and backward of one micro-batch
-    lp = layer_params(model, t)
-    emb_params = model.vocab * h / t
     t_max = -1.0
     t_sum = 0.0
     best_compute = 0.0
     best_tp = 0.0
     best_cp = 0.0
+    best_ep = 0.0
     best_f = 0.0
     best_b = 0.0
     best_rc = 0.0
     best_w = 0.0
     for stage in range(pp):
-        layers_dev = device_layers(stage, pp, model.layers)
-        fwd_compute = layers_dev * layer_fwd
-        bwd_compute = layers_dev * (layer_bwd + rc_compute)
-        tp_time = layers_dev * (2.0 * tp_layer + rc_comm)
-        cp_time = layers_dev * (cp_f + cp_b)
+        n = device_layers(stage, pp, model.layers)
+        nd = device_dense_layers(stage, pp, model)
+        fwd, bwd, wgrad, rc, tp_time, ep_time = layers_pass_s(costs, nd, n - nd, recompute)
+        cp_time = n * (costs[C_CP_F] + costs[C_CP_B])
         if stage == 0:
-            fwd_compute += emb_f
-            bwd_compute += emb_b
-            tp_time += emb_comm
+            fwd += costs[C_EMB_F] + costs[C_EMB_COMM]
+            bwd += costs[C_EMB_B]
+            tp_time += costs[C_EMB_COMM]
         if stage == pp - 1:
-            fwd_compute += head_f
-            bwd_compute += head_b
-            tp_time += head_comm
-        total = fwd_compute + bwd_compute + tp_time + cp_time
+            fwd += costs[C_HEAD_F] + costs[C_HEAD_COMM] + costs[C_MTP_F]
+            bwd += costs[C_HEAD_B] + costs[C_MTP_B]
+            tp_time += costs[C_HEAD_COMM]
+            wgrad += costs[C_HEAD_WGRAD] + costs[C_MTP_W]
+        total = fwd + bwd
         t_sum += total
         if total > t_max:
             t_max = total
-            best_compute = fwd_compute + bwd_compute
             best_tp = tp_time
             best_cp = cp_time
-            best_f = fwd_compute + layers_dev * (tp_layer + cp_f)
-            best_b = total - best_f
-            best_rc = layers_dev * (rc_compute + rc_comm)
-            best_w = layers_dev * costs[C_LAYER_WGRAD] + (costs[C_HEAD_WGRAD] if stage == pp - 1 else 0.0)
+            best_ep = ep_time
+            best_compute = total - tp_time - cp_time - ep_time
+            best_f = fwd
+            best_b = bwd
+            best_rc = rc
+            best_w = wgrad
 
     # ---- pipeline schedule (closed form over unequal stages)
     if schedule == SCHEDULE_INTERLEAVED:
@@ -487,10 +838,11 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     t_p2p = costs[C_P2P]
     pp_comm = 2.0 * (p - 1.0) * t_p2p * (v if schedule == SCHEDULE_INTERLEAVED else 1.0)
 
-    # ---- data parallel (gradients over the DP x CP group, stride tp)
+    # ---- data parallel (gradients over the DP x CP group, stride tp; experts over expert DP)
     dc = d * c
+    _, edp, _ = ep_strides(t, c, d, float(ep), float(etp), placement)
     dp_comm = 0.0
-    if dc > 1:
+    if dc > 1 or edp > 1:
         if zero >= 3:  # per micro-batch: gather for forward and backward, scatter gradients
             per_micro = 2.0 * costs[C_DP_PARAM] + costs[C_DP_GRAD]
             dp_comm = max(0.0, m * per_micro - m * t_max)
@@ -503,6 +855,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_COMPUTE] = m * best_compute
     out[O_TP] = m * best_tp
     out[O_CP] = m * best_cp
+    out[O_EP] = m * best_ep
     out[O_PP] = pp_comm
     out[O_DP] = dp_comm
     out[O_BUBBLE] = bubble
@@ -516,32 +869,48 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_MFU] = flop / (step * work.devices * dev.peak_flops_per_s)
 
     # ---- memory per device; the peak over stages
-    act_layer = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    act_dense = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    act_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, work.moe_imbalance)
     # while a layer's backward recomputes, what it did not keep lives again for that one layer:
     # (all of it) - (what is kept), so more recompute never needs more memory
-    work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab) - act_layer
+    work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab) - act_dense
+    if model.experts > 0 and model.dense_layers < model.layers:
+        work_layer = max(work_layer, moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab,
+                                                                    work.moe_imbalance) - act_moe)
+    lp = layer_params(model, t)
     peak = -1.0
     for stage in range(pp):
-        layers_dev = device_layers(stage, pp, model.layers)
-        params = stage_params(stage, pp, layers_dev, lp, emb_params, model)
+        n = device_layers(stage, pp, model.layers)
+        nd = device_dense_layers(stage, pp, model)
+        dense, expert = stage_params(stage, pp, t, float(ep), float(etp), model)
+        params = dense + expert
         if zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
-            weights = min(params, params / dc + 2.0 * lp) * work.weight_bytes
+            weights = min(params, dense / dc + expert / edp + 2.0 * lp) * work.weight_bytes
         else:
             weights = params * work.weight_bytes
-        grads = params * work.grad_bytes / (dc if zero >= 2 else 1.0)
-        optim = params * work.optimizer_bytes * OPT_STATE_FRACTION[optimizer] / (dc if zero >= 1 else 1.0)
+        if zero >= 2:
+            grads = (dense / dc + expert / edp) * work.grad_bytes
+        else:
+            grads = params * work.grad_bytes
+        state = work.optimizer_bytes * OPT_STATE_FRACTION[optimizer]
+        optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
         chunks = in_flight_chunks(schedule, p, v, m, float(stage))
-        layers_chunk = layers_dev / v if schedule == SCHEDULE_INTERLEAVED else layers_dev
-        acts = chunks * layers_chunk * act_layer + work_layer
+        per_chunk = nd * act_dense + (n - nd) * act_moe
+        if schedule == SCHEDULE_INTERLEAVED:
+            per_chunk /= v
+        acts = chunks * per_chunk + work_layer
         if stage == pp - 1:
-            acts += 4.0 * logits  # fp32 logits of the loss, one micro-batch
-        total = weights + grads + optim + acts + dev.memory_overhead_bytes
+            acts += 4.0 * costs[C_LOGITS]  # fp32 logits of the loss, one micro-batch
+            acts += chunks * model.mtp_depth * (act_moe if model.experts > 0 else act_dense)
+        buffers = costs[C_MOE_BUFFER] if n > nd else 0.0
+        total = weights + grads + optim + acts + buffers + dev.memory_overhead_bytes
         if total > peak:
             peak = total
             out[O_MW] = weights
             out[O_MG] = grads
             out[O_MO] = optim
             out[O_MA] = acts
+            out[O_MMOE] = buffers
             out[O_MSTAGE] = stage
     out[O_MOV] = dev.memory_overhead_bytes
     out[O_MPEAK] = peak
@@ -551,8 +920,8 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
 
 
 @jit(parallel=True)
-def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, n_micro,
-                  model, dev, tiers, tiles, work):
+def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                  dispatch, tbo, n_micro, model, dev, tiers, tiles, work):
     """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS order."""
     n = tp.shape[0]
     out = np.empty((n, N_OUT), dtype=np.float64)
@@ -560,6 +929,6 @@ def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
         # records are indexed inside the loop: numba's parfor lowering cannot
         # pass a record hoisted out of it (llvm type mismatch, numba 0.68)
         evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
-                     optimizer[i], schedule[i],
+                     optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i],
                      n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
     return out

@@ -15,7 +15,7 @@ from enum import IntEnum
 import numpy as np
 
 from spaces.catalog import LoadedSpace
-from spaces.enums import Dtype, Optimizer, Recompute, Reason, Schedule, labels, parse
+from spaces.enums import Dispatch, Dtype, Optimizer, Placement, Recompute, Reason, Schedule, labels, parse
 from spaces.errors import CatalogError
 
 
@@ -30,6 +30,8 @@ class Dimension:
     enum: type[IntEnum] | None = None
     #: values are 0/1 flags
     boolean: bool = False
+    #: an expert-parallel dimension (meaningless, and held at its default, on dense models)
+    moe: bool = False
 
 
 #: Every strategy dimension, in the order of the product (slowest first).
@@ -48,8 +50,15 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, or Adam on the host (ZeRO-Offload)",
               enum=Optimizer),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
+    Dimension("ep", np.int32, "expert-parallel size (MoE)", moe=True),
+    Dimension("expert_tp", np.int32, "tensor-parallel size inside each expert (MoE)", moe=True),
+    Dimension("ep_placement", np.int8, "EP group on adjacent ranks (inner) or spread over expert DP (outer)",
+              enum=Placement, moe=True),
+    Dimension("dispatch", np.int8, "MoE token dispatch/combine algorithm", enum=Dispatch, moe=True),
+    Dimension("tbo", np.int8, "two-batch overlap of dispatch/combine with expert compute", boolean=True, moe=True),
 )
 DIMENSION_NAMES = tuple(d.name for d in DIMENSIONS)
+MOE_DIMENSIONS = tuple(d.name for d in DIMENSIONS if d.moe)
 BY_NAME = {d.name: d for d in DIMENSIONS}
 
 #: Columns the encoder derives from the dimensions.
@@ -164,7 +173,11 @@ class Encoder:
 
     def _reasons(self, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         spec, model = self.space.spec, self.space.model
-        tp, pp, dp, cp, vpp, mb = (c[n].astype(np.int64) for n in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))
+        tp, pp, dp, cp, vpp, mb, ep, etp = (c[n].astype(np.int64) for n in (
+            "tp", "pp", "dp", "cp", "vpp", "micro_batch", "ep", "expert_tp"))
+        moe = model.moe
+        n_experts = moe.experts if moe is not None else 1
+        expert_ffn = moe.expert_ffn if moe is not None else 1
         interleaved = c["schedule"] == Schedule.INTERLEAVED
         has_dp = dp > 0  # a derived dp is 0 where tp * pp * cp does not divide the devices
         per_step = np.maximum(dp, 1) * mb
@@ -181,6 +194,11 @@ class Encoder:
             Reason.SP_WITHOUT_TP: (c["sequence_parallel"] != 0) & (tp == 1),
             Reason.ZERO_WITHOUT_DP: has_dp & (c["zero"] > 0) & (dp * cp == 1),
             Reason.TP_OVERLAP_WITHOUT_SP: (c["tp_overlap"] != 0) & (c["sequence_parallel"] == 0),
+            Reason.EP_DENSE: (moe is None) & ((ep > 1) | (etp > 1)),
+            Reason.EP_EXPERTS: (moe is not None) & ((n_experts % ep != 0) | (expert_ffn % etp != 0)),
+            Reason.EP_GROUP: has_dp & ((tp * cp * dp) % (ep * etp) != 0),
+            Reason.EP1_DISPATCH: (ep == 1) & ((c["dispatch"] != Dispatch.ALLTOALL) | (c["tbo"] != 0)
+                                              | (c["ep_placement"] != Placement.INNER)),
         }
         reason = np.zeros(tp.shape[0], dtype=np.int64)
         breaks = np.zeros(len(Reason), np.int64)
@@ -203,5 +221,9 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.SP_WITHOUT_TP: "sequence_parallel with tp=1 (same as without)",
     Reason.ZERO_WITHOUT_DP: "zero>0 with dp*cp=1 (nothing to shard)",
     Reason.TP_OVERLAP_WITHOUT_SP: "tp_overlap without sequence_parallel (Megatron needs it)",
+    Reason.EP_DENSE: "ep>1 or expert_tp>1 on a dense model",
+    Reason.EP_EXPERTS: "ep does not divide the routed experts, or expert_tp the expert FFN width",
+    Reason.EP_GROUP: "ep*expert_tp does not divide tp*cp*dp (the ranks of a stage)",
+    Reason.EP1_DISPATCH: "ep=1: no dispatch, only alltoall/inner/no tbo kept",
 }
 

@@ -37,6 +37,33 @@ class Optimizer(IntEnum):
     CPU_ADAM = 2  #: ZeRO-Offload: states and the Adam step on the host, gradients down and weights up over PCIe
 
 
+class Dispatch(IntEnum):
+    """How MoE tokens reach their experts and come back (modeling.md section 4)."""
+
+    ALLGATHER = 0  #: all-gather every token of the EP group, permute locally; combine by reduce-scatter
+    ALLTOALL = 1  #: all-to-all(v): a token goes only to the ranks hosting its experts
+    HIERARCHICAL = 2  #: DeepEP-style: one NIC transfer per (token, destination node), then intra-node forwarding
+    SENDRECV_ALLGATHER = 3  #: inter-node send/recv of every token, then an intra-node all-gather (the documents' EP32 plan)
+    SENDRECV_ALLGATHER_SPLIT = 4  #: the same with the intra-node part split in halves, overlapped with the inter-node one
+
+
+class Placement(IntEnum):
+    """Where the expert-parallel group lies in the rank layout of a stage."""
+
+    INNER = 0  #: EP ranks adjacent (stride = expert TP): inside a node as far as it fits
+    OUTER = 1  #: EP ranks spread (stride = expert TP x expert DP): across nodes, expert DP inside
+
+
+class Collective(IntEnum):
+    """Collective operations; the keys of per-operation link bandwidths."""
+
+    ALL_REDUCE = 0
+    ALL_GATHER = 1
+    REDUCE_SCATTER = 2
+    ALL_TO_ALL = 3
+    SEND_RECV = 4
+
+
 class Dtype(IntEnum):
     """GEMM precision of a training run."""
 
@@ -67,6 +94,10 @@ class Reason(IntEnum):
     SP_WITHOUT_TP = 9  #: sequence parallel with tp == 1 is the same row without it
     ZERO_WITHOUT_DP = 10  #: ZeRO with dp * cp == 1 shards nothing (rows with a dp only)
     TP_OVERLAP_WITHOUT_SP = 11  #: TP comm overlap needs sequence parallelism (Megatron-LM)
+    EP_DENSE = 12  #: ep > 1 or expert TP > 1 on a dense model
+    EP_EXPERTS = 13  #: ep does not divide the routed experts, or expert TP the expert FFN width
+    EP_GROUP = 14  #: ep * expert TP does not divide the stage's tp * cp * dp ranks (rows with a dp only)
+    EP1_DISPATCH = 15  #: with ep == 1 there is no dispatch: only the default algorithm, placement and no overlap kept
 
 
 class Feasibility(IntEnum):
@@ -82,6 +113,7 @@ _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
     Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved",
                Schedule.ZB_H1: "zb-h1"},
     Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam"},
+    Dispatch: {Dispatch.SENDRECV_ALLGATHER: "sendrecv-allgather", Dispatch.SENDRECV_ALLGATHER_SPLIT: "sendrecv-allgather-split"},
 }
 
 

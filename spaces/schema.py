@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spaces.enums import Dtype, labels
+from spaces.enums import Collective, Dtype, labels
 from spaces.errors import MISSING, CatalogError
 
 GIB = 1024**3  #: bytes in a GiB (binary: capacities)
@@ -51,6 +51,22 @@ class LinkTier(Record):
     efficiency: Fraction = 1.0
     #: devices that share one link of this tier (1 = a NIC per device)
     shared_by: PositiveInt = 1
+    #: measured achieved bus bandwidth of particular collectives (keys: Collective
+    #: labels), replacing bandwidth x efficiency / shared_by for that operation
+    op_bandwidth_GB_per_s: dict[str, Positive] = {}
+    #: bandwidth-vs-message-size curve, (message MiB, fraction of the large-message
+    #: bandwidth) with sizes ascending; interpolated in log size, flat outside
+    size_curve: tuple[tuple[Positive, Fraction], ...] = ()
+
+    @model_validator(mode="after")
+    def _ops_and_curve(self) -> LinkTier:
+        for key in self.op_bandwidth_GB_per_s:
+            if key not in labels(Collective):
+                raise ValueError(f"op_bandwidth_GB_per_s.{key}: a collective named one of {labels(Collective)}")
+        sizes = [p[0] for p in self.size_curve]
+        if sizes != sorted(set(sizes)):
+            raise ValueError("size_curve: points with strictly ascending message sizes")
+        return self
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -75,6 +91,10 @@ class Device(Record):
     gemm_max_efficiency: Fraction
     #: output tile shapes (rows, cols) the GEMM library chooses from
     gemm_tiles: tuple[tuple[PositiveInt, PositiveInt], ...]
+    #: measured GEMM efficiency (achieved / peak) at (m, n, k) points; where given it
+    #: replaces the tile model (kernels.ops: interpolated in log m among the points
+    #: of the nearest (n, k)); ``paraspace calibrate gemm`` writes it
+    gemm_efficiency: tuple[tuple[PositiveInt, PositiveInt, PositiveInt, Fraction], ...] = ()
     #: achieved / peak FLOP/s of the FlashAttention-2 kernels
     attention_efficiency: Fraction
     #: achieved / peak HBM bandwidth of memory-bound kernels
@@ -153,8 +173,45 @@ class Hardware(Record):
 # --------------------------------------------------------------------------- models
 
 
+class Moe(Record):
+    """Mixture-of-experts feed-forward layers (DeepSeek-V3 / Mixtral / Qwen3 style)."""
+
+    #: routed experts per MoE layer
+    experts: PositiveInt
+    #: experts each token is routed to
+    top_k: PositiveInt
+    #: intermediate width of one expert's gated MLP
+    expert_ffn: PositiveInt
+    #: shared experts every token passes through (same width as a routed one)
+    shared_experts: Annotated[int, Field(ge=0)] = 0
+    #: the first layers keep a dense MLP of the model's ``ffn`` width
+    dense_layers: Annotated[int, Field(ge=0)] = 0
+    #: node-limited routing: a token's experts lie on at most this many nodes (0: no limit)
+    max_nodes: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _top_k(self) -> Moe:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k: at most experts = {self.experts}")
+        return self
+
+
+class Mla(Record):
+    """DeepSeek multi-head latent attention: low-rank Q and KV with decoupled RoPE dims."""
+
+    #: query compression rank (0: queries projected directly, as in DeepSeek-V2-Lite)
+    q_lora_rank: Annotated[int, Field(ge=0)]
+    #: key/value latent rank (what the KV cache stores, with the RoPE key)
+    kv_lora_rank: PositiveInt
+    #: per-head query/key dims without and with rotary embedding
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    #: per-head value dim
+    v_head_dim: PositiveInt
+
+
 class Model(Record):
-    """A transformer's architecture. Dense for now; MoE/MLA tables come later."""
+    """A transformer's architecture: dense or MoE feed-forward, MHA/GQA or MLA attention."""
 
     name: Text
     description: Text
@@ -175,6 +232,13 @@ class Model(Record):
     tied_embeddings: bool = False
     #: dropout after attention and MLP (adds masks to the stored activations)
     dropout: bool = False
+    #: mixture-of-experts MLPs (``ffn`` is then the width of the first dense layers)
+    moe: Moe | None = None
+    #: multi-head latent attention instead of MHA/GQA (``kv_heads`` = ``heads`` then)
+    mla: Mla | None = None
+    #: multi-token prediction modules on the last stage (DeepSeek-V3: 1), each one
+    #: more transformer layer plus a 2h x h projection, sharing embedding and head
+    mtp_depth: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _heads(self) -> Model:
@@ -182,6 +246,8 @@ class Model(Record):
             raise ValueError(f"kv_heads: a divisor of heads = {self.heads}")
         if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"head_dim: a value, since hidden = {self.hidden} is not a multiple of heads = {self.heads}")
+        if self.moe is not None and self.moe.dense_layers > self.layers:
+            raise ValueError(f"moe.dense_layers: at most layers = {self.layers}")
         return self
 
     @property
@@ -210,6 +276,18 @@ class Dimensions(Record):
     zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)
     optimizer: tuple[str, ...] = ("adam",)
     schedule: tuple[str, ...] = ("1f1b",)
+    #: expert-parallel size: the routed experts of a layer are split over ep ranks
+    #: of the stage's tp * cp * dp (MoE models only)
+    ep: tuple[PositiveInt, ...] = (1,)
+    #: tensor-parallel size inside each expert (expert TP)
+    expert_tp: tuple[PositiveInt, ...] = (1,)
+    #: where the EP group lies in the rank layout (inner: adjacent ranks; outer: spread)
+    ep_placement: tuple[str, ...] = ("inner",)
+    #: token dispatch/combine algorithm
+    dispatch: tuple[str, ...] = ("alltoall",)
+    #: two-batch overlap: dispatch/combine of one half micro-batch overlapped with the
+    #: other half's expert compute, and the shared experts with the dispatch
+    tbo: tuple[bool, ...] = (False,)
 
     @model_validator(mode="before")
     @classmethod
@@ -238,6 +316,9 @@ class SpaceSpec(Record):
     #: allow pipelines whose stages hold different numbers of layers (the first
     #: L mod p stages one more); otherwise pp * vpp must divide the layers
     uneven_layers: bool = False
+    #: tokens of the busiest expert rank over the mean (1: balanced routing); the
+    #: step waits for the busiest rank, and its token buffers are sized for it
+    moe_imbalance: Annotated[float, Field(ge=1)] = 1.0
     dimensions: Dimensions = Dimensions()
 
 

@@ -27,9 +27,10 @@ STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0}
 
 
 def fields(rec) -> dict[str, float]:
-    """A one-element record array (or one record) as ``{field: float}``."""
+    """A one-element record array (or one record) as ``{field: float}`` (the scalar
+    fields; tables such as a measured GEMM efficiency are not modelled here)."""
     row = rec[0] if getattr(rec, "shape", ()) else rec
-    return {name: float(row[name]) for name in row.dtype.names}
+    return {name: float(row[name]) for name in row.dtype.names if row.dtype[name].shape == ()}
 
 
 def tier_list(tiers) -> list[tuple[float, float, float]]:
@@ -390,11 +391,11 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         if i == 0:
             st["compute"] += embed_f + embed_b
             st["tp"] += embed_comm
-            st["fwd"] += embed_f
+            st["fwd"] += embed_f + embed_comm  # the embedding's TP collective belongs to the forward
         if i == pp - 1:
             st["compute"] += head_f + head_b
             st["tp"] += head_comm
-            st["fwd"] += head_f
+            st["fwd"] += head_f + head_comm
         st["total"] = st["compute"] + st["tp"] + st["cp"]
         st["bwd"] = st["total"] - st["fwd"]
         stages.append(st)
@@ -450,6 +451,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "cp_comm_s": m * slowest["cp"],
         "pp_comm_s": pp_comm,
         "dp_comm_s": dp_comm,
+        "ep_comm_s": 0.0,  # dense models only: no expert parallelism
         "bubble_s": fill_drain,
         "optimizer_s": optimizer,
         "recompute_s": m * slowest["rc"],
@@ -489,6 +491,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "mem_grads_bytes": grads,
         "mem_optimizer_bytes": optim,
         "mem_activations_bytes": acts,
+        "mem_moe_buffers_bytes": 0.0,
         "mem_overhead_bytes": dev["memory_overhead_bytes"],
         "mem_peak_bytes": total,
         "mem_peak_stage": float(i),

@@ -27,12 +27,13 @@ HERE = Path(__file__).parent
 
 #: product order, slowest first
 ORDER = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
-         "optimizer", "schedule")
+         "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo")
 #: storage type of every column (architecture.md: int32 sizes, int8 enums and flags)
 DTYPES = {
     "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
     "recompute": np.int8, "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "optimizer": np.int8,
-    "schedule": np.int8,
+    "schedule": np.int8, "ep": np.int32, "expert_tp": np.int32, "ep_placement": np.int8, "dispatch": np.int8,
+    "tbo": np.int8,
     "row_id": np.int64, "n_microbatches": np.int32,
 }  # fmt: skip
 #: enum codes spelt out on purpose (a renumbering shows up as a failure)
@@ -40,10 +41,14 @@ RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3}
 OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2}
+PLACEMENT = {"inner": 0, "outer": 1}
+ALLTOALL = 1
+DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-allgather": 3,
+            "sendrecv-allgather-split": 4}
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
-TP_OVERLAP_WITHOUT_SP = 11
-N_REASONS = 12
+TP_OVERLAP_WITHOUT_SP, EP_DENSE, EP_EXPERTS, EP_GROUP, EP1_DISPATCH = 11, 12, 13, 14, 15
+N_REASONS = 16
 
 
 def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model) -> list[int]:
@@ -77,6 +82,15 @@ def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model
         out.append(ZERO_WITHOUT_DP)
     if row["tp_overlap"] and not row["sequence_parallel"]:
         out.append(TP_OVERLAP_WITHOUT_SP)
+    ep, etp = row["ep"], row["expert_tp"]
+    if model.moe is None and (ep > 1 or etp > 1):
+        out.append(EP_DENSE)
+    if model.moe is not None and (model.moe.experts % ep or model.moe.expert_ffn % etp):
+        out.append(EP_EXPERTS)
+    if dp is not None and (tp * cp * dp) % (ep * etp):
+        out.append(EP_GROUP)
+    if ep == 1 and (row["dispatch"] != ALLTOALL or row["tbo"] or row["ep_placement"]):
+        out.append(EP1_DISPATCH)
     return out
 
 
@@ -105,6 +119,11 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
         "zero": list(dims.zero),
         "optimizer": [OPTIMIZER[v] for v in dims.optimizer],
         "schedule": [SCHEDULE[v] for v in dims.schedule],
+        "ep": list(dims.ep),
+        "expert_tp": list(dims.expert_tp),
+        "ep_placement": [PLACEMENT[v] for v in dims.ep_placement],
+        "dispatch": [DISPATCH[v] for v in dims.dispatch],
+        "tbo": [int(v) for v in dims.tbo],
     }
     kept: dict[str, list] = {k: [] for k in (*ORDER, "row_id", "n_microbatches")}
     first = [0] * N_REASONS
@@ -208,6 +227,22 @@ SPACES = {
             schedule=["1f1b", "interleaved", "gpipe"],
         ),
     ),
+    # expert dimensions on a dense model: every ep > 1 row is dropped
+    "llama3-8b-ep": dict(
+        devices=8, global_batch=16,
+        dims=dict(tp=[1, 2], pp=[1, 2], ep=[1, 2, 4], expert_tp=[1, 2], dispatch=["alltoall", "allgather"],
+                  tbo=[False, True]),
+    ),
+    # mixtral-8x7b (8 experts of 14336, 32 layers) on 24 devices: ep 3 and 16 never divide the experts,
+    # ep * expert_tp must divide tp * cp * dp
+    "mixtral-24": dict(
+        model="mixtral-8x7b", devices=24, global_batch=48, seq_len=4096,
+        dims=dict(
+            tp=[1, 2, 4], pp=[1, 2], cp=[1, 2], ep=[1, 2, 3, 4, 8, 16], expert_tp=[1, 2, 3, 7],
+            ep_placement=["inner", "outer"], dispatch=["alltoall", "hierarchical", "sendrecv-allgather-split"],
+            tbo=[False, True],
+        ),
+    ),
 }  # fmt: skip
 
 
@@ -300,6 +335,10 @@ ALONE = [
     (Reason.ZERO_WITHOUT_DP, dict(devices=1, global_batch=1, dims=dict(zero=[0, 1, 2, 3])), 1, 3),
     (Reason.TP_OVERLAP_WITHOUT_SP, dict(devices=2, global_batch=2, dims=dict(tp=[2], sequence_parallel=[False, True],
                                                                             tp_overlap=[True])), 1, 1),
+    (Reason.EP_DENSE, dict(devices=2, global_batch=2, dims=dict(ep=[1, 2])), 1, 1),
+    (Reason.EP_EXPERTS, dict(model="mixtral-8x7b", devices=3, global_batch=3, dims=dict(ep=[1, 3])), 1, 1),  # 8 experts
+    (Reason.EP_GROUP, dict(model="mixtral-8x7b", devices=2, global_batch=2, dims=dict(ep=[2, 4])), 1, 1),
+    (Reason.EP1_DISPATCH, dict(model="mixtral-8x7b", devices=1, global_batch=1, dims=dict(tbo=[False, True])), 1, 1),
 ]  # fmt: skip
 
 

@@ -5,7 +5,20 @@ from __future__ import annotations
 import pytest
 
 from kernels import codes
-from spaces.enums import Dtype, Feasibility, Optimizer, Reason, Recompute, Schedule, label, labels, parse
+from spaces.enums import (
+    Collective,
+    Dispatch,
+    Dtype,
+    Feasibility,
+    Optimizer,
+    Placement,
+    Reason,
+    Recompute,
+    Schedule,
+    label,
+    labels,
+    parse,
+)
 
 MIRRORS = [
     (Recompute.NONE, codes.RECOMPUTE_NONE),
@@ -20,6 +33,18 @@ MIRRORS = [
     (Optimizer.CPU_ADAM, codes.OPTIMIZER_CPU_ADAM),
     (Feasibility.OK, codes.FEASIBLE_OK),
     (Feasibility.OUT_OF_MEMORY, codes.FEASIBLE_OUT_OF_MEMORY),
+    (Dispatch.ALLGATHER, codes.DISPATCH_ALLGATHER),
+    (Dispatch.ALLTOALL, codes.DISPATCH_ALLTOALL),
+    (Dispatch.HIERARCHICAL, codes.DISPATCH_HIERARCHICAL),
+    (Dispatch.SENDRECV_ALLGATHER, codes.DISPATCH_SENDRECV_ALLGATHER),
+    (Dispatch.SENDRECV_ALLGATHER_SPLIT, codes.DISPATCH_SENDRECV_ALLGATHER_SPLIT),
+    (Placement.INNER, codes.PLACEMENT_INNER),
+    (Placement.OUTER, codes.PLACEMENT_OUTER),
+    (Collective.ALL_REDUCE, codes.ALL_REDUCE),
+    (Collective.ALL_GATHER, codes.ALL_GATHER),
+    (Collective.REDUCE_SCATTER, codes.REDUCE_SCATTER),
+    (Collective.ALL_TO_ALL, codes.ALL_TO_ALL),
+    (Collective.SEND_RECV, codes.SEND_RECV),
 ]
 
 
@@ -30,12 +55,12 @@ def test_kernel_code_equals_enum(member, code):
 
 def test_every_kernel_enum_member_is_mirrored():
     mirrored = {m for m, _ in MIRRORS}
-    for enum in (Recompute, Schedule, Optimizer, Feasibility):
+    for enum in (Recompute, Schedule, Optimizer, Feasibility, Dispatch, Placement, Collective):
         assert set(enum) <= mirrored, f"{enum.__name__} has members the kernels do not know"
 
 
 def test_labels_round_trip():
-    for enum in (Recompute, Schedule, Optimizer, Dtype, Feasibility, Reason):
+    for enum in (Recompute, Schedule, Optimizer, Dtype, Feasibility, Reason, Dispatch, Placement, Collective):
         for member in enum:
             assert parse(enum, label(member)) is member
     assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1"]

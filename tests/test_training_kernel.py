@@ -37,9 +37,10 @@ PROPS = settings(max_examples=60, deadline=None)
 #: the strategy columns of ``evaluate_rows`` with the dtypes ``spaces.encode`` gives them
 COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
            ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
-           ("opt", np.int8), ("schedule", np.int8), ("n_micro", np.int32))
+           ("opt", np.int8), ("schedule", np.int8), ("ep", np.int32), ("etp", np.int32), ("placement", np.int8),
+           ("dispatch", np.int8), ("tbo", np.int8), ("n_micro", np.int32))
 BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0, opt=0,
-            schedule=SCHEDULE_1F1B, n_micro=1)
+            schedule=SCHEDULE_1F1B, ep=1, etp=1, placement=0, dispatch=1, tbo=0, n_micro=1)
 TIME_FIELDS = ("step_time_analytic_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "recompute_s", "stage_fwd_s", "stage_bwd_s")
 PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
@@ -54,7 +55,7 @@ def strategy(**changes: int) -> dict[str, int]:
 
 def run_rows(strategies, model, dev, tiers, tiles, work) -> list[dict[str, float]]:
     """``evaluate_rows`` over a list of strategy dicts; one {OUTPUTS name: value} per row."""
-    cols = [np.array([s[name] for s in strategies], dtype=dtype) for name, dtype in COLUMNS]
+    cols = [np.array([{**BASE, **s}[name] for s in strategies], dtype=dtype) for name, dtype in COLUMNS]
     out = evaluate_rows(*cols, model, dev, tiers, tiles, work)
     return [dict(zip(OUTPUTS, (float(x) for x in row))) for row in out]
 
@@ -423,7 +424,7 @@ def test_evaluate_one_matches_rows(h100_8b):
     rows = run_rows(strategies, model, dev, tiers, tiles, work)
     for s, row in zip(strategies, rows):
         out = np.full(N_OUT, np.nan)
-        evaluate_one(*(dtype(s[name]) for name, dtype in COLUMNS), model[0], dev[0], tiers, tiles, work[0], out)
+        evaluate_one(*(dtype({**BASE, **s}[name]) for name, dtype in COLUMNS), model[0], dev[0], tiers, tiles, work[0], out)
         assert dict(zip(OUTPUTS, out.tolist())) == row
 
 
@@ -493,8 +494,8 @@ def test_step_time_is_conserved(setup, name, work, s):
 @given(name=MODELS, work=WORKLOADS, s=candidates())
 def test_deterministic(setup, name, work, s):
     args = setup(name, work, s)
-    first = evaluate_rows(*(np.array([s[n]], dtype=dt) for n, dt in COLUMNS), *args)
-    second = evaluate_rows(*(np.array([s[n]], dtype=dt) for n, dt in COLUMNS), *args)
+    first = evaluate_rows(*(np.array([{**BASE, **s}[n]], dtype=dt) for n, dt in COLUMNS), *args)
+    second = evaluate_rows(*(np.array([{**BASE, **s}[n]], dtype=dt) for n, dt in COLUMNS), *args)
     assert first.tobytes() == second.tobytes()
 
 
