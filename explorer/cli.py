@@ -104,9 +104,11 @@ def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
 
 def _dimensions_shown(frame: pl.DataFrame) -> list[str]:
     """The strategy columns worth printing: the expert ones only where a row uses
-    expert parallelism (a dense model's rows all hold their defaults)."""
+    expert parallelism (a dense model's rows all hold their defaults), the
+    cluster size only where it varies."""
     dense = frame.is_empty() or (frame["ep"].max() == 1 and frame["expert_tp"].max() == 1)
-    return [n for n in DIMENSION_NAMES if not (dense and n in MOE_DIMENSIONS)]
+    one_size = frame.is_empty() or frame["devices"].n_unique() == 1
+    return [n for n in DIMENSION_NAMES if not ((dense and n in MOE_DIMENSIONS) or (one_size and n == "devices"))]
 
 
 def _top_table(frame: pl.DataFrame) -> str:
@@ -192,7 +194,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "
                          f"one valid candidate (see the table above; {target} holds no rows)")
     spec = loaded.spec
-    click.echo(f"{spec.name}: {loaded.model.name} on {spec.devices} x {loaded.hardware.name}, "
+    click.echo(f"{spec.name}: {loaded.model.name} on {spec.devices_text} x {loaded.hardware.name}, "
                f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}")
     click.echo(f"{summary.n_combinations:,} combinations -> {summary.n_rows:,} candidates "
                f"({summary.n_feasible:,} fit in memory, {summary.n_simulated:,} simulated) in {summary.seconds:.2f} s "
@@ -443,9 +445,10 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
     spec = loaded.spec
     step = row["step_time_s"]
     lines = [
-        f"{loaded.model.name} on {spec.devices} x {loaded.hardware.name}, "
+        f"{loaded.model.name} on {spec.devices_text} x {loaded.hardware.name}, "
         f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}",
-        "strategy: " + " ".join(f"{n}={row[n]}" for n in DIMENSION_NAMES) + f" (n_microbatches={row['n_microbatches']})",
+        "strategy: " + " ".join(f"{n}={row[n]}" for n in _dimensions_shown(pl.DataFrame([row])))
+        + f" (n_microbatches={row['n_microbatches']})",
         f"step time {step:.4f} s ({'simulated' if row['simulated'] else 'analytic'})   "
         f"tokens/s/gpu {row['tokens_per_s_per_gpu']:,.0f}   MFU {100 * row['mfu']:.1f}%",
     ]

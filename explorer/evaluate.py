@@ -97,7 +97,7 @@ def pack(space: LoadedSpace) -> Packed:
     device, tiers, tiles = pack_hardware(space.hardware, spec.dtype)
     workload = params.record(
         params.WORKLOAD,
-        devices=spec.devices, global_batch=spec.global_batch, seq_len=spec.seq_len,
+        global_batch=spec.global_batch, seq_len=spec.seq_len,
         act_bytes=ACT_BYTES, weight_bytes=ACT_BYTES, grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES,
         flash_attention=spec.flash_attention,
         gemm_cast_bytes=CAST_BYTES_8BIT if spec.dtype in EIGHT_BIT_DTYPES else 0.0,

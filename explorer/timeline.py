@@ -34,7 +34,7 @@ def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_bucket
         raise ScheduleError(f"schedule deadlocked; {int((end < 0).sum())} tasks never ran, e.g. {', '.join(names)}")
     per_device = streams_per_device(packed.tiers.shape[0])
     spec = space.spec
-    title = (f"{space.model.name} on {spec.devices} x {space.hardware.name}: "
+    title = (f"{space.model.name} on {spec.devices_text} x {space.hardware.name}: "
              + " ".join(f"{k}={row[k]}" for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))
              + f", m={row['n_microbatches']}, step {end.max() / NS * 1e3:.1f} ms")
     return Timeline(

@@ -123,3 +123,18 @@ def group_tier(size: float, stride: float, tiers) -> int:
 
 
 ALL_OPS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV)
+
+
+@jit
+def two_step_all_to_all_s(size_bytes: float, link_bytes_per_s: float, direct_share: float, forward_share: float,
+                          overlapped: bool) -> float:
+    """All-to-all of ``size_bytes`` per rank through one shared uplink of
+    ``link_bytes_per_s`` in two steps (seed-digest.md section 2, 8 GPUs behind
+    PCIe switches): step 1 sends the ``direct_share`` of the buffer to the
+    directly reachable ranks, step 2 forwards the ``forward_share`` relayed
+    through one of them. Sequential: (direct + forward) S / B; sending the
+    forwarded part last overlaps step 2 with step 1's tail: direct S / B."""
+    step1 = direct_share * size_bytes / link_bytes_per_s
+    if overlapped:
+        return step1
+    return step1 + forward_share * size_bytes / link_bytes_per_s

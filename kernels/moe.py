@@ -20,6 +20,8 @@ DISPATCH_*) move, per rank:
   node parts concurrently over their own links;
 - hierarchical (DeepEP): B once per destination node over the NIC, then intra-
   node forwarding, pipelined in chunks (max of the two plus one chunk's fill);
+  its kernels write over the links directly, so the forwarding runs at the
+  node tier's link bandwidth, not at a measured all-to-all collective's;
 - sendrecv-allgather: every token to each other node's same-index rank over
   the NIC, then an intra-node all-gather of N * B per rank; the split variant
   overlaps the intra part's first half with the inter part's second half.
@@ -41,7 +43,7 @@ from kernels.codes import (
     REDUCE_SCATTER,
     SEND_RECV,
 )
-from kernels.collectives import collective_time_s, link_bytes_per_s, members_within
+from kernels.collectives import collective_time_s, link_bytes_per_s, members_within, size_fraction
 from kernels.jit import jit
 from kernels.ops import gemm_time_s, memory_bound_s
 
@@ -133,7 +135,7 @@ def dispatch_s(algorithm: int, token_bytes: float, e: float, stride: float, expe
     if algorithm == DISPATCH_HIERARCHICAL:
         inter = inter_nodes * token_bytes
         intra = nodes * intra_ranks * token_bytes  # its own tokens and those it forwards for other nodes
-        t_intra = intra / link_bytes_per_s(inner, ALL_TO_ALL, token_bytes) + (r - 1.0) * inner.latency_s
+        t_intra = intra / (inner.bytes_per_s * size_fraction(inner, token_bytes)) + (r - 1.0) * inner.latency_s
         t_inter = 0.0
         if inter > 0.0:
             t_inter = inter / link_bytes_per_s(outer, SEND_RECV, token_bytes) + (nodes - 1.0) * outer.latency_s

@@ -88,7 +88,6 @@ MODEL = np.dtype(
 #: What is being run: the step's shape and the byte widths of its tensors.
 WORKLOAD = np.dtype(
     [
-        ("devices", np.float64),
         ("global_batch", np.float64),
         ("seq_len", np.float64),
         ("act_bytes", np.float64),  # activations and weights in the GEMM precision's storage type

@@ -52,7 +52,7 @@ from kernels.moe import (
     staging_bytes,
     two_batch_exposed_s,
 )
-from kernels.ops import attention_qkv_fwd_bwd_s, gemm_fwd_bwd_s, gemm_time_s, memory_bound_s
+from kernels.ops import attention_qkv_fwd_bwd_s, gemm_efficiency, gemm_fwd_bwd_s, gemm_time_s, memory_bound_s
 
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
 #: ``results.schema`` gives each its unit and meaning (pinned by a test).
@@ -64,6 +64,9 @@ OUTPUTS = (
     "pp_comm_s",
     "dp_comm_s",
     "ep_comm_s",
+    "moe_dispatch_s",
+    "expert_gemm_rows",
+    "expert_gemm_efficiency",
     "bubble_s",
     "optimizer_s",
     "recompute_s",
@@ -85,7 +88,7 @@ OUTPUTS = (
 )
 N_OUT = len(OUTPUTS)
 (
-    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_BUBBLE, O_OPT, O_RECOMPUTE, O_FWD, O_BWD,
+    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_DISPATCH, O_EROWS, O_EEFF, O_BUBBLE, O_OPT, O_RECOMPUTE, O_FWD, O_BWD,
     O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MMOE, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS, O_REASON,
 ) = range(N_OUT)
 
@@ -99,14 +102,16 @@ N_OUT = len(OUTPUTS)
 #: layer's and the head's backward (the W half that zero-bubble schedules split off).
 #: MoE layers: forward / backward compute, their weight-gradient GEMMs, exposed
 #: EP communication forward / backward, and the MoE buffers' bytes. The
-#: multi-token-prediction modules' forward / backward / W on the last stage.
+#: multi-token-prediction modules' forward / backward / W on the last stage. One
+#: dispatch of one MoE layer's micro-batch with its local passes, and the routed
+#: rows per expert of the busiest rank with the gate/up GEMM's efficiency at them.
 (
     C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
     C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
     C_LAYER_WGRAD, C_HEAD_WGRAD, C_MOE_FWD, C_MOE_BWD, C_MOE_WGRAD, C_EP_F, C_EP_B, C_MOE_BUFFER,
-    C_MTP_F, C_MTP_B, C_MTP_W,
-) = range(30)
-N_COST = 30
+    C_MTP_F, C_MTP_B, C_MTP_W, C_DISPATCH, C_EROWS, C_EEFF,
+) = range(33)
+N_COST = 33
 
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
@@ -599,6 +604,9 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     ep_f = 0.0
     ep_b = 0.0
     buffers = 0.0
+    one_dispatch = 0.0
+    m_e = 0.0
+    e_eff = 0.0
     if model.experts > 0:
         n_exp = model.experts
         k = model.top_k
@@ -643,6 +651,8 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         moe_b = attn_part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b
         moe_w = w1 + w2 + rw + g1w + g2w + sh_w
         buffers = staging_bytes(dispatch, tok_bytes, e, k, imb)
+        one_dispatch = disp + local
+        e_eff = gemm_efficiency(m_e, 2.0 * fe / et, h, dev, tiles)
 
     # ---- multi-token prediction modules (last stage): one more layer, a 2h -> h projection
     # and the output head again, each per depth
@@ -747,6 +757,9 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     costs[C_MTP_F] = mtp_f
     costs[C_MTP_B] = mtp_b
     costs[C_MTP_W] = mtp_w
+    costs[C_DISPATCH] = one_dispatch
+    costs[C_EROWS] = m_e
+    costs[C_EEFF] = e_eff
 
 
 @jit
@@ -856,6 +869,9 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_TP] = m * best_tp
     out[O_CP] = m * best_cp
     out[O_EP] = m * best_ep
+    out[O_DISPATCH] = costs[C_DISPATCH]
+    out[O_EROWS] = costs[C_EROWS]
+    out[O_EEFF] = costs[C_EEFF]
     out[O_PP] = pp_comm
     out[O_DP] = dp_comm
     out[O_BUBBLE] = bubble
@@ -863,10 +879,11 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_RECOMPUTE] = m * best_rc
     out[O_FWD] = best_f
     out[O_BWD] = best_b
-    out[O_TOKENS] = work.global_batch * s / (step * work.devices)
+    devices = t * p * d * c  # the row's cluster (a space may sweep several sizes)
+    out[O_TOKENS] = work.global_batch * s / (step * devices)
     flop = 3.0 * work.global_batch * model_flop_per_sequence(model, s)
     out[O_FLOP] = flop
-    out[O_MFU] = flop / (step * work.devices * dev.peak_flops_per_s)
+    out[O_MFU] = flop / (step * devices * dev.peak_flops_per_s)
 
     # ---- memory per device; the peak over stages
     act_dense = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)

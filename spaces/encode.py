@@ -36,6 +36,7 @@ class Dimension:
 
 #: Every strategy dimension, in the order of the product (slowest first).
 DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("devices", np.int32, "devices in the cluster (the space's devices value or list)"),
     Dimension("tp", np.int32, "tensor-parallel size"),
     Dimension("pp", np.int32, "pipeline-parallel size (stages)"),
     Dimension("dp", np.int32, "data-parallel size"),
@@ -77,8 +78,12 @@ def dimension_values(space: LoadedSpace) -> dict[str, np.ndarray]:
     spec = space.spec
     out: dict[str, np.ndarray] = {}
     for dim in DIMENSIONS:
-        raw = getattr(spec.dimensions, dim.name)
-        where = f"dimensions.{dim.name}"
+        if dim.name == "devices":
+            raw = spec.device_counts
+            where = "devices"
+        else:
+            raw = getattr(spec.dimensions, dim.name)
+            where = f"dimensions.{dim.name}"
         if raw is None:  # dp omitted: derived per row as devices / (tp * pp * cp)
             out[dim.name] = np.zeros(1, dtype=dim.dtype)
             continue
@@ -148,7 +153,7 @@ class Encoder:
         cols = {n: self.values[n][i] for n, i in zip(DIMENSION_NAMES, index)}
         if self.derive_dp:
             others = cols["tp"].astype(np.int64) * cols["pp"] * cols["cp"]
-            devices = self.space.spec.devices
+            devices = cols["devices"].astype(np.int64)
             cols["dp"] = np.where(devices % others == 0, devices // others, 0).astype(cols["dp"].dtype)
         reason, breaks = self._reasons(cols)
         keep = reason == Reason.VALID
@@ -183,7 +188,7 @@ class Encoder:
         per_step = np.maximum(dp, 1) * mb
         n_micro = np.where(spec.global_batch % per_step == 0, spec.global_batch // per_step, 0)
         rules: dict[Reason, np.ndarray] = {
-            Reason.DEVICE_COUNT: tp * pp * dp * cp != spec.devices,
+            Reason.DEVICE_COUNT: tp * pp * dp * cp != c["devices"],
             Reason.TP_HEADS: (model.heads % tp != 0) | (model.kv_heads % tp != 0) | (model.ffn % tp != 0),
             Reason.PP_LAYERS: ((model.layers // pp) < vpp) if spec.uneven_layers else (model.layers % (pp * vpp) != 0),
             Reason.CP_SEQUENCE: (cp > 1) & (spec.seq_len % (2 * cp) != 0),

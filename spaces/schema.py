@@ -307,7 +307,9 @@ class SpaceSpec(Record):
     model: Text
     #: catalog name or path of a hardware TOML
     hardware: Text
-    devices: PositiveInt
+    #: devices in the cluster; several values make the cluster size a dimension
+    #: (the ``devices`` column), e.g. the same model on 16, 32 and 64 nodes
+    devices: PositiveInt | tuple[PositiveInt, ...]
     #: sequences per optimizer step
     global_batch: PositiveInt
     seq_len: PositiveInt
@@ -320,6 +322,15 @@ class SpaceSpec(Record):
     #: step waits for the busiest rank, and its token buffers are sized for it
     moe_imbalance: Annotated[float, Field(ge=1)] = 1.0
     dimensions: Dimensions = Dimensions()
+
+    @property
+    def device_counts(self) -> tuple[int, ...]:
+        return self.devices if isinstance(self.devices, tuple) else (self.devices,)
+
+    @property
+    def devices_text(self) -> str:
+        """The cluster size(s) as people write them: ``256`` or ``256/512/1024``."""
+        return "/".join(str(n) for n in self.device_counts)
 
 
 def validate(record: type[Record], data: dict[str, Any], source: str) -> Any:
@@ -343,7 +354,9 @@ def _as_catalog_error(record: type[Record], err: ValidationError, data: dict, so
     errors = err.errors()
     # a misspelt key also makes the key it replaced "missing": name the misspelling first
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("int", "float", "none")))]
+    # drop pydantic's union-branch tags ("int", "constrained-int", "tuple[...]") from the location
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and (
+        "[" in p or p in ("int", "float", "none") or p.startswith("constrained-")))]
     field = ".".join(str(p) for p in loc) or "(record)"
     kind = first["type"]
     value = _lookup(data, loc)  # as written (lists, not the tuples validation saw)

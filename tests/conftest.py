@@ -38,7 +38,7 @@ def _tiers(*levels: tuple[float, float, float]) -> np.ndarray:
 
 def _workload(**overrides: float) -> np.ndarray:
     """A bf16 training workload with fp32 main gradients and Adam (2/2/4/12 bytes)."""
-    values = dict(devices=8.0, global_batch=64.0, seq_len=4096.0, act_bytes=2.0, weight_bytes=2.0, grad_bytes=4.0,
+    values = dict(global_batch=64.0, seq_len=4096.0, act_bytes=2.0, weight_bytes=2.0, grad_bytes=4.0,
                   optimizer_bytes=12.0, flash_attention=1.0, gemm_cast_bytes=0.0)
     values.update(overrides)
     return params.record(params.WORKLOAD, **values)

@@ -452,13 +452,16 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "pp_comm_s": pp_comm,
         "dp_comm_s": dp_comm,
         "ep_comm_s": 0.0,  # dense models only: no expert parallelism
+        "moe_dispatch_s": 0.0,
+        "expert_gemm_rows": 0.0,
+        "expert_gemm_efficiency": 0.0,
         "bubble_s": fill_drain,
         "optimizer_s": optimizer,
         "recompute_s": m * slowest["rc"],
         "stage_fwd_s": slowest["fwd"],
         "stage_bwd_s": slowest["bwd"],
-        "tokens_per_s_per_gpu": work["global_batch"] * s / step / work["devices"],
-        "mfu": flop / step / work["devices"] / dev["peak_flops_per_s"],
+        "tokens_per_s_per_gpu": work["global_batch"] * s / step / (t * p * d * c),  # devices = t p d c
+        "mfu": flop / step / (t * p * d * c) / dev["peak_flops_per_s"],
         "model_flop_per_step": flop,
     }
 

@@ -287,3 +287,47 @@ def test_stride_not_dividing_the_node_is_bound_by_the_worst_node():
     expected = 2 * 0.5 * GIB / 400e9 + 2 * 0.75 * (GIB / 2) / 50e9
     assert expected == pytest.approx(18.79048192e-3, rel=1e-12)
     assert coll.collective_time_s(ALL_REDUCE, 8.0, 3.0, GIB, tiers) == pytest.approx(expected, rel=1e-14)
+
+
+# --------------------------------------------------------------------------- the seed documents' worked numbers
+
+
+def test_two_step_all_to_all_seed_numbers():
+    """seed-digest.md section 2: 8 GPUs over PCIe x16 (B = 64 GB/s). Step 1 sends
+    S/2 to the four direct neighbours, step 2 forwards S/8 through one of them:
+    t = (1/2 + 1/8) S / B = 5 S / (8 B), effective S / t = 8 B / 5 = 102.4 GB/s;
+    forwarding last overlaps step 2: t = S / (2 B), effective 2 B = 128 GB/s."""
+    from kernels.collectives import two_step_all_to_all_s
+
+    size, link = 1e9, 64e9
+    assert size / two_step_all_to_all_s(size, link, 0.5, 0.125, False) == pytest.approx(102.4e9, rel=1e-12)
+    assert size / two_step_all_to_all_s(size, link, 0.5, 0.125, True) == pytest.approx(128e9, rel=1e-12)
+
+
+def test_inter_node_send_of_a_micro_batch_seed_numbers():
+    """112 MiB (2 x 4096 tokens x 7168 x 2 bytes) over a 12 GiB/s inter-node link:
+    117,440,512 / 12,884,901,888 s = 9.115 ms (the documents' 9.11 ms, binary units)."""
+    tiers = tier_table([(8.0, 100e9, 0.0), (0.0, 12 * 2**30, 0.0)])
+    message = 2 * 4096 * 7168 * 2
+    assert message == 112 * 2**20
+    t = coll.collective_time_s(SEND_RECV, 2.0, 8.0, float(message), tiers)  # two stages 8 devices apart: the NIC
+    assert t == pytest.approx(117_440_512 / 12_884_901_888, rel=1e-12)
+    assert round(t * 1e3, 2) == 9.11
+
+
+def test_size_curve_and_op_bandwidth():
+    """A tier's measured all-gather bandwidth replaces its link bandwidth for that
+    operation only, and the size curve scales it by message size: with points
+    (1 MiB, 0.25) and (4 MiB, 1.0), a 2 MiB message runs at 0.25 + (log 2 / log 4)
+    * 0.75 = 0.625 of it; below 1 MiB at 0.25, above 4 MiB at 1."""
+    from kernels.collectives import link_bytes_per_s
+
+    tiers = tier_table([(0.0, 100e9, 0.0)])
+    tiers.op_scale[0, ALL_GATHER] = 0.5
+    tiers.n_curve[0] = 2
+    tiers.curve_bytes[0, :2] = (2**20, 4 * 2**20)
+    tiers.curve_fraction[0, :2] = (0.25, 1.0)
+    assert link_bytes_per_s(tiers[0], ALL_GATHER, 2 * 2**20) == pytest.approx(50e9 * 0.625, rel=1e-12)
+    assert link_bytes_per_s(tiers[0], ALL_REDUCE, 2 * 2**20) == pytest.approx(100e9 * 0.625, rel=1e-12)
+    assert link_bytes_per_s(tiers[0], ALL_GATHER, 1000.0) == pytest.approx(50e9 * 0.25, rel=1e-12)
+    assert link_bytes_per_s(tiers[0], ALL_GATHER, 2**30) == pytest.approx(50e9, rel=1e-12)

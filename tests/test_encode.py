@@ -26,11 +26,11 @@ HERE = Path(__file__).parent
 # --------------------------------------------------------------------------- the reference
 
 #: product order, slowest first
-ORDER = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
+ORDER = ("devices", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
          "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo")
 #: storage type of every column (architecture.md: int32 sizes, int8 enums and flags)
 DTYPES = {
-    "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
+    "devices": np.int32, "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
     "recompute": np.int8, "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "optimizer": np.int8,
     "schedule": np.int8, "ep": np.int32, "expert_tp": np.int32, "ep_placement": np.int8, "dispatch": np.int8,
     "tbo": np.int8,
@@ -107,6 +107,7 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
     dims = spec.dimensions
     derive_dp = dims.dp is None
     lists = {
+        "devices": list(spec.device_counts),
         "tp": list(dims.tp),
         "pp": list(dims.pp),
         "dp": [None] if derive_dp else list(dims.dp),
@@ -136,8 +137,8 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
         row = dict(zip(ORDER, values))
         if derive_dp:
             others = row["tp"] * row["pp"] * row["cp"]
-            row["dp"] = spec.devices // others if spec.devices % others == 0 else None
-        broken = broken_rules(row, spec.devices, spec.global_batch, spec.seq_len, model)
+            row["dp"] = row["devices"] // others if row["devices"] % others == 0 else None
+        broken = broken_rules(row, row["devices"], spec.global_batch, spec.seq_len, model)
         for code in broken:
             breaks[code] += 1
         first[broken[0] if broken else VALID] += 1
@@ -199,6 +200,11 @@ SPACES = {
             recompute=["none", "full"], sequence_parallel=[False, True], zero=[0, 1],
             schedule=["1f1b", "interleaved", "gpipe"],
         ),
+    ),
+    # several cluster sizes: dp derived per size
+    "llama3-8b-sizes": dict(
+        devices=[8, 12, 16], global_batch=48, seq_len=64,
+        dims=dict(tp=[1, 2, 4, 8], pp=[1, 2, 3, 4], micro_batch=[1, 2, 4], zero=[0, 1]),
     ),
     # explicit dp, some never fitting; llama3-70b: 80 layers, 64 heads, 8 kv heads
     "llama3-70b-8": dict(

@@ -218,7 +218,7 @@ def test_in_flight_matches_naive():
 @pytest.fixture(scope="module")
 def h100_8b(h100, llama3_8b, make_workload):
     """Llama 3 8B on H100s, s = 4096, bf16 with fp32 grads and Adam."""
-    return llama3_8b, h100.device, h100.tiers, h100.tiles, make_workload(devices=8.0, global_batch=64.0)
+    return llama3_8b, h100.device, h100.tiers, h100.tiles, make_workload(global_batch=64.0)
 
 
 @pytest.mark.parametrize("d", [2, 4, 8, 64])
@@ -274,7 +274,7 @@ def test_pipeline_p2p_by_hand(make_device, toy_tiles, make_workload):
     one activation message 4096 * 4096 * 2 B = 32 MiB -> 335.54432 us;
     2 (p - 1) = 6 exposed hops = 2.01326592 ms; interleaving (v = 2) doubles it."""
     model, tiers = _model(), _tiers((0.0, 100e9, 0.0))
-    work = make_workload(devices=4.0, global_batch=8.0)
+    work = make_workload(global_batch=8.0)
     args = (model, make_device(), tiers, toy_tiles, work)
     plain = run(*args, pp=4, n_micro=8)
     inter = run(*args, pp=4, n_micro=8, vpp=2, schedule=SCHEDULE_INTERLEAVED)
@@ -288,7 +288,7 @@ def even_stages(make_device, toy_tiles, make_workload):
     bandwidth 1e30 and no latency make communication vanish."""
     model = _model(vocab=8.0)
     tiers = _tiers((0.0, 1e30, 0.0))
-    return model, make_device(), tiers, toy_tiles, make_workload(devices=4.0, global_batch=64.0)
+    return model, make_device(), tiers, toy_tiles, make_workload(global_batch=64.0)
 
 
 @pytest.mark.parametrize("m", [1, 4, 8, 32])
@@ -328,10 +328,10 @@ def test_gpipe_holds_more_than_1f1b(h100_8b):
 
 def test_out_of_memory_flagged(h100, llama3_70b, make_workload):
     """Llama 3 70B on one 80 GB device needs 18 bytes/param x 70.6e9 = 1.27 TB: infeasible."""
-    out = run(llama3_70b, h100.device, h100.tiers, h100.tiles, make_workload(devices=1.0, global_batch=1.0))
+    out = run(llama3_70b, h100.device, h100.tiers, h100.tiles, make_workload(global_batch=1.0))
     assert out["mem_peak_bytes"] > 18 * 70e9
     assert out["feasible"] == 0.0 and out["infeasible_reason"] == 1.0
-    fits = run(llama3_70b, h100.device, h100.tiers, h100.tiles, make_workload(devices=64.0, global_batch=64.0),
+    fits = run(llama3_70b, h100.device, h100.tiers, h100.tiles, make_workload(global_batch=64.0),
                tp=8, pp=8, n_micro=64, sp=1, recompute=RECOMPUTE_SELECTIVE)
     assert fits["feasible"] == 1.0 and fits["infeasible_reason"] == 0.0
     assert fits["mem_overhead_bytes"] == 4 * 2.0**30
@@ -407,7 +407,7 @@ def test_evaluate_matches_naive():
                           for _ in range(int(rng.integers(1, 4)))])
         strategies = [_random_strategy(rng) for _ in range(10)]
         work = params.record(
-            params.WORKLOAD, devices=float(rng.integers(1, 1024)), global_batch=float(rng.integers(1, 2048)),
+            params.WORKLOAD, global_batch=float(rng.integers(1, 2048)),
             seq_len=float(rng.choice([512, 1024, 2048, 4096, 8192])), act_bytes=2.0, weight_bytes=2.0,
             grad_bytes=float(rng.choice([2.0, 4.0])), optimizer_bytes=float(rng.choice([12.0, 16.0])),
             flash_attention=float(rng.integers(2)), gemm_cast_bytes=float(rng.choice([0.0, 3.0])),
@@ -466,7 +466,7 @@ def setup(h100, llama3_8b, gpt3_175b, make_workload):
 
     def build(name: str, work: dict[str, float], s: dict[str, int], tiers=None, device=None):
         devices = s["tp"] * s["pp"] * s["dp"] * s["cp"]
-        workload = make_workload(devices=float(devices), global_batch=float(s["dp"] * s["mb"] * s["n_micro"]), **work)
+        workload = make_workload(global_batch=float(s["dp"] * s["mb"] * s["n_micro"]), **work)
         return (models[name], h100.device if device is None else device, h100.tiers if tiers is None else tiers,
                 h100.tiles, workload)
 
@@ -653,6 +653,6 @@ def test_uneven_pipelines_match_the_reference(h100, llama3_8b, make_workload):
         s.update(pp=int(rng.choice([4, 8])), schedule=int(rng.choice([SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_ZB_H1])),
                  vpp=1)
         strategies.append(s)
-    work = make_workload(devices=64.0, global_batch=256.0)
+    work = make_workload(global_batch=256.0)
     for s, got in zip(strategies, run_rows(strategies, model, h100.device, h100.tiers, h100.tiles, work)):
         _assert_outputs_close(got, run_naive(s, model, h100.device, h100.tiers, h100.tiles, work), s)
