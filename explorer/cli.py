@@ -422,7 +422,7 @@ def validate_cmd(file: Path, as_json: bool) -> None:
     kind, results = validate.run(file)
     stats = validate.summary(results)
     if as_json:
-        rows = [{"id": r.id, "metric": "step_time_s", "measured": r.measured_s, "predicted": r.predicted_s,
+        rows = [{"id": r.id, "metric": r.metric, "measured": r.measured, "predicted": r.predicted,
                  "error": r.error, "status": r.status, "quality": r.quality, "source": r.source, "chosen": r.chosen}
                 for r in results]
         click.echo(json.dumps({"kind": kind, "rows": rows, "summary": stats}))
@@ -439,6 +439,54 @@ def validate_cmd(file: Path, as_json: bool) -> None:
             if st["n"]:
                 click.echo(f"  {name:<34} n={st['n']:>3}  MAPE {100 * st['mape']:5.1f}%  "
                            f"signed {100 * st['mean_signed']:+6.1f}%")
+
+
+# --------------------------------------------------------------------------- calibrate (issue 4)
+# The fitting lives in explorer.profile_fit (its docstring documents the CSV columns and the fits).
+
+
+@main.group("calibrate")
+def calibrate_group() -> None:
+    """Fit a hardware profile to measured GEMM or collective timings.
+
+    Writes a TOML that extends the base profile and replaces only the fitted
+    fields; use it anywhere a hardware name is accepted (--hardware PROFILE.toml)."""
+
+
+def _calibrate_options(fn):  # noqa: ANN001, ANN201 - decorator
+    options = [
+        click.argument("measurements", type=click.Path(exists=True, dir_okay=False, path_type=Path)),
+        click.option("--hardware", required=True, help="Base profile: catalog name or TOML path."),
+        click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                     help="The profile TOML to write."),
+        click.option("--name", default=None, help="Name of the new profile [default: the base's name + -calibrated]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@calibrate_group.command("gemm")
+@_calibrate_options
+@_guard
+def calibrate_gemm_cmd(measurements: Path, hardware: str, out: Path, name: str | None) -> None:
+    """Fit device.gemm_efficiency to a CSV of m, n, k, dtype and seconds or tflops (TFLOP/s = 2mnk/s/1e12)."""
+    from explorer.profile_fit import calibrate_gemm
+
+    click.echo(calibrate_gemm(measurements, hardware, out, name).summary)
+
+
+@calibrate_group.command("comm")
+@_calibrate_options
+@click.option("--tier", required=True, help="The link tier the measurements ran on (a [[links]] name).")
+@_guard
+def calibrate_comm_cmd(measurements: Path, hardware: str, out: Path, name: str | None, tier: str) -> None:
+    """Fit one link tier to a CSV of op, ranks, bytes and seconds or gbps (nccl-tests busbw, decimal GB/s).
+
+    Fits the tier's latency, each measured op's bandwidth and its bandwidth-vs-size curve."""
+    from explorer.profile_fit import calibrate_comm
+
+    click.echo(calibrate_comm(measurements, hardware, tier, out, name).summary)
 
 
 def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:

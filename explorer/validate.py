@@ -1,14 +1,16 @@
 """``paraspace validate``: predict published measurements and report the error.
 
 Reads a file in the schema of ``shared/validation/README.md``. Training rows
-(``training.csv``) are predicted today; communication and inference rows are
-counted as not supported until the MoE and inference issues land. For each
-training row the model comes from the row's own columns (not the catalog), the
-hardware from the catalog entry named by ``gpu``, the strategy from the row;
-a field the source left EMPTY is searched over its valid values and the
-fastest feasible candidate is the prediction (the published runs were tuned),
-as the reported ``chosen`` values show. No per-row, per-model or per-source
-correction exists anywhere in this path.
+(``training.csv``, dense and MoE) and communication rows (``comm.csv``: DeepEP
+dispatch/combine) are predicted; inference rows are counted as not supported
+until the inference kernels land. For each training row the model comes from
+the row's own columns (not the catalog), the hardware from the catalog entry
+named by ``gpu``, the strategy from the row; a field the source left EMPTY is
+searched over its valid values and the fastest feasible candidate is the
+prediction (the published runs were tuned), as the reported ``chosen`` values
+show. A comm row drives ``kernels.moe``'s dispatch with DeepEP's algorithm for
+its mode. No per-row, per-model or per-source correction exists anywhere in
+this path. ``measured`` and ``predicted`` are in the unit of the row's metric.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from explorer.evaluate import evaluate, pack
+from explorer.evaluate import evaluate, pack, pack_hardware
+from kernels.codes import DISPATCH_HIERARCHICAL, DISPATCH_LOW_LATENCY
+from kernels.moe import dispatch_s
 from spaces.catalog import LoadedSpace, load_hardware, names
 from spaces.encode import Encoder
-from spaces.enums import Recompute, Schedule, label, labels
+from spaces.enums import Dispatch, Recompute, Schedule, label, labels
 from spaces.errors import CatalogError
 from spaces.schema import Model, SpaceSpec, validate
 
@@ -39,6 +43,8 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
     # not a column of the schema, so always unknown: Megatron-Core and NeMo benchmark
     # configurations turn it on with sequence parallelism
     "tp_overlap": [False, True],
+    "ep": [1, 2, 4, 8, 16, 32, 64],
+    "dispatch": ["alltoall", "allgather"],
 }
 #: sources that predate FlashAttention (2022): their attention materialised s x s scores
 PRE_FLASH_SOURCES = frozenset({"narayanan2021", "megatron-lm-readme-gpt3-example"})
@@ -51,16 +57,17 @@ class RowResult:
     quality: str
     gpu: str
     metric: str
-    measured_s: float | None
-    predicted_s: float | None
+    #: the published and the predicted value, in the unit of ``metric``
+    measured: float | None
+    predicted: float | None
     status: str  # ok | oom | no-candidate | unsupported
     chosen: dict[str, Any] = field(default_factory=dict)
 
     @property
     def error(self) -> float | None:
-        if self.measured_s is None or self.predicted_s is None:
+        if self.measured is None or self.predicted is None:
             return None
-        return (self.predicted_s - self.measured_s) / self.measured_s
+        return (self.predicted - self.measured) / self.measured
 
 
 def _num(row: dict[str, str | None], key: str, source: str, kind: type = int) -> Any:
@@ -112,13 +119,28 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         raise CatalogError(where, "dp", ints["dp"], f"tp*pp*dp*cp == n_gpus = {ints['n_gpus']}")
     glu = ints["glu"] == 1
     # GPT-style (GeLU) Megatron models carry biases, dropout and tied embeddings; gated ones none of them
-    model = validate(Model, {
+    raw_model: dict[str, Any] = {
         "name": rid, "description": row.get("model") or rid, "layers": ints["layers"], "hidden": ints["hidden"],
         "heads": ints["heads"], "kv_heads": ints["kv_heads"], "ffn": ints["ffn"], "vocab": ints["vocab"], "glu": glu,
         "bias": not glu, "tied_embeddings": not glu, "dropout": not glu,
-    }, where)
+    }
     searched: dict[str, Any] = {}
     dims: dict[str, Any] = {"tp": [ints["tp"]], "pp": [ints["pp"]], "dp": [ints["dp"]], "cp": [ints["cp"]]}
+    if row.get("n_experts"):
+        moe = {k: _num(row, col, source) for k, col in (("experts", "n_experts"), ("top_k", "topk"),
+                                                        ("expert_ffn", "expert_ffn"),
+                                                        ("shared_experts", "n_shared_experts"),
+                                                        ("dense_layers", "first_dense_layers"))}
+        raw_model["moe"] = {k: v for k, v in moe.items() if v is not None}
+        if _num(row, "mla", source) == 1:
+            raise CatalogError(where, "mla", 1, "0: MLA rows need per-head dims the schema does not carry")
+        ep = _num(row, "ep", source)
+        dims["ep"] = [ep] if ep is not None else UNKNOWN_SEARCH["ep"]
+        if ep is None:
+            searched["ep"] = dims["ep"]
+        # Megatron-Core's MoE token dispatchers: all-to-all(v) or all-gather
+        dims["dispatch"] = searched["dispatch"] = UNKNOWN_SEARCH["dispatch"]
+    model = validate(Model, raw_model, where)
     for key in ("micro_batch", "zero"):
         value = _num(row, key, source)
         dims[key] = [value] if value is not None else UNKNOWN_SEARCH[key]
@@ -157,11 +179,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
 
 def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     base = RowResult(id=row["id"] or "", source=row.get("source") or "", quality=row.get("quality") or "",
-                     gpu=row.get("gpu") or "", metric=row.get("metric") or "", measured_s=_num(row, "step_time_s",
-                                                                                                source, float),
-                     predicted_s=None, status="unsupported")
-    if row.get("n_experts"):
-        return base  # MoE rows wait for the MoE issue
+                     gpu=row.get("gpu") or "", metric="step_time_s", measured=_num(row, "step_time_s", source, float),
+                     predicted=None, status="unsupported")
     space, searched = training_space(row, source)
     enc = Encoder(space).encode_all()
     if enc.n_rows == 0:
@@ -171,26 +190,90 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     feasible = out["feasible"] > 0
     pool = np.flatnonzero(feasible) if feasible.any() else np.arange(enc.n_rows)
     best = pool[np.argmin(out["step_time_s"][pool])]
-    base.predicted_s = float(out["step_time_s"][best])
+    base.predicted = float(out["step_time_s"][best])
     base.status = "ok" if feasible.any() else "oom"
     for key in searched:
         value = enc.columns[key][best]
         base.chosen[key] = (labels(Recompute)[int(value)] if key == "recompute" else
+                            labels(Dispatch)[int(value)] if key == "dispatch" else
                             bool(value) if key in ("sequence_parallel", "tp_overlap") else int(value))
     if "vpp" in searched:
         base.chosen["schedule"] = labels(Schedule)[int(enc.columns["schedule"][best])]
     return base
 
 
+#: bytes per element of a DeepEP payload precision
+PAYLOAD_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0}
+#: the GPU DeepEP's V1 numbers were measured on, for rows that name only the architecture
+COMM_DEFAULT_GPU = "h800-sxm5-80gb"
+#: experts assumed where a row does not state them (DeepSeek-V3's 256; divides every EP size 8..256)
+COMM_DEFAULT_EXPERTS = 256
+#: DeepEP's normal kernels route DeepSeek-V3 style: a token's experts on at most 4 nodes
+NORMAL_MAX_NODES = 4
+
+
+def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
+    """One DeepEP kernel call through ``kernels.moe.dispatch_s``: normal mode is the
+    hierarchical algorithm (NVLink inside a node, one RDMA send per token and
+    node, node-limited routing), low-latency mode the pure-RDMA one. Bandwidth
+    rows are the bytes over the limiting link (NVLink for one node, RDMA across
+    nodes) per second of the call; latency rows the call's time."""
+    rid = row["id"] or ""
+    where = f"{source}: row {rid}"
+    metric = row.get("metric") or ""
+    base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
+                     gpu=row.get("gpu") or "", metric=metric, measured=_num(row, "value", source, float),
+                     predicted=None, status="unsupported")
+    gpu = row.get("gpu") or COMM_DEFAULT_GPU
+    if gpu not in names("hardware"):
+        raise CatalogError(where, "gpu", gpu, f"one of {names('hardware')} or EMPTY")
+    ints = {k: _num(row, k, source) for k in ("ep", "n_nodes", "gpus_per_node", "tokens_per_rank", "hidden", "topk")}
+    for key, value in ints.items():
+        if value is None or value <= 0:
+            raise CatalogError(where, key, value, "a positive number")
+    if ints["ep"] != ints["n_nodes"] * ints["gpus_per_node"]:
+        raise CatalogError(where, "ep", ints["ep"], f"n_nodes * gpus_per_node = {ints['n_nodes'] * ints['gpus_per_node']}")
+    op, mode = row.get("op"), row.get("mode")
+    if op not in ("dispatch", "combine"):
+        raise CatalogError(where, "op", op, "dispatch or combine")
+    if mode not in ("normal", "low_latency"):
+        raise CatalogError(where, "mode", mode, "normal or low_latency")
+    if metric not in ("bandwidth_GBps", "latency_us"):
+        raise CatalogError(where, "metric", metric, "bandwidth_GBps or latency_us")
+    dtype = row.get(f"{op}_dtype") or ""
+    if dtype not in PAYLOAD_BYTES:
+        raise CatalogError(where, f"{op}_dtype", dtype, f"one of {sorted(PAYLOAD_BYTES)}")
+    experts = _num(row, "n_experts", source) or COMM_DEFAULT_EXPERTS
+    hw = load_hardware(gpu)
+    if hw.links[0].domain_devices != ints["gpus_per_node"]:
+        raise CatalogError(where, "gpus_per_node", ints["gpus_per_node"],
+                           f"{hw.links[0].domain_devices}, the node size of {gpu}")
+    _, tiers, _ = pack_hardware(hw, "bf16")
+    token_bytes = ints["tokens_per_rank"] * ints["hidden"] * PAYLOAD_BYTES[dtype]
+    algorithm = DISPATCH_HIERARCHICAL if mode == "normal" else DISPATCH_LOW_LATENCY
+    max_nodes = NORMAL_MAX_NODES if mode == "normal" else 0
+    seconds, intra, inter = dispatch_s(algorithm, token_bytes, float(ints["ep"]), 1.0, float(experts),
+                                       float(ints["topk"]), float(max_nodes), tiers)
+    if metric == "latency_us":
+        base.predicted = seconds * 1e6
+    else:
+        bottleneck = inter if ints["n_nodes"] > 1 or mode == "low_latency" else intra
+        base.predicted = bottleneck / seconds / 1e9
+    base.status = "ok"
+    base.chosen = {"gpu": gpu, "experts": experts, "algorithm": label(Dispatch(algorithm))}
+    return base
+
+
 def run(path: str | Path) -> tuple[str, list[RowResult]]:
     df = read(path)
     kind = kind_of(df)
-    if kind != "training":
+    if kind == "inference":
         rows = [RowResult(id=r["id"], source=r["source"], quality=r["quality"], gpu=r.get("gpu") or "",
-                          metric=r["metric"], measured_s=None, predicted_s=None, status="unsupported")
+                          metric=r["metric"], measured=None, predicted=None, status="unsupported")
                 for r in df.iter_rows(named=True)]
         return kind, rows
-    return kind, [predict_training(r, str(path)) for r in df.iter_rows(named=True)]
+    predict = predict_comm if kind == "comm" else predict_training
+    return kind, [predict(r, str(path)) for r in df.iter_rows(named=True)]
 
 
 def summary(results: list[RowResult]) -> dict[str, Any]:
@@ -212,13 +295,13 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
 
 
 def table(results: list[RowResult]) -> str:
-    lines = [f"{'id':<44}{'quality':<11}{'measured_s':>12}{'predicted_s':>13}{'error':>9}  chosen / status"]
+    lines = [f"{'id':<44}{'quality':<11}{'metric':<16}{'measured':>12}{'predicted':>13}{'error':>9}  chosen / status"]
     for r in results:
-        meas = f"{r.measured_s:.4g}" if r.measured_s is not None else "-"
-        pred = f"{r.predicted_s:.4g}" if r.predicted_s is not None else "-"
+        meas = f"{r.measured:.4g}" if r.measured is not None else "-"
+        pred = f"{r.predicted:.4g}" if r.predicted is not None else "-"
         err = f"{100 * r.error:+.1f}%" if r.error is not None and not math.isnan(r.error) else "-"
         extra = " ".join(f"{k}={v}" for k, v in r.chosen.items()) if r.status == "ok" else r.status
-        lines.append(f"{r.id:<44}{r.quality:<11}{meas:>12}{pred:>13}{err:>9}  {extra}")
+        lines.append(f"{r.id:<44}{r.quality:<11}{r.metric:<16}{meas:>12}{pred:>13}{err:>9}  {extra}")
     return "\n".join(lines)
 
 

@@ -22,6 +22,9 @@ DISPATCH_*) move, per rank:
   node forwarding, pipelined in chunks (max of the two plus one chunk's fill);
   its kernels write over the links directly, so the forwarding runs at the
   node tier's link bandwidth, not at a measured all-to-all collective's;
+- low-latency (DeepEP's decode kernels): every copy straight over the NIC to
+  each destination rank, inside the node too, all destinations at once (one
+  latency, not one per peer);
 - sendrecv-allgather: every token to each other node's same-index rank over
   the NIC, then an intra-node all-gather of N * B per rank; the split variant
   overlaps the intra part's first half with the inter part's second half.
@@ -38,6 +41,7 @@ from kernels.codes import (
     DISPATCH_ALLGATHER,
     DISPATCH_ALLTOALL,
     DISPATCH_HIERARCHICAL,
+    DISPATCH_LOW_LATENCY,
     DISPATCH_SENDRECV_ALLGATHER,
     DISPATCH_SENDRECV_ALLGATHER_SPLIT,
     REDUCE_SCATTER,
@@ -140,6 +144,9 @@ def dispatch_s(algorithm: int, token_bytes: float, e: float, stride: float, expe
         if inter > 0.0:
             t_inter = inter / link_bytes_per_s(outer, SEND_RECV, token_bytes) + (nodes - 1.0) * outer.latency_s
         return max(t_intra, t_inter) + min(t_intra, t_inter) / DISPATCH_CHUNKS, intra, inter
+    if algorithm == DISPATCH_LOW_LATENCY:
+        inter = (intra_ranks + inter_ranks) * token_bytes
+        return inter / link_bytes_per_s(outer, SEND_RECV, token_bytes) + outer.latency_s, 0.0, inter
     # send/recv to every other node, then an intra-node all-gather of what each rank holds
     inter = (nodes - 1.0) * token_bytes
     t_inter = 0.0

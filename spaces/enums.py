@@ -45,6 +45,7 @@ class Dispatch(IntEnum):
     HIERARCHICAL = 2  #: DeepEP-style: one NIC transfer per (token, destination node), then intra-node forwarding
     SENDRECV_ALLGATHER = 3  #: inter-node send/recv of every token, then an intra-node all-gather (the documents' EP32 plan)
     SENDRECV_ALLGATHER_SPLIT = 4  #: the same with the intra-node part split in halves, overlapped with the inter-node one
+    LOW_LATENCY = 5  #: DeepEP low-latency kernels: every copy straight over RDMA (also inside a node), all at once
 
 
 class Placement(IntEnum):
@@ -113,7 +114,8 @@ _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
     Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved",
                Schedule.ZB_H1: "zb-h1"},
     Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam"},
-    Dispatch: {Dispatch.SENDRECV_ALLGATHER: "sendrecv-allgather", Dispatch.SENDRECV_ALLGATHER_SPLIT: "sendrecv-allgather-split"},
+    Dispatch: {Dispatch.SENDRECV_ALLGATHER: "sendrecv-allgather", Dispatch.SENDRECV_ALLGATHER_SPLIT: "sendrecv-allgather-split",
+               Dispatch.LOW_LATENCY: "low-latency"},
 }
 
 

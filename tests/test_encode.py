@@ -44,7 +44,7 @@ OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2}
 PLACEMENT = {"inner": 0, "outer": 1}
 ALLTOALL = 1
 DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-allgather": 3,
-            "sendrecv-allgather-split": 4}
+            "sendrecv-allgather-split": 4, "low-latency": 5}
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
 TP_OVERLAP_WITHOUT_SP, EP_DENSE, EP_EXPERTS, EP_GROUP, EP1_DISPATCH = 11, 12, 13, 14, 15

@@ -20,6 +20,7 @@ from kernels.codes import (
     DISPATCH_ALLGATHER,
     DISPATCH_ALLTOALL,
     DISPATCH_HIERARCHICAL,
+    DISPATCH_LOW_LATENCY,
     DISPATCH_SENDRECV_ALLGATHER,
     DISPATCH_SENDRECV_ALLGATHER_SPLIT,
     REDUCE_SCATTER,
@@ -32,7 +33,7 @@ GIB = 2.0**30
 MIB = 2.0**20
 PROPS = settings(max_examples=80, deadline=None)
 ALGORITHMS = (DISPATCH_ALLGATHER, DISPATCH_ALLTOALL, DISPATCH_HIERARCHICAL, DISPATCH_SENDRECV_ALLGATHER,
-              DISPATCH_SENDRECV_ALLGATHER_SPLIT)
+              DISPATCH_SENDRECV_ALLGATHER_SPLIT, DISPATCH_LOW_LATENCY)
 
 
 def _tiers(*levels):
@@ -527,3 +528,13 @@ def test_grouped_gemm_one_group_is_a_gemm(make_device, toy_tiles, m, n, k, launc
     grouped = moe.grouped_gemm_s(float(groups), m, n, k, dev, toy_tiles, 2.0)
     assert grouped == pytest.approx(groups * (one - launch) + launch, rel=1e-12)
     assert grouped <= groups * one * (1 + 1e-12)
+
+
+def test_dispatch_low_latency_by_hand():
+    """Every copy over the NIC, inside the node too: (3/4 + 1) B = 1.75 B at SR
+    4 GB/s = 43.75 ms, plus one latency (all destinations at once): 10 us."""
+    tiers = _toy_tiers()
+    tiers.latency_s[:] = (2e-6, 10e-6)
+    t, intra, inter = _dispatch(DISPATCH_LOW_LATENCY, tiers)
+    assert t == pytest.approx(1.75 * B / 4e9 + 10e-6, rel=1e-14)
+    assert (intra, inter) == pytest.approx((0.0, 1.75 * B), rel=1e-14)

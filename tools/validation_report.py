@@ -27,10 +27,10 @@ def scatter(results: list[validate.RowResult], path: Path) -> None:
     sources = sorted({r.source for r in results if r.error is not None})
     for source in sources:
         rows = [r for r in results if r.source == source and r.error is not None and r.status == "ok"]
-        ax.scatter([r.measured_s for r in rows], [r.predicted_s for r in rows], s=14, label=f"{source} ({len(rows)})",
+        ax.scatter([r.measured for r in rows], [r.predicted for r in rows], s=14, label=f"{source} ({len(rows)})",
                    marker="o" if all(r.quality == "ok" for r in rows) else "^")
-    lo = min(r.measured_s for r in results if r.error is not None) / 1.5
-    hi = max(r.measured_s for r in results if r.error is not None) * 1.5
+    lo = min(r.measured for r in results if r.error is not None) / 1.5
+    hi = max(r.measured for r in results if r.error is not None) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
     for f in (0.8, 1.25):
         ax.plot([lo, hi], [lo * f, hi * f], color="grey", linewidth=0.5, linestyle="--")
