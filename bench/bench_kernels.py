@@ -36,16 +36,13 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from numba import prange
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from explorer.evaluate import ACT_BYTES, pack_hardware  # noqa: E402
 from kernels.codes import COLLECTIVES  # noqa: E402
-from kernels.collectives import collective_time_s  # noqa: E402
-from kernels.jit import jit  # noqa: E402
-from kernels.ops import gemm_time_s  # noqa: E402
+from kernels.batch import collective_rows, gemm_rows  # noqa: E402
 from spaces.catalog import load_hardware  # noqa: E402
 from tests import naive  # noqa: E402
 
@@ -54,25 +51,6 @@ DTYPE = "bf16"
 RTOL = 1e-9
 REPEATS = 3
 KIB, GIB = 2.0**10, 2.0**30
-
-
-@jit(parallel=True)
-def gemm_batch(m, n, k, device, tiles, dtype_bytes):
-    """``gemm_time_s`` for every row of (m, n, k)."""
-    out = np.empty(m.shape[0])
-    for i in prange(m.shape[0]):
-        # device[0] inside the loop: a record hoisted out of a prange fails to lower (numba 0.60)
-        out[i] = gemm_time_s(m[i], n[i], k[i], device[0], tiles, dtype_bytes)
-    return out
-
-
-@jit(parallel=True)
-def collective_batch(op, size, stride, size_bytes, tiers):
-    """``collective_time_s`` for every row of (op, size, stride, bytes)."""
-    out = np.empty(op.shape[0])
-    for i in prange(op.shape[0]):
-        out[i] = collective_time_s(op[i], size[i], stride[i], size_bytes[i], tiers)
-    return out
 
 
 def plain_fields(rec: np.ndarray) -> dict[str, float | list[float]]:
@@ -149,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float | str | int]
     op, size, stride, size_bytes = collective_inputs(rng, n)
 
     def gemm_kernel(rows: int) -> np.ndarray:
-        return gemm_batch(gm[:rows], gn[:rows], gk[:rows], device, tiles, dtype_bytes)
+        return gemm_rows(gm[:rows], gn[:rows], gk[:rows], device, tiles, dtype_bytes)
 
     def gemm_reference(rows: int) -> tuple[list[float], float]:
         ms, ns, ks = gm[:rows].tolist(), gn[:rows].tolist(), gk[:rows].tolist()
@@ -158,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float | str | int]
         return out, time.perf_counter() - t0
 
     def collective_kernel(rows: int) -> np.ndarray:
-        return collective_batch(op[:rows], size[:rows], stride[:rows], size_bytes[:rows], tiers)
+        return collective_rows(op[:rows], size[:rows], stride[:rows], size_bytes[:rows], tiers)
 
     by_op: dict[str, tuple[int, float]] = {}  # plain-Python (rows, seconds) per collective
 

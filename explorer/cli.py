@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import polars as pl
 
 from explorer.evaluate import DEFAULT_MAX_TASKS, pack
@@ -25,9 +26,10 @@ from results.rank import ResultsError, compare, pareto, top
 from results.writer import to_arrow
 from spaces import catalog
 from spaces.catalog import LoadedSpace
-from spaces.encode import DIMENSION_NAMES, MOE_DIMENSIONS, REASON_TEXT, Encoder
+from spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
 from spaces.enums import Reason
 from spaces.errors import CatalogError
+from spaces.schema import Dimensions
 
 DEFAULT_SPACE = "llama3-70b-h100-1024"
 GIB = 1024**3
@@ -73,6 +75,34 @@ def catalog_cmd() -> None:
             click.echo(f"  {name:<{width}}  {desc}")
 
 
+@main.command("topology")
+@click.argument("name")
+@click.option("--src", type=click.IntRange(min=0), default=0, show_default=True, help="Rank whose routes are listed.")
+@click.option("--mib", type=click.FloatRange(min=0), default=7.0, show_default=True,
+              help="MiB every die sends every other die in the all-to-all bound.")
+@_guard
+def topology_cmd(name: str, src: int, mib: float) -> None:
+    """Routes of a die-level topology (peers, mates, strangers via mates) and the
+    time bound of a uniform all-to-all over it."""
+    from spaces.topology import hop_counts, load_topology, route, uniform_all_to_all
+
+    topo = load_topology(name)
+    if src >= topo.n:
+        raise InputError(f"command line: --src = {src}: expected a rank in 0..{topo.n - 1} of {topo.name}")
+    click.echo(f"{topo.name}: {topo.n} ranks; tiers " + ", ".join(
+        f"{t.name} {t.bandwidth_GB_per_s:g} GB/s" for t in topo.tiers))
+    for dst in range(topo.n):
+        if dst != src:
+            hops = route(topo, src, dst)
+            click.echo(f"  {src:>2} -> {dst:>2}: " + "  ".join(f"{h.src}->{h.dst} {h.tier}" for h in hops))
+    counts = hop_counts(topo)
+    off = counts[~np.eye(topo.n, dtype=bool)]
+    click.echo("hops per pair: " + ", ".join(f"{k}: {int((off == k).sum())}" for k in sorted(set(off.tolist()))))
+    loads = uniform_all_to_all(topo, mib * 2**20)
+    busiest = f" (busiest link {loads.bottleneck[0]}->{loads.bottleneck[1]})" if loads.bottleneck else ""
+    click.echo(f"uniform all-to-all, {mib:g} MiB per pair: {1e3 * loads.time_s:.3f} ms{busiest}")
+
+
 def _overrides(model: str | None, hardware: str | None, devices: int | None) -> dict[str, Any]:
     given = {"model": model, "hardware": hardware, "devices": devices}
     return {k: v for k, v in given.items() if v is not None}
@@ -102,13 +132,25 @@ def explain_table(first: Any, breaks: Any, n_combinations: int) -> str:
     return "\n".join(lines)
 
 
+#: strategy columns every table shows; the others only where a row leaves their default
+ALWAYS_SHOWN = ("tp", "pp", "dp", "micro_batch", "schedule")
+
+
 def _dimensions_shown(frame: pl.DataFrame) -> list[str]:
-    """The strategy columns worth printing: the expert ones only where a row uses
-    expert parallelism (a dense model's rows all hold their defaults), the
-    cluster size only where it varies."""
-    dense = frame.is_empty() or (frame["ep"].max() == 1 and frame["expert_tp"].max() == 1)
-    one_size = frame.is_empty() or frame["devices"].n_unique() == 1
-    return [n for n in DIMENSION_NAMES if not ((dense and n in MOE_DIMENSIONS) or (one_size and n == "devices"))]
+    """The strategy columns worth printing: the main sizes always, the cluster size
+    where it varies, any other dimension where some row leaves its default (a
+    dense model's expert columns, unused offload flags, ... stay out of the way)."""
+    defaults = Dimensions().model_dump()
+    shown = []
+    for name in DIMENSION_NAMES:
+        if name in ALWAYS_SHOWN or frame.is_empty():
+            shown.append(name)
+        elif name == "devices":
+            if frame["devices"].n_unique() > 1:
+                shown.append(name)
+        elif frame[name].n_unique() > 1 or frame[name][0] != defaults[name][0]:
+            shown.append(name)
+    return shown
 
 
 def _top_table(frame: pl.DataFrame) -> str:

@@ -69,7 +69,7 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
         attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
         memory_overhead_bytes=dev.memory_overhead_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
-        host_memory_bytes_per_s=dev.host_memory_bytes_per_s,
+        host_memory_bytes_per_s=dev.host_memory_bytes_per_s, host_capacity_bytes=dev.host_capacity_bytes,
     )
     _table_fits(hw, "device.gemm_efficiency", dev.gemm_efficiency, params.MAX_GEMM_POINTS)
     points = np.asarray(dev.gemm_efficiency, dtype=np.float64).reshape(-1, 4)
@@ -114,7 +114,8 @@ DEFAULT_MAX_TASKS = 200_000
 #: the strategy columns in the order the row kernels take them (evaluate_rows,
 #: simulate_rows, row_graph), followed there by the parameter records
 KERNEL_ARGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
-               "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo", "n_microbatches")
+               "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo", "recompute_layers",
+               "offload_activations", "offload_weights", "n_microbatches")
 
 
 def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:

@@ -13,24 +13,75 @@ study resumes after a crash or Ctrl-C; any Optuna storage URL (an RDB such as
 PostgreSQL) lets many processes share one study. Every trial's metrics row is
 written to Parquet with the sweep's schema, one part file per batch, so
 studies and sweeps are analysed the same way.
+
+A worker killed mid-batch (SIGKILL, power loss) leaves its asked trials
+RUNNING. They are found and failed, and their parameters queued again
+(``optuna.storages.RetryHeartbeatStaleTrialCallback``), so no candidate is
+lost and none is left dangling:
+
+* by the worker's lock (any storage, same results folder): each worker holds
+  an ``flock`` on ``OUT/.STUDY.workers/TOKEN.lock`` for its lifetime and lists
+  the trials of its batch in flight next to it; the kernel drops the lock when
+  the process dies, so the next ``paraspace study`` on that folder knows, at
+  once, which RUNNING trials are orphans. With the journal (no heartbeats in
+  Optuna's ``JournalStorage``), a RUNNING trial no worker lists is an orphan
+  too when no other worker is alive.
+* by Optuna's heartbeat (RDB storages, workers on other machines):
+  ``RDBStorage(heartbeat_interval=..., grace_period=...,
+  heartbeat_stale_trial_callback=...)``; one thread keeps every trial of the
+  batch beating while it is evaluated, and ``optuna.storages.fail_stale_trials``
+  runs at start and after each batch.
+
+A batch's Parquet part is written before its trials are told and moved into
+the dataset only after: a part left behind by a dead worker keeps exactly the
+rows of the trials it had told, so the Parquet output neither loses nor
+repeats a trial.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
 import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import optuna
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from optuna.trial import TrialState
 
 from explorer.evaluate import pack
-from explorer.sweep import enum_labels, evaluate_encoded, provenance, result_schema, column_docs
-from results.writer import ResultWriter, to_arrow
+from explorer.sweep import (
+    column_docs,
+    enum_labels,
+    evaluate_encoded,
+    provenance,
+    result_schema,
+)
+from results.writer import ResultWriter, read_metadata, to_arrow
 from spaces.catalog import LoadedSpace
 from spaces.encode import DIMENSIONS, Encoder
 from spaces.enums import labels
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock-based liveness; RDB heartbeats still apply
+    fcntl = None  # type: ignore[assignment]
+
+_log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "nsga2", "random", "grid")
 OBJECTIVES = ("time-memory", "time")
@@ -38,6 +89,14 @@ OBJECTIVES = ("time-memory", "time")
 PENALTY = 1e30
 #: the one constraint: > 0 when a rule is broken (1) or memory exceeds the cap (relative excess)
 CONSTRAINT = "fits"
+#: Optuna's heartbeat on RDB storages: each trial of the batch in flight beats every HEARTBEAT_S
+#: seconds; a RUNNING trial silent for GRACE_S is failed and queued again by whichever worker looks
+HEARTBEAT_S = 10
+GRACE_S = 60
+#: a candidate whose evaluation killed its worker this many times stays FAIL instead of being retried
+MAX_RETRY = 3
+#: suffix of a batch's Parquet part while its trials are being told
+PENDING = ".pending"
 
 
 @dataclass
@@ -48,6 +107,8 @@ class StudySummary:
     best: list[dict[str, Any]]
     parts: list[Path]
     seconds: float
+    #: trials of dead workers found RUNNING, failed and (up to MAX_RETRY times) queued again
+    n_recovered: int = 0
 
 
 def search_space(encoder: Encoder) -> dict[str, list[Any]]:
@@ -95,67 +156,372 @@ def default_storage(out_dir: Path, study_name: str) -> optuna.storages.BaseStora
 def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: str | None = None,
               storage: str | None = None, sampler: str = "tpe", objective: str = "time-memory",
               max_mem_gib: float | None = None, batch: int = 64, timeout_s: float | None = None,
-              seed: int | None = 0) -> StudySummary:
+              seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> StudySummary:
     encoder = Encoder(loaded)
     packed = pack(loaded)
     space = search_space(encoder)
     name = study_name or loaded.spec.name
     directions = ["minimize", "minimize"] if objective == "time-memory" else ["minimize"]
-    study = _open_study(name, storage or default_storage(out_dir, name), directions, make_sampler(sampler, seed, space))
+    with _optuna_quiet():
+        retry = _Retry(max_retry=MAX_RETRY)
+    rdb: list[optuna.storages.RDBStorage] = []
+
+    def open_storage() -> optuna.storages.BaseStorage:
+        if storage is None:
+            return default_storage(out_dir, name)
+        # Optuna's heartbeat (RDBStorage only; JournalStorage has none in Optuna 5): trials whose
+        # heartbeat is older than grace_period are failed by optuna.storages.fail_stale_trials, which
+        # hands each to heartbeat_stale_trial_callback (here: queue its parameters again).
+        rdb[:] = [optuna.storages.RDBStorage(storage, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                                             heartbeat_stale_trial_callback=retry)]
+        return rdb[0]
+
     cap = max_mem_gib * 1024**3 if max_mem_gib is not None else loaded.hardware.device.hbm_capacity_bytes
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     labels_, table_schema = enum_labels(), result_schema()
+    part_dir = out_dir / name
     parts: list[Path] = []
     began = time.perf_counter()
     done = 0
-    while done < n_trials and (timeout_s is None or time.perf_counter() - began < timeout_s):
-        trials = [study.ask(distributions) for _ in range(min(batch, n_trials - done))]
-        params = [t.params for t in trials]
-        ids = encoder.row_ids(_positions(encoder, params, space))
-        enc = encoder.encode_ids(ids)
-        kept = {int(r): i for i, r in enumerate(enc.columns["row_id"])}
-        cols = evaluate_encoded(packed, enc) if enc.n_rows else None
-        for trial, rid in zip(trials, ids):
-            row = kept.get(int(rid))
-            if row is None:  # breaks a validity rule: a constraint violation, no prediction
-                trial.set_constraint(CONSTRAINT, 1.0)
-                trial.set_user_attr("row_id", int(rid))
-                study.tell(trial, [PENALTY] * len(directions))
-                continue
-            step, mem = float(cols["step_time_s"][row]), float(cols["mem_peak_bytes"][row])
-            trial.set_constraint(CONSTRAINT, (mem - cap) / cap)
-            trial.set_user_attr("row_id", int(rid))
-            study.tell(trial, [step, mem] if len(directions) == 2 else [step])
-        if cols is not None and enc.n_rows:
-            part = out_dir / name / f"part-{int(time.time() * 1e6)}-{trials[0].number}.parquet"
-            with ResultWriter(part, table_schema, provenance(loaded), column_docs()) as writer:
-                writer.write(to_arrow(cols, table_schema, labels_))
-                writer.close({"paraspace.study": {"name": name, "trials": [t.number for t in trials]}})
-            parts.append(part)
-        done += len(trials)
-    feasible = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+    with _optuna_quiet(), _Worker(out_dir / f".{name}.workers") as worker:
+        with _DeadWorkers(worker) as dead:
+            if storage is None and not dead.live:
+                _release_stale_journal_lock(out_dir / f"{name}.journal")
+            study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space))
+            if study.metric_names is None:  # objective names, as optuna-dashboard shows them
+                study.set_metric_names(["step_time_s", "mem_peak_bytes"][:len(directions)])
+            dead.reclaim(study, part_dir, retry, journal=storage is None)
+        optuna.storages.fail_stale_trials(study)
+        with _Heartbeat(rdb[0] if rdb else None, heartbeat_s) as heart:
+            while done < n_trials and (timeout_s is None or time.perf_counter() - began < timeout_s):
+                worker.begin()
+                try:
+                    trials = []
+                    for _ in range(min(batch, n_trials - done)):
+                        trial = study.ask()  # claimed before its parameters are written, then suggested
+                        worker.own(trial.number)  # as study.ask(distributions) would
+                        heart.beat(trial)
+                        for key, dist in distributions.items():
+                            trial.suggest_categorical(key, dist.choices)
+                        trials.append(trial)
+                    part = _evaluate_and_tell(study, trials, encoder, packed, space, cap, len(directions),
+                                              worker.pending, part_dir, table_schema, labels_, loaded, name)
+                except BaseException:  # Ctrl-C or an error mid-batch: give the batch back now
+                    _give_back(study, worker, part_dir, retry)
+                    raise
+                heart.clear()
+                if part is not None:
+                    parts.append(part)
+                done += len(trials)
+                optuna.storages.fail_stale_trials(study)
+    feasible = [t for t in study.trials if t.state == TrialState.COMPLETE
                 and max(_constraint(t), default=1.0) <= 0]
     best = sorted(feasible, key=lambda t: t.values[0])[:5]
+    if retry.count:
+        _log.warning("study %s: %d trials left RUNNING by dead workers were failed and queued again",
+                     name, retry.count)
     return StudySummary(
         study_name=name, n_trials_total=len(study.trials), n_new=done,
         best=[{"trial": t.number, "step_time_s": t.values[0], **t.params, "row_id": t.user_attrs["row_id"]}
               for t in best],
-        parts=parts, seconds=time.perf_counter() - began,
+        parts=parts, seconds=time.perf_counter() - began, n_recovered=retry.count,
     )
 
 
-def _open_study(name: str, storage: Any, directions: list[str], sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], encoder: Encoder, packed: Any,
+                       space: dict[str, list[Any]], cap: float, n_objectives: int, pending: Path, part_dir: Path,
+                       table_schema: pa.Schema, labels_: dict[str, list[str]], loaded: LoadedSpace,
+                       name: str) -> Path | None:
+    """One batch: evaluate, write its Parquet part aside, tell every trial, then publish the part."""
+    params = [t.params for t in trials]
+    ids = encoder.row_ids(_positions(encoder, params, space))
+    enc = encoder.encode_ids(ids)
+    kept = {int(r): i for i, r in enumerate(enc.columns["row_id"])}
+    cols = evaluate_encoded(packed, enc) if enc.n_rows else None
+    staged = None
+    if cols is not None:
+        staged = pending / f"part-{int(time.time() * 1e6)}-{trials[0].number}.parquet{PENDING}"
+        with ResultWriter(staged, table_schema, provenance(loaded), column_docs()) as writer:
+            writer.write(to_arrow(cols, table_schema, labels_))
+            writer.close({"paraspace.study": {"name": name, "trials": [t.number for t in trials]}})
+    for trial, rid in zip(trials, ids):
+        row = kept.get(int(rid))
+        trial.set_user_attr("row_id", int(rid))
+        if row is None:  # breaks a validity rule: a constraint violation, no prediction
+            trial.set_constraint(CONSTRAINT, 1.0)
+            trial.set_user_attr("feasible", False)
+            study.tell(trial, [PENALTY] * n_objectives)
+            continue
+        step, mem = float(cols["step_time_s"][row]), float(cols["mem_peak_bytes"][row])
+        trial.set_constraint(CONSTRAINT, (mem - cap) / cap)
+        trial.set_user_attr("feasible", mem <= cap)
+        study.tell(trial, [step, mem] if n_objectives == 2 else [step])
+    if staged is None:
+        return None
+    part_dir.mkdir(parents=True, exist_ok=True)
+    final = part_dir / staged.name.removesuffix(PENDING)
+    os.replace(staged, final)
+    return final
+
+
+class _Retry(optuna.storages.RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a stale trial (a WAITING copy with the same parameters, ``failed_trial``
+    and ``retry_history`` system attributes), minus constraint values set before the worker died:
+    the retry sets its own. Counts the stale trials it was handed."""
+
+    def __init__(self, max_retry: int | None) -> None:
+        super().__init__(max_retry=max_retry)
+        self.count = 0
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        trial = copy.deepcopy(trial)
+        trial.system_attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints")}
+        self.count += 1
+        super().__call__(study, trial)
+
+
+@contextlib.contextmanager
+def _optuna_quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        # heartbeats with ask/tell are deliberate here (see _Heartbeat); the retry callback,
+        # fail_stale_trials and set_metric_names are marked experimental
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
+class _Heartbeat:
+    """Optuna's heartbeat for a batch told with ask/tell. ``Study.optimize`` runs one heartbeat thread
+    per trial (``optuna.storages._heartbeat.HeartbeatThread``); here one thread beats for every trial of
+    the batch in flight, each beating first right after its ask (``RDBStorage.record_heartbeat``: a trial
+    that never beat is never stale). A no-op without an RDB storage."""
+
+    def __init__(self, storage: optuna.storages.RDBStorage | None, interval_s: float) -> None:
+        self.storage, self.interval_s = storage, interval_s
+        self._ids: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="paraspace-heartbeat", daemon=True)
+
+    def __enter__(self) -> Self:
+        if self.storage is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def beat(self, trial: optuna.Trial) -> None:
+        if self.storage is not None:  # the storage's trial id, as Optuna's HeartbeatThread is given it
+            self.storage.record_heartbeat(trial._trial_id)
+            with self._lock:
+                self._ids.add(trial._trial_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ids.clear()
+
+    def _run(self) -> None:
+        assert self.storage is not None
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                ids = list(self._ids)
+            for trial_id in ids:
+                try:
+                    self.storage.record_heartbeat(trial_id)
+                except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+                    _log.warning("heartbeat of trial id %d failed: %s", trial_id, exc)
+
+
+class _Worker:
+    """This process's claim on the trials it has asked and not yet told.
+
+    ``ROOT/TOKEN.lock`` is flock-ed for the process's lifetime (the kernel drops the lock when the process
+    dies, SIGKILL included; after a power loss nothing holds it); ``ROOT/TOKEN.trials`` lists the numbers of
+    the batch in flight, one a line, each appended right after its ask; ``ROOT/TOKEN/`` holds the batch's
+    Parquet part until all its trials are told.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.pending = root / self.token
+        self.numbers: list[int] = []
+        self._fd: int | None = None
+        self._trials: Any = None
+        self.clean = True
+
+    def __enter__(self) -> Self:
+        self.root.mkdir(parents=True, exist_ok=True)
+        # locked under a private name, then renamed: a visible lock file is always held by a live worker
+        making = self.root / f".{self.token}.making"
+        self._fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(making, self.root / f"{self.token}.lock")
+        self.pending.mkdir()
+        self._trials = open(self.root / f"{self.token}.trials", "w")
+        return self
+
+    def begin(self) -> None:
+        """A new batch: every trial of the previous one is told."""
+        self._trials.seek(0)
+        self._trials.truncate()
+        self.numbers.clear()
+
+    def own(self, number: int) -> None:
+        self._trials.write(f"{number}\n")
+        self._trials.flush()
+        self.numbers.append(number)
+
+    def __exit__(self, *exc: object) -> None:
+        self._trials.close()
+        if self.clean:  # else leave the claim for the next start to reclaim (the lock dies with us)
+            (self.root / f"{self.token}.trials").unlink(missing_ok=True)
+            shutil.rmtree(self.pending, ignore_errors=True)
+            (self.root / f"{self.token}.lock").unlink(missing_ok=True)
+        os.close(self._fd)
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding ``path``'s lock if its worker is dead, else None (alive, or the file is gone)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class _DeadWorkers:
+    """The other workers on this results folder: the live ones (their lock is held) counted, the dead
+    ones' locks taken for as long as this is open, so that one starting worker alone reclaims them."""
+
+    def __init__(self, me: _Worker) -> None:
+        self.me = me
+        self.live = 0
+        self.dead: list[tuple[str, int]] = []  # (token, held lock fd or -1 when its lock file is gone)
+
+    def __enter__(self) -> Self:
+        tokens = {p.name.removesuffix(".lock").removesuffix(".trials") for p in self.me.root.iterdir()
+                  if not p.name.startswith(".")} - {self.me.token}
+        for token in sorted(tokens):
+            lock = self.me.root / f"{token}.lock"
+            fd = _try_lock(lock) if lock.exists() else -1  # no lock file: its worker is gone
+            if fd is None:
+                self.live += 1
+            else:
+                self.dead.append((token, fd))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _, fd in self.dead:
+            if fd >= 0:
+                os.close(fd)
+
+    def reclaim(self, study: optuna.Study, part_dir: Path, retry: _Retry, journal: bool) -> None:
+        """Fail and queue again the trials dead workers left RUNNING; settle their Parquet parts."""
+        root = self.me.root
+        for token, _ in self.dead:
+            _fail_and_retry(study, _read_numbers(root / f"{token}.trials"), retry)
+            _settle(study, root / token, part_dir)
+            shutil.rmtree(root / token, ignore_errors=True)
+            (root / f"{token}.trials").unlink(missing_ok=True)
+            (root / f"{token}.lock").unlink(missing_ok=True)
+        if journal and not self.live and fcntl is not None:
+            # killed between creating a trial and the line that claims it: no live worker can own it
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            _fail_and_retry(study, [t.number for t in running], retry)
+
+
+def _release_stale_journal_lock(journal: Path) -> None:
+    """Optuna's journal lock (``JournalFileSymlinkLock``, a symlink beside the file) outlives a worker
+    killed while appending; others would wait its 30 s grace period before breaking it. With no live
+    worker on the folder, it is stale now: released the way the lock releases itself."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if os.path.lexists(f"{journal}.lock"):
+        with contextlib.suppress(RuntimeError):  # someone else released it first
+            JournalFileSymlinkLock(str(journal)).release()
+        _log.warning("released the journal lock %s.lock left by a dead worker", journal)
+
+
+def _give_back(study: optuna.Study, worker: _Worker, part_dir: Path, retry: _Retry) -> None:
+    try:
+        _fail_and_retry(study, worker.numbers, retry)
+        _settle(study, worker.pending, part_dir)
+    except Exception as exc:  # noqa: BLE001 - the next start reclaims what is left; keep the first error
+        worker.clean = False
+        _log.warning("could not give back the interrupted batch (the next start will): %s", exc)
+
+
+def _read_numbers(path: Path) -> list[int]:
+    try:
+        lines = path.read_text().split("\n")
+    except FileNotFoundError:
+        return []
+    return [int(line) for line in lines if line.strip().isdigit()]  # a torn last line is skipped
+
+
+def _fail_and_retry(study: optuna.Study, numbers: list[int], retry: _Retry) -> None:
+    """Fail each RUNNING trial of ``numbers`` and queue its parameters again, as
+    ``optuna.storages.fail_stale_trials`` does with a stale trial: only the worker whose FAIL lands retries."""
+    running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    for number in numbers:
+        trial = running.get(number)
+        if trial is None:
+            continue
+        try:
+            study.tell(number, state=TrialState.FAIL)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):  # another worker got there first
+            continue
+        retry(study, trial)
+
+
+def _settle(study: optuna.Study, pending: Path, part_dir: Path) -> None:
+    """Publish what a dead or interrupted worker's staged Parquet parts hold for trials it did tell."""
+    if not pending.is_dir():
+        return
+    for path in sorted(pending.iterdir()):
+        if path.name.endswith(PENDING):
+            table = pq.read_table(path)
+            meta = dict(table.schema.metadata or {})
+            info = json.loads(read_metadata(path)["paraspace.study"])  # a footer key, added at close
+            trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+            told = [n for n in info["trials"] if n in trials and trials[n].state == TrialState.COMPLETE]
+            rows = pa.array(sorted({int(trials[n].user_attrs["row_id"]) for n in told}), type=table["row_id"].type)
+            table = table.filter(pc.is_in(table["row_id"], value_set=rows))
+            if table.num_rows:
+                meta[b"paraspace.study"] = json.dumps({**info, "trials": told}, sort_keys=True).encode()
+                part_dir.mkdir(parents=True, exist_ok=True)
+                final = part_dir / path.name.removesuffix(PENDING)
+                tmp = final.with_name(final.name + ".partial")
+                pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+                os.replace(tmp, final)
+        path.unlink()
+
+
+def _open_study(name: str, open_storage: Callable[[], Any], directions: list[str],
+                sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create or join the study. Workers started together on a fresh database race
     to create Optuna's tables and the study; the loser retries and joins."""
     from sqlalchemy.exc import SQLAlchemyError
 
     for attempt in range(5):
         try:
-            return optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
-                                       load_if_exists=True)
+            return optuna.create_study(study_name=name, storage=open_storage(), directions=directions,
+                                       sampler=sampler, load_if_exists=True)
         except (SQLAlchemyError, optuna.exceptions.DuplicatedStudyError):
             time.sleep(0.5 * (attempt + 1))
-    return optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler,
+    return optuna.create_study(study_name=name, storage=open_storage(), directions=directions, sampler=sampler,
                                load_if_exists=True)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from explorer.evaluate import KERNEL_ARGS, Packed, ScheduleError
+from kernels.codes import SCHEDULE_PIPEDREAM
 from kernels.engine import KIND_NAMES, OK, simulate
 from kernels.event_tier import DEFAULT_BUCKETS, row_graph
-from kernels.pipeline import STREAM_CLASSES, streams_per_device
+from kernels.pipeline import STREAM_CLASSES, steady_span_ns, streams_per_device
 from results.trace import Timeline
 from spaces.catalog import LoadedSpace
+from spaces.enums import Schedule, label
 from spaces.schema import Hardware
 
 NS = 1e9
@@ -34,9 +36,12 @@ def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_bucket
         raise ScheduleError(f"schedule deadlocked; {int((end < 0).sum())} tasks never ran, e.g. {', '.join(names)}")
     per_device = streams_per_device(packed.tiers.shape[0])
     spec = space.spec
+    step_ns = end.max()
+    if row["schedule"] == SCHEDULE_PIPEDREAM:  # one steady-state period, staggered over the devices
+        step_ns = steady_span_ns(res, start, end, row["pp"], packed.tiers.shape[0])
     title = (f"{space.model.name} on {spec.devices_text} x {space.hardware.name}: "
              + " ".join(f"{k}={row[k]}" for k in ("tp", "pp", "dp", "cp", "vpp", "micro_batch"))
-             + f", m={row['n_microbatches']}, step {end.max() / NS * 1e3:.1f} ms")
+             + f" {label(Schedule(row['schedule']))}, m={row['n_microbatches']}, step {step_ns / NS * 1e3:.1f} ms")
     return Timeline(
         device=stage.astype(np.int64), stream=(res % per_device).astype(np.int64), kind=kind.astype(np.int64),
         micro=micro.astype(np.int64), chunk=chunk.astype(np.int64), start_s=start / NS, end_s=end / NS,

@@ -14,6 +14,8 @@ SCHEDULE_GPIPE = 0
 SCHEDULE_1F1B = 1
 SCHEDULE_INTERLEAVED = 2
 SCHEDULE_ZB_H1 = 3
+SCHEDULE_DUALPIPE = 4
+SCHEDULE_PIPEDREAM = 5
 
 # spaces.enums.Optimizer
 OPTIMIZER_ADAM = 0
@@ -35,6 +37,7 @@ PLACEMENT_OUTER = 1
 # spaces.enums.Feasibility
 FEASIBLE_OK = 0
 FEASIBLE_OUT_OF_MEMORY = 1
+FEASIBLE_OUT_OF_HOST_MEMORY = 2
 
 # spaces.enums.Collective (kernels.collectives)
 ALL_REDUCE = 0

@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from kernels.codes import SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
+from kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
 from kernels.collectives import group_tier
 from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
 from kernels.jit import jit
-from kernels.pipeline import build_step, streams_per_device
+from kernels.pipeline import build_step, steady_in_flight, steady_span_ns, streams_per_device
 from kernels.training import (
     C_CP_B,
     C_CP_F,
@@ -70,7 +70,8 @@ def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
     used to cap the simulation's cost per row."""
     pp = np.asarray(pp, dtype=np.int64)
     v = np.where(np.asarray(schedule) == SCHEDULE_INTERLEAVED, vpp, 1).astype(np.int64)
-    passes = np.where(np.asarray(schedule) == SCHEDULE_ZB_H1, 3, 2)
+    split = (np.asarray(schedule) == SCHEDULE_ZB_H1) | (np.asarray(schedule) == SCHEDULE_DUALPIPE)
+    passes = np.where(split, 3, 2)  # F, B (and W where the backward is split)
     per_dev = passes * v * np.asarray(n_micro, dtype=np.int64)
     dp = np.where(np.asarray(zero) >= 3, 3 * per_dev, 2 * n_buckets)
     return pp * (per_dev + 2 * n_buckets + 1 + dp) + pp * per_dev
@@ -78,11 +79,11 @@ def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
 
 @jit
 def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-              dispatch, tbo, n_micro, model, dev, tiers, tiles, work, n_buckets):
+              dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets):
     """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo, model,
-              dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo, off_act,
+              off_w, model, dev, tiers, tiles, work, costs)
     p = pp
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
     fwd_ns = np.empty((p, v), dtype=np.int64)
@@ -92,7 +93,8 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
         for c in range(v):
             layers_chunk = chunk_layers(d, c, p, v, model.layers)
             nd = chunk_dense_layers(d, c, p, v, model)
-            f, b, w, _, _, _ = layers_pass_s(costs, nd, layers_chunk - nd, recompute)
+            # the device's last rc_layers recompute; with interleaving, rc_layers / v per chunk
+            f, b, w, _, _, _, _ = layers_pass_s(costs, nd, layers_chunk - nd, recompute, float(rc_layers) / v)
             vs = c * p + d
             if vs == 0:
                 f += costs[C_EMB_F] + costs[C_EMB_COMM]
@@ -187,9 +189,10 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
 
 @jit
 def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                 dispatch, tbo, n_micro, model, dev, tiers, tiles, work, n_buckets, out) -> int:
+                 dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets,
+                 out) -> int:
     g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                  dispatch, tbo, n_micro, model, dev, tiers, tiles, work, n_buckets)
+                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets)
     dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
     start = np.empty(dur.shape[0], dtype=np.int64)
     end = np.empty(dur.shape[0], dtype=np.int64)
@@ -198,12 +201,17 @@ def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optim
         return status
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
     step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, pp, v, tiers.shape[0], out)
+    if schedule == SCHEDULE_PIPEDREAM:  # one steady-state period: each device's span, not the staggered makespan
+        span = steady_span_ns(res, start, end, pp, tiers.shape[0]) / NS
+        out[S_BUBBLE] = max(0.0, out[S_BUBBLE] + span - out[S_STEP])  # the span covers the busiest device
+        out[S_STEP] = span
+        out[S_INFLIGHT] = steady_in_flight(kind, micro, order_ptr, order_idx)
     return OK
 
 
 @jit(parallel=True)
 def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                  dispatch, tbo, n_micro, model, dev, tiers, tiles, work, select, analytic_step, tokens, mfu, n_buckets):
+                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, select, analytic_step, tokens, mfu, n_buckets):
     """Simulate the rows where ``select`` is true; returns (n, N_SIM) float64.
 
     Rows not simulated get the analytic step time, ``simulated`` 0 and NaN
@@ -216,7 +224,7 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
         if select[i]:
             status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
                                   optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i],
-                                  n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
+                                  rc_layers[i], off_act[i], off_w[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
             if status == OK:
                 scale = analytic_step[i] / row[S_STEP]
                 tokens[i] *= scale

@@ -30,6 +30,7 @@ DEVICE = np.dtype(
         ("memory_overhead_bytes", np.float64),
         ("host_link_bytes_per_s", np.float64),  # PCIe to the host, each direction
         ("host_memory_bytes_per_s", np.float64),  # host DRAM bandwidth per device
+        ("host_capacity_bytes", np.float64),  # host DRAM for offloaded tensors per device
         # measured GEMM efficiency points (m, n, k, achieved/peak); n_gemm of them are used
         ("n_gemm", np.float64),
         ("gemm_m", np.float64, (MAX_GEMM_POINTS,)),

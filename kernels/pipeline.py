@@ -26,16 +26,32 @@ that pass's gradient scatter, so two passes' parameters are held, as the
 memory model assumes) and reduce-scatters gradients after every backward. The
 optimizer step ends each device's step after its last reduction.
 
+DualPipe (``_dualpipe_order``) puts two chunks on every device, stage d of the
+downward direction and stage p - 1 - d of the upward one: a micro-batch's
+pipeline positions are then stages, ``chain_position`` maps (device, chunk) to
+them and a chunk's durations are its stage's. An overlapped F&B chunk and a
+backward computed with its W send their outputs after both passes.
+PipeDream (``_pipedream_order``) is simulated in steady state: the graph is one
+period of a pipeline that never drains, its micro-batches numbered from the
+period's first backward; dependencies on passes outside the period are dropped
+(done before it), and the step is each device's span (``steady_span_ns``).
+
 Tasks are created in each device's program order, so task ids follow every
 stream's order. Preconditions (the encoder guarantees them): interleaving needs
-m % p == 0.
+m % p == 0; DualPipe an even p and an even m; DualPipe, PipeDream and ZB-H1 v = 1.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kernels.codes import SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
+from kernels.codes import (
+    SCHEDULE_DUALPIPE,
+    SCHEDULE_GPIPE,
+    SCHEDULE_INTERLEAVED,
+    SCHEDULE_PIPEDREAM,
+    SCHEDULE_ZB_H1,
+)
 from kernels.engine import (
     K_BACKWARD,
     K_DP,
@@ -56,7 +72,33 @@ W_PASS = 2
 
 @jit
 def passes_per_device(schedule: int, v: int, m: int) -> int:
-    return (3 if schedule == SCHEDULE_ZB_H1 else 2) * v * m
+    return (3 if split_backward(schedule) else 2) * v * m
+
+
+@jit
+def split_backward(schedule: int) -> bool:
+    """Whether the schedule runs the weight-gradient half of a backward (W) as a pass of its own."""
+    return schedule == SCHEDULE_ZB_H1 or schedule == SCHEDULE_DUALPIPE
+
+
+@jit
+def chain_position(schedule: int, p: int, d: int, c: int) -> int:
+    """Position along the micro-batch's pipeline (virtual stage) of device d's chunk c.
+
+    Megatron's interleaved layout: c p + d. DualPipe: chunk 0 is stage d of the
+    downward direction, chunk 1 stage p - 1 - d of the upward one (both
+    directions run the same p stages, so a position is also the stage whose
+    layers the chunk holds)."""
+    if schedule == SCHEDULE_DUALPIPE:
+        return d if c == 0 else p - 1 - d
+    return c * p + d
+
+
+@jit
+def micro_ids(schedule: int, p: int, m: int) -> int:
+    """Micro-batch ids a step's graph uses (PipeDream's window: the m + p - 1
+    micro-batches j = -1 .. m + p - 2 that one period touches, as id j + 1)."""
+    return m + p if schedule == SCHEDULE_PIPEDREAM else m
 
 #: communication streams per link tier, in this order
 STREAM_PP = 0
@@ -93,7 +135,12 @@ def compute_order(schedule: int, p: int, v: int, m: int, d: int, passes, chunks,
     pending, so stage d runs its last d W's after its last B, while the final
     gradients travel upstream (the last stage defers most, the first none); bubble (p - 1)(t_F + t_B - t_W) instead of
     (p - 1)(t_F + t_B + t_W) for equal stages (v must be 1).
+    DualPipe and PipeDream: ``_dualpipe_order`` and ``_pipedream_order`` (v must be 1).
     """
+    if schedule == SCHEDULE_DUALPIPE:
+        return _dualpipe_order(p, m, d, passes, chunks, micros)
+    if schedule == SCHEDULE_PIPEDREAM:
+        return _pipedream_order(p, m, d, passes, chunks, micros)
     n = 0
     if schedule == SCHEDULE_ZB_H1:
         warm = min(p - d - 1, m)
@@ -157,6 +204,158 @@ def compute_order(schedule: int, p: int, v: int, m: int, d: int, passes, chunks,
     return n
 
 
+#: DualPipe generator state (one int64 array): passes written, next forward and
+#: backward per phase, and the FIFO of deferred weight gradients (head, tail)
+_DP_N, _DP_F0, _DP_F1, _DP_B0, _DP_B1, _DP_QH, _DP_QT = range(7)
+
+
+@jit
+def _dualpipe_order(p: int, m: int, d: int, passes, chunks, micros) -> int:
+    """DualPipe (DeepSeek-V3, arXiv:2412.19437 sec. 3.2.1; deepseek-ai/DualPipe
+    ``DualPipe.step``): device d's compute order, 3 m passes (F, B and W of
+    each of its m chunk passes).
+
+    Bidirectional: micro-batches 0 .. m/2 - 1 enter at device 0 and run stage s
+    on device s (chunk 0), micro-batches m/2 .. m - 1 enter at device p - 1 and
+    run stage s on device p - 1 - s (chunk 1), so every device holds two
+    stages' parameters (d and p - 1 - d). With h = min(d, p - 1 - d), H = p / 2
+    and M = m / 2, phase 0 is the direction in which the device is stage h
+    (near its input), phase 1 the one in which it is stage p - 1 - h; the
+    published order is eight runs:
+      1. 2 (H - h - 1) F0          2. (h + 1) x [F0 F1]
+      3. (H - h - 1) x [B1 W1 F1]  4. (M - p + h + 1) x [F0 B1 F1 B0]
+      5. (H - h - 1) x [B1 F1 B0]  6. (h + 1) x [B1 B0], W deferred from the middle on
+      7. (H - h - 1) x [W B0'], B0' deferring its W   8. (h + 1) x W
+    where a backward whose W is not deferred is followed by its W at once (one
+    autograd pass; ``build_step`` sends its gradient after the W) and deferred
+    W's run first in, first out. Each phase's micro-batches run in order.
+
+    Engine approximations. The overlapped F&B chunks of steps 4 and 5 (a
+    forward followed by a backward of the other direction) run back to back on
+    the compute stream, F&B = F + B: their compute is not overlapped, their
+    pipeline sends go on the pipeline stream (hidden unless late) and, as in the
+    reference, leave after both passes. EP dispatch/combine stays inside the
+    pass durations as in the other schedules (its overlap with the other
+    micro-batch's compute is not credited). A pass waits only for its own
+    input, where the reference's batched send/recv makes a chunk wait for every
+    receive posted before it, and its middle-rank special cases (unoverlapped
+    first F0 B1, a held F1 send) are not reproduced. Measured effect, equal
+    stages and no communication: with F = B_in = W the bubble is
+    (p - 2) F + max(0, p/2 - 2) F, the published (p/2 - 1)(F&B + B - 3W)
+    exactly for p <= 4 and (p/2 - 2) F longer beyond (tests/test_schedules_extra.py).
+    The order needs M >= p (the reference asserts m >= 2 p); for fewer
+    micro-batches it is the order of M = p with the micro-batches beyond m/2
+    per direction removed, which keeps it deadlock-free (a sub-order of a
+    feasible order is feasible).
+    """
+    half = p // 2
+    h = min(d, p - 1 - d)
+    flip = 1 if d >= half else 0
+    mh = m // 2
+    pad = max(mh, p)
+    st = np.zeros(7, dtype=np.int64)
+    q_chunk = np.zeros(2 * pad, dtype=np.int64)
+    q_micro = np.zeros(2 * pad, dtype=np.int64)
+    for _ in range(2 * (half - h - 1)):  # 1
+        _dp_f(st, 0, flip, mh, passes, chunks, micros)
+    for _ in range(h + 1):  # 2
+        _dp_f(st, 0, flip, mh, passes, chunks, micros)
+        _dp_f(st, 1, flip, mh, passes, chunks, micros)
+    for _ in range(half - h - 1):  # 3
+        _dp_b(st, 1, flip, mh, True, q_chunk, q_micro, passes, chunks, micros)
+        _dp_w(st, mh, q_chunk, q_micro, passes, chunks, micros)
+        _dp_f(st, 1, flip, mh, passes, chunks, micros)
+    for _ in range(pad - p + h + 1):  # 4
+        _dp_f(st, 0, flip, mh, passes, chunks, micros)
+        _dp_b(st, 1, flip, mh, False, q_chunk, q_micro, passes, chunks, micros)
+        _dp_f(st, 1, flip, mh, passes, chunks, micros)
+        _dp_b(st, 0, flip, mh, False, q_chunk, q_micro, passes, chunks, micros)
+    for _ in range(half - h - 1):  # 5
+        _dp_b(st, 1, flip, mh, False, q_chunk, q_micro, passes, chunks, micros)
+        _dp_f(st, 1, flip, mh, passes, chunks, micros)
+        _dp_b(st, 0, flip, mh, False, q_chunk, q_micro, passes, chunks, micros)
+    defer = False
+    for i in range(h + 1):  # 6
+        if i == (h + 1) // 2 and h % 2 == 1:
+            defer = True
+        _dp_b(st, 1, flip, mh, defer, q_chunk, q_micro, passes, chunks, micros)
+        if i == (h + 1) // 2 and h % 2 == 0:
+            defer = True
+        _dp_b(st, 0, flip, mh, defer, q_chunk, q_micro, passes, chunks, micros)
+    for _ in range(half - h - 1):  # 7
+        _dp_w(st, mh, q_chunk, q_micro, passes, chunks, micros)
+        _dp_b(st, 0, flip, mh, True, q_chunk, q_micro, passes, chunks, micros)
+    for _ in range(h + 1):  # 8
+        _dp_w(st, mh, q_chunk, q_micro, passes, chunks, micros)
+    return st[_DP_N]
+
+
+@jit
+def _dp_f(st, phase: int, flip: int, mh: int, passes, chunks, micros) -> None:
+    c = phase ^ flip
+    k = st[_DP_F0 + phase]
+    st[_DP_F0 + phase] += 1
+    if k < mh:  # micro-batches past m/2 only pad the order (see _dualpipe_order)
+        st[_DP_N] = _put_chunk(passes, chunks, micros, st[_DP_N], F_PASS, c, c * mh + k)
+
+
+@jit
+def _dp_b(st, phase: int, flip: int, mh: int, defer: bool, q_chunk, q_micro, passes, chunks, micros) -> None:
+    c = phase ^ flip
+    k = st[_DP_B0 + phase]
+    st[_DP_B0 + phase] += 1
+    if k < mh:
+        st[_DP_N] = _put_chunk(passes, chunks, micros, st[_DP_N], B_PASS, c, c * mh + k)
+    if defer:  # queued even when padding, so that later pops stay in the published order
+        q_chunk[st[_DP_QT]] = c
+        q_micro[st[_DP_QT]] = k
+        st[_DP_QT] += 1
+    elif k < mh:
+        st[_DP_N] = _put_chunk(passes, chunks, micros, st[_DP_N], W_PASS, c, c * mh + k)
+
+
+@jit
+def _dp_w(st, mh: int, q_chunk, q_micro, passes, chunks, micros) -> None:
+    head = st[_DP_QH]
+    st[_DP_QH] += 1
+    c = q_chunk[head]
+    k = q_micro[head]
+    if k < mh:
+        st[_DP_N] = _put_chunk(passes, chunks, micros, st[_DP_N], W_PASS, c, c * mh + k)
+
+
+@jit
+def _pipedream_order(p: int, m: int, d: int, passes, chunks, micros) -> int:
+    """PipeDream asynchronous 1F1B (Narayanan et al. 2019), one period of its
+    steady state: 2 m passes, micro-batch numbers absolute (may be -1 or >= m).
+
+    Without a flush the pipeline never drains: stage d keeps p - d micro-batches
+    in flight, running B(j - 1) and then F(j + p - 1 - d) for j = 0 .. m - 1 (the
+    steady 1F1B pairs, backward first). The window's first backward belongs to a
+    micro-batch whose forward ran in the previous period (likewise the first
+    forward's input and the gradients of the oldest backward on the next
+    stage): ``build_step`` drops the dependencies on tasks outside the window,
+    which are done in steady state. So every device starts its period when its
+    first backward's gradient arrives, after the downstream stages' first
+    backwards: the devices' periods are staggered as in a running pipeline,
+    and each device's span (``steady_span_ns``), not the graph's makespan, is
+    the steady-state step; the fill and drain happen once per training run.
+    """
+    n = 0
+    for k in range(m):
+        n = _put_chunk(passes, chunks, micros, n, B_PASS, 0, k - 1)
+        n = _put_chunk(passes, chunks, micros, n, F_PASS, 0, k + p - 1 - d)
+    return n
+
+
+@jit
+def _put_chunk(passes, chunks, micros, n: int, kind: int, c: int, i: int) -> int:
+    passes[n] = kind
+    chunks[n] = c
+    micros[n] = i
+    return n + 1
+
+
 @jit
 def _put(passes, chunks, micros, n: int, kind: int, i: int) -> int:
     passes[n] = kind
@@ -194,8 +393,11 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     Returns (dur_ns, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx,
     n_pred, order_ptr, order_idx, n_resources).
     """
-    P = p * v
+    P = p * v  # positions along a micro-batch's pipeline
     per_dev = passes_per_device(schedule, v, m)
+    dual = schedule == SCHEDULE_DUALPIPE
+    steady = schedule == SCHEDULE_PIPEDREAM
+    n_ids = micro_ids(schedule, p, m)
     nb = max(n_buckets, 1)
     reduce_grads = zero < 3 and dp_grad_ns > 0
     gather_params = 1 <= zero < 3 and dp_param_ns > 0
@@ -213,12 +415,15 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     e_cap = 4 * cap
     src = np.empty(e_cap, dtype=np.int32)
     dst = np.empty(e_cap, dtype=np.int32)
-    f_first = np.zeros((P, m), dtype=np.int64)
-    f_out = np.zeros((P, m), dtype=np.int64)  # the forward's last piece, or its send
-    b_first = np.zeros((P, m), dtype=np.int64)
-    b_out = np.zeros((P, m), dtype=np.int64)
-    f_last = np.zeros((P, m), dtype=np.int64)
+    # per (position, micro-batch id) the pass's first task and its output; -1 where the
+    # pass is outside the step (PipeDream's window: done in the previous period or later)
+    f_first = np.full((P, n_ids), -1, dtype=np.int64)
+    f_out = np.full((P, n_ids), -1, dtype=np.int64)  # the forward's last piece, or its send
+    b_first = np.full((P, n_ids), -1, dtype=np.int64)
+    b_out = np.full((P, n_ids), -1, dtype=np.int64)
+    f_last = np.full((P, n_ids), -1, dtype=np.int64)
     z3_gathers = np.full(per_dev, -1, dtype=np.int64)  # ZeRO-3: the gather task of each pass
+    held = np.zeros((4, 5), dtype=np.int64)  # sends to create: (position, micro-batch id, is forward, label, chunk)
     passes = np.zeros(per_dev, dtype=np.int32)
     chunks = np.zeros(per_dev, dtype=np.int32)
     micros = np.zeros(per_dev, dtype=np.int32)
@@ -233,6 +438,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
         gathers = n
         first_forward = _first_forward(passes, length)
+        last_backward = _last_backward(passes, length)
+        n_held = 0  # sends waiting for the end of a later pass (DualPipe)
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_param_ns, nb, k), dp_res, K_DP, d, -1, -1)
@@ -242,25 +449,28 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     continue
                 z3_gathers[o] = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o], chunks[o])
-        split = schedule == SCHEDULE_ZB_H1
+        split = split_backward(schedule)
         for o in range(length):
             is_f = passes[o] == F_PASS
             is_b = passes[o] == B_PASS
             is_w = passes[o] == W_PASS
             c = chunks[o]
-            i = micros[o]
-            vs = c * p + d
+            vs = chain_position(schedule, p, d, c)
+            sd = vs if dual else d  # the durations' row and column: DualPipe's chunk runs stage vs
+            sc = 0 if dual else c
+            key = micros[o] + 1 if steady else micros[o]  # id of the micro-batch in the arrays above
+            i = key  # the task's micro-batch label (PipeDream: the window's first backward's micro-batch is 0)
             gather_here = gather_params and o == first_forward
-            reduce_here = reduce_grads and not is_f and o == length - 1
+            reduce_here = reduce_grads and o == last_backward
             pieces = nb if (gather_here or reduce_here) else 1
             if is_f:
-                total = fwd_ns[d, c]
+                total = fwd_ns[sd, sc]
                 task_kind = K_FORWARD
             elif is_b:
-                total = bwd_ns[d, c] - wgrad_ns[d, c] if split else bwd_ns[d, c]
+                total = bwd_ns[sd, sc] - wgrad_ns[sd, sc] if split else bwd_ns[sd, sc]
                 task_kind = K_BACKWARD
             else:
-                total = wgrad_ns[d, c]
+                total = wgrad_ns[sd, sc]
                 task_kind = K_WEIGHT_GRAD
             first = n
             prev = -1
@@ -289,18 +499,29 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                 rid = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
                 n_e = _edge(src, dst, n_e, prev, rid)
-            if ((is_f and vs < P - 1) or (is_b and vs > 0)) and send_ns > 0:
-                sid = n
-                n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, i, c)
-                n_e = _edge(src, dst, n_e, prev, sid)
-                out = sid
             if is_b:
-                b_first[vs, i] = first
-                b_out[vs, i] = out
+                b_first[vs, key] = first
+                b_out[vs, key] = out
             elif is_f:
-                f_first[vs, i] = first
-                f_out[vs, i] = out
-                f_last[vs, i] = prev
+                f_first[vs, key] = first
+                f_out[vs, key] = out
+                f_last[vs, key] = prev
+            if (is_f and vs < P - 1) or (is_b and vs > 0):  # this pass's output goes to the next position
+                n_held = _hold(held, n_held, vs, key, is_f, i, c)
+            if dual and _dualpipe_holds(passes, chunks, micros, o, length):
+                continue  # its output leaves after the next pass (DualPipe's F&B chunks, B with its W)
+            for h in range(n_held):  # the outputs held so far leave after this pass, in pass order
+                sid = prev
+                if send_ns > 0:
+                    sid = n
+                    n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
+                              held[h, 4])
+                    n_e = _edge(src, dst, n_e, prev, sid)
+                if held[h, 2] == 1:
+                    f_out[held[h, 0], held[h, 1]] = sid
+                else:
+                    b_out[held[h, 0], held[h, 1]] = sid
+            n_held = 0
         # the optimizer step closes the device's step, after all of its reductions
         opt = n
         n = _task(dur, res, kind, stage, micro, chunk, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1)
@@ -308,12 +529,13 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             if kind[j] == K_DP and (j < gathers or j >= gathers + (nb if gather_params else 0)):
                 n_e = _edge(src, dst, n_e, j, opt)
     for vs in range(P):
-        for i in range(m):
-            if vs < P - 1:
+        for i in range(n_ids):  # dependencies between passes of the step (all of them but PipeDream's)
+            if vs < P - 1 and f_out[vs, i] >= 0 and f_first[vs + 1, i] >= 0:
                 n_e = _edge(src, dst, n_e, f_out[vs, i], f_first[vs + 1, i])
-            if vs > 0:
+            if vs > 0 and b_out[vs, i] >= 0 and b_first[vs - 1, i] >= 0:
                 n_e = _edge(src, dst, n_e, b_out[vs, i], b_first[vs - 1, i])
-            n_e = _edge(src, dst, n_e, f_last[vs, i], b_first[vs, i])
+            if f_last[vs, i] >= 0 and b_first[vs, i] >= 0:
+                n_e = _edge(src, dst, n_e, f_last[vs, i], b_first[vs, i])
     succ_ptr, succ_idx, n_pred = csr_from_edges(n, src[:n_e], dst[:n_e])
     # tasks are created in each device's program order, so ids already follow
     # every stream's order
@@ -321,6 +543,32 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     sync = np.full(n, -1, dtype=np.int32)
     return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
             order_ptr, order_idx, n_res)
+
+
+@jit
+def _hold(held, n_held: int, vs: int, key: int, is_f: bool, label: int, c: int) -> int:
+    held[n_held, 0] = vs
+    held[n_held, 1] = key
+    held[n_held, 2] = 1 if is_f else 0
+    held[n_held, 3] = label
+    held[n_held, 4] = c
+    return n_held + 1
+
+
+@jit
+def _dualpipe_holds(passes, chunks, micros, o: int, length: int) -> bool:
+    """Whether DualPipe's pass o sends its output only after the next pass: a
+    forward followed by a backward of the other direction (the two form one
+    overlapped F&B chunk, whose sends follow both), and a backward followed by
+    its own W (not deferred: one autograd pass computes both)."""
+    if o + 1 >= length:
+        return False
+    nxt = passes[o + 1]
+    if passes[o] == F_PASS:
+        return nxt == B_PASS and chunks[o + 1] != chunks[o]
+    if passes[o] == B_PASS:
+        return nxt == W_PASS and chunks[o + 1] == chunks[o] and micros[o + 1] == micros[o]
+    return False
 
 
 @jit
@@ -353,3 +601,62 @@ def _first_forward(passes, length) -> int:
         if passes[o] == F_PASS:
             return o
     return -1
+
+
+@jit
+def _last_backward(passes, length) -> int:
+    """The device's last backward or weight-gradient pass: its gradients are final after it."""
+    for o in range(length - 1, -1, -1):
+        if passes[o] != F_PASS:
+            return o
+    return -1
+
+
+@jit
+def steady_in_flight(kind, micro, order_ptr, order_idx) -> int:
+    """PipeDream's peak in-flight micro-batches on stage 0 (its compute stream is
+    resource 0): at the start of the period the micro-batches numbered from its
+    first backward up to its first forward are in flight (forwarded in earlier
+    periods); then +1 per forward, -1 per backward."""
+    first_f = -1
+    first_b = -1
+    for k in range(order_ptr[0], order_ptr[1]):
+        t = order_idx[k]
+        if kind[t] == K_FORWARD and first_f < 0:
+            first_f = micro[t]
+        elif kind[t] == K_BACKWARD and first_b < 0:
+            first_b = micro[t]
+    live = max(0, first_f - first_b) if first_f >= 0 and first_b >= 0 else 0
+    peak = live
+    last = -1
+    for k in range(order_ptr[0], order_ptr[1]):
+        t = order_idx[k]
+        if kind[t] != K_FORWARD and kind[t] != K_BACKWARD:
+            continue
+        key = micro[t] * 2 + (1 if kind[t] == K_BACKWARD else 0)
+        if key == last:  # a further piece of the same pass
+            continue
+        last = key
+        live += 1 if kind[t] == K_FORWARD else -1
+        peak = max(peak, live)
+    return peak
+
+
+@jit
+def steady_span_ns(res, start, end, p: int, n_tiers: int) -> int:
+    """PipeDream's steady-state step: the longest device span, from the start of
+    the device's first compute task to the end of its last task on any stream
+    (its periods are staggered, so the graph's makespan would count the stagger)."""
+    per_dev = streams_per_device(n_tiers)
+    first = np.full(p, -1, dtype=np.int64)
+    last = np.zeros(p, dtype=np.int64)
+    for t in range(res.shape[0]):
+        d = res[t] // per_dev
+        if res[t] % per_dev == 0 and (first[d] < 0 or start[t] < first[d]):
+            first[d] = start[t]
+        last[d] = max(last[d], end[t])
+    span = 0
+    for d in range(p):
+        if first[d] >= 0 and last[d] - first[d] > span:
+            span = last[d] - first[d]
+    return span

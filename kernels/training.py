@@ -30,6 +30,7 @@ from kernels.codes import (
     ALL_GATHER,
     ALL_REDUCE,
     FEASIBLE_OK,
+    FEASIBLE_OUT_OF_HOST_MEMORY,
     FEASIBLE_OUT_OF_MEMORY,
     OPTIMIZER_CPU_ADAM,
     PLACEMENT_OUTER,
@@ -37,8 +38,10 @@ from kernels.codes import (
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
     REDUCE_SCATTER,
+    SCHEDULE_DUALPIPE,
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
+    SCHEDULE_PIPEDREAM,
     SCHEDULE_ZB_H1,
     SEND_RECV,
 )
@@ -70,6 +73,7 @@ OUTPUTS = (
     "bubble_s",
     "optimizer_s",
     "recompute_s",
+    "offload_s",
     "stage_fwd_s",
     "stage_bwd_s",
     "tokens_per_s_per_gpu",
@@ -80,6 +84,7 @@ OUTPUTS = (
     "mem_optimizer_bytes",
     "mem_activations_bytes",
     "mem_moe_buffers_bytes",
+    "mem_host_bytes",
     "mem_overhead_bytes",
     "mem_peak_bytes",
     "mem_peak_stage",
@@ -88,8 +93,9 @@ OUTPUTS = (
 )
 N_OUT = len(OUTPUTS)
 (
-    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_DISPATCH, O_EROWS, O_EEFF, O_BUBBLE, O_OPT, O_RECOMPUTE, O_FWD, O_BWD,
-    O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MMOE, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS, O_REASON,
+    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_DISPATCH, O_EROWS, O_EEFF, O_BUBBLE, O_OPT, O_RECOMPUTE, O_OFFLOAD,
+    O_FWD, O_BWD, O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MMOE, O_MHOST, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS,
+    O_REASON,
 ) = range(N_OUT)
 
 #: Cost components of one candidate (``row_costs``), seconds unless noted:
@@ -105,13 +111,17 @@ N_OUT = len(OUTPUTS)
 #: multi-token-prediction modules' forward / backward / W on the last stage. One
 #: dispatch of one MoE layer's micro-batch with its local passes, and the routed
 #: rows per expert of the busiest rank with the gate/up GEMM's efficiency at them.
+#: Exposed host-link time per layer and micro-batch (dense D / MoE M, forward F /
+#: backward B) with activations and weights offloaded (OFF) and with only the
+#: weights (WOFF, the layers whose activations are recomputed instead).
 (
     C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
     C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
     C_LAYER_WGRAD, C_HEAD_WGRAD, C_MOE_FWD, C_MOE_BWD, C_MOE_WGRAD, C_EP_F, C_EP_B, C_MOE_BUFFER,
     C_MTP_F, C_MTP_B, C_MTP_W, C_DISPATCH, C_EROWS, C_EEFF,
-) = range(33)
-N_COST = 33
+    C_OFF_DF, C_OFF_DB, C_OFF_MF, C_OFF_MB, C_WOFF_DF, C_WOFF_DB, C_WOFF_MF, C_WOFF_MB,
+) = range(41)
+N_COST = 41
 
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
@@ -354,13 +364,19 @@ def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) 
     conservatively with all its activations. Interleaved (Megatron-LM's
     warm-up count + 1): 2 (p - stage - 1) + (v - 1) p + 1 chunks of 1/v of the
     device's layers (at most m v), i.e. p (1 + (p-1)/(p v)) stage-equivalents
-    on the first stage (Narayanan et al. 2021, section 2.2).
-    Returned in chunks; divide by v for stage-equivalents.
+    on the first stage (Narayanan et al. 2021, section 2.2). DualPipe: p + 1
+    one-stage chunks on every device (DeepSeek-V3, Table 2; at most m).
+    PipeDream (asynchronous 1F1B): p - stage whatever m, as no flush drains the
+    pipeline between steps. Returned in chunks; divide by v for stage-equivalents.
     """
     if schedule == SCHEDULE_GPIPE:
         return m
     if schedule == SCHEDULE_INTERLEAVED:
         return min(2.0 * (p - stage - 1.0) + (v - 1.0) * p + 1.0, m * v)
+    if schedule == SCHEDULE_DUALPIPE:  # DeepSeek-V3 Table 2: p + 1 chunks of one stage on every device
+        return min(p + 1.0, m)
+    if schedule == SCHEDULE_PIPEDREAM:  # no flush: the next step's micro-batches keep the pipeline full
+        return p - stage
     if schedule == SCHEDULE_ZB_H1:  # stage d also holds the d micro-batches whose W it defers
         return min(p, m)
     return min(p - stage, m)
@@ -464,6 +480,31 @@ def gemm_passes_s(m: float, n: float, k: float, dev, tiles, ab: float):
 
 
 @jit
+def layer_input_bytes(b: float, s: float, t: float, c: float, sp: bool, model, ab: float) -> float:
+    """A layer's input (what full recompute keeps): tokens x h, split by t with SP."""
+    full_input = ab * b * s / c * model.hidden
+    return full_input / t if sp else full_input
+
+
+@jit
+def host_exposed_s(to_host: float, to_device: float, compute: float, dev) -> float:
+    """Seconds of host-link transfers (bytes each way, the link is full duplex)
+    not hidden behind ``compute`` seconds of the same pass."""
+    return max(0.0, max(to_host, to_device) / dev.host_link_bytes_per_s - compute)
+
+
+@jit
+def recomputed_layers(recompute: int, rc_layers: float, nd: float, nm: float):
+    """(dense, MoE) layers fully recomputed out of ``nd`` + ``nm``: all with full
+    recompute, or only the last ``rc_layers`` of them (MoE layers come last)."""
+    if recompute != RECOMPUTE_FULL:
+        return 0.0, 0.0
+    k = nd + nm if rc_layers <= 0.0 else min(rc_layers, nd + nm)
+    fr_m = min(k, nm)
+    return min(k - fr_m, nd), fr_m
+
+
+@jit
 def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: int):
     """(EP group stride, expert-DP size, expert-DP stride) in a stage's t * c * d ranks,
     laid out expert TP innermost, then EP and expert DP (swapped when outer)."""
@@ -475,7 +516,7 @@ def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: i
 
 @jit
 def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo,
-              model, dev, tiers, tiles, work, costs):
+              off_act, off_w, model, dev, tiers, tiles, work, costs):
     """Fill ``costs`` (length N_COST, seconds) with the latencies one candidate is built from.
 
     Shared by the analytic tier (``evaluate_one``) and the event tier
@@ -731,6 +772,32 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         costs[C_DP_PARAM] = 0.0
     opt_shard = dense_max / dc + expert_max / edp if zero >= 1 else params_max
     costs[C_OPT] = optimizer_step_s(optimizer, opt_shard, dev)
+
+    # ---- host offload over the full-duplex host link, hidden behind each layer's compute
+    for i in range(C_OFF_DF, C_WOFF_MB + 1):
+        costs[i] = 0.0
+    if off_act != 0 or off_w != 0:
+        kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute  # a layer not recomputed keeps this
+        act_d = 0.0
+        act_m = 0.0
+        if off_act != 0:  # all but the layer input goes to the host and comes back for the backward
+            inp = layer_input_bytes(b, s, t, c, sp, model, ab)
+            act_d = activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab) - inp
+            act_m = moe_activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab, work.moe_imbalance) - inp
+        w_d = lp if off_w != 0 else 0.0
+        w_m = moe_dense + moe_expert if off_w != 0 else 0.0
+        wb = work.weight_bytes
+        gb = work.grad_bytes
+        # forward: activations out, weights in; backward: activations and weights in, gradients out
+        costs[C_OFF_DF] = host_exposed_s(act_d, w_d * wb, layer_fwd, dev)
+        costs[C_OFF_DB] = host_exposed_s(w_d * gb, act_d + w_d * wb, layer_bwd, dev)
+        costs[C_WOFF_DF] = host_exposed_s(0.0, w_d * wb, layer_fwd, dev)
+        costs[C_WOFF_DB] = host_exposed_s(w_d * gb, w_d * wb, layer_bwd, dev)
+        if model.experts > 0:
+            costs[C_OFF_MF] = host_exposed_s(act_m, w_m * wb, moe_f, dev)
+            costs[C_OFF_MB] = host_exposed_s(w_m * gb, act_m + w_m * wb, moe_b, dev)
+            costs[C_WOFF_MF] = host_exposed_s(0.0, w_m * wb, moe_f, dev)
+            costs[C_WOFF_MB] = host_exposed_s(w_m * gb, w_m * wb, moe_b, dev)
     costs[C_LAYER_FWD] = layer_fwd
     costs[C_LAYER_BWD] = layer_bwd
     costs[C_TP_LAYER] = tp_layer
@@ -763,33 +830,47 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
 
 
 @jit
-def layers_pass_s(costs, nd: float, nm: float, recompute: int):
+def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float):
     """Seconds of ``nd`` dense and ``nm`` MoE layers of one micro-batch:
     (forward with its communication, backward with recompute and communication,
-    weight-gradient GEMMs inside that backward, recompute, TP, EP communication)."""
+    weight-gradient GEMMs inside that backward, recompute, TP, EP communication,
+    exposed host offload). With full recompute and ``rc_layers`` > 0 only the
+    last ``rc_layers`` layers recompute; the others keep their activations (and
+    offload them, where activations are offloaded)."""
     rc_moe = costs[C_RC_COMPUTE]
     rc_ep = 0.0
+    fr_d, fr_m = recomputed_layers(recompute, rc_layers, nd, nm)
+    rc_d = nd
+    rc_m = nm
     if recompute == RECOMPUTE_FULL:  # an MoE layer recomputes its forward, dispatch and combine included
         rc_moe = costs[C_MOE_FWD]
         rc_ep = costs[C_EP_F]
+        rc_d = fr_d
+        rc_m = fr_m
     n = nd + nm
-    tp = n * (2.0 * costs[C_TP_LAYER] + costs[C_RC_COMM])
-    ep = nm * (costs[C_EP_F] + costs[C_EP_B] + rc_ep)
-    fwd = nd * costs[C_LAYER_FWD] + nm * costs[C_MOE_FWD] + n * (costs[C_TP_LAYER] + costs[C_CP_F]) + nm * costs[C_EP_F]
-    bwd = (nd * (costs[C_LAYER_BWD] + costs[C_RC_COMPUTE]) + nm * (costs[C_MOE_BWD] + rc_moe + costs[C_EP_B] + rc_ep)
-           + n * (costs[C_TP_LAYER] + costs[C_RC_COMM] + costs[C_CP_B]))
+    rc_n = rc_d + rc_m
+    off_f = (nd - fr_d) * costs[C_OFF_DF] + fr_d * costs[C_WOFF_DF] + (nm - fr_m) * costs[C_OFF_MF] + \
+        fr_m * costs[C_WOFF_MF]
+    off_b = (nd - fr_d) * costs[C_OFF_DB] + fr_d * costs[C_WOFF_DB] + (nm - fr_m) * costs[C_OFF_MB] + \
+        fr_m * costs[C_WOFF_MB]
+    tp = 2.0 * n * costs[C_TP_LAYER] + rc_n * costs[C_RC_COMM]
+    ep = nm * (costs[C_EP_F] + costs[C_EP_B]) + rc_m * rc_ep
+    fwd = (nd * costs[C_LAYER_FWD] + nm * costs[C_MOE_FWD] + n * (costs[C_TP_LAYER] + costs[C_CP_F])
+           + nm * costs[C_EP_F] + off_f)
+    rc = rc_d * costs[C_RC_COMPUTE] + rc_m * (rc_moe + rc_ep) + rc_n * costs[C_RC_COMM]
+    bwd = (nd * costs[C_LAYER_BWD] + nm * (costs[C_MOE_BWD] + costs[C_EP_B]) + rc
+           + n * (costs[C_TP_LAYER] + costs[C_CP_B]) + off_b)
     wgrad = nd * costs[C_LAYER_WGRAD] + nm * costs[C_MOE_WGRAD]
-    rc = nd * costs[C_RC_COMPUTE] + nm * (rc_moe + rc_ep) + n * costs[C_RC_COMM]
-    return fwd, bwd, wgrad, rc, tp, ep
+    return fwd, bwd, wgrad, rc, tp, ep, off_f + off_b
 
 
 @jit
 def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp,
-                 placement, dispatch, tbo, n_micro, model, dev, tiers, tiles, work, out):
+                 placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, out):
     """Fill ``out`` (length N_OUT) for one candidate."""
     costs = np.empty(N_COST, dtype=np.float64)
     row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo,
-              model, dev, tiers, tiles, work, costs)
+              off_act, off_w, model, dev, tiers, tiles, work, costs)
     t = float(tp)
     p = float(pp)
     d = float(dp)
@@ -809,6 +890,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     best_tp = 0.0
     best_cp = 0.0
     best_ep = 0.0
+    best_off = 0.0
     best_f = 0.0
     best_b = 0.0
     best_rc = 0.0
@@ -816,7 +898,8 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     for stage in range(pp):
         n = device_layers(stage, pp, model.layers)
         nd = device_dense_layers(stage, pp, model)
-        fwd, bwd, wgrad, rc, tp_time, ep_time = layers_pass_s(costs, nd, n - nd, recompute)
+        fwd, bwd, wgrad, rc, tp_time, ep_time, off_time = layers_pass_s(costs, nd, n - nd, recompute,
+                                                                         float(rc_layers))
         cp_time = n * (costs[C_CP_F] + costs[C_CP_B])
         if stage == 0:
             fwd += costs[C_EMB_F] + costs[C_EMB_COMM]
@@ -834,7 +917,8 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             best_tp = tp_time
             best_cp = cp_time
             best_ep = ep_time
-            best_compute = total - tp_time - cp_time - ep_time
+            best_compute = total - tp_time - cp_time - ep_time - off_time
+            best_off = off_time
             best_f = fwd
             best_b = bwd
             best_rc = rc
@@ -845,6 +929,13 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
         pipe = m * t_max + (t_sum - t_max) / v
     elif schedule == SCHEDULE_ZB_H1:  # W passes fill the cool-down: (p-1)(F+B-W) instead of (p-1)(F+B+W)
         pipe = m * t_max + (t_sum - t_max) * max(0.0, t_max - 2.0 * best_w) / t_max
+    elif schedule == SCHEDULE_DUALPIPE:  # DeepSeek-V3 Table 2: (p/2-1)(F&B + B - 3W), B the full backward, here
+        # F&B = F + B (not overlapped); (p/2-1) t generalised as (t_sum - 2 t_max)/2. Published for m >= 2p:
+        # never below one micro-batch's round trip through every stage (t_sum)
+        pipe = m * t_max + max(0.0, t_sum - 2.0 * t_max) / 2.0 * max(0.0, t_max + best_b - 3.0 * best_w) / t_max
+        pipe = max(pipe, t_sum)
+    elif schedule == SCHEDULE_PIPEDREAM:  # asynchronous, no flush: the fill and drain happen once per run
+        pipe = m * t_max
     else:
         pipe = m * t_max + (t_sum - t_max)
     bubble = pipe - m * t_max
@@ -877,6 +968,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_BUBBLE] = bubble
     out[O_OPT] = optimizer_s
     out[O_RECOMPUTE] = m * best_rc
+    out[O_OFFLOAD] = m * best_off
     out[O_FWD] = best_f
     out[O_BWD] = best_b
     devices = t * p * d * c  # the row's cluster (a space may sweep several sizes)
@@ -895,31 +987,79 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
         work_layer = max(work_layer, moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab,
                                                                     work.moe_imbalance) - act_moe)
     lp = layer_params(model, t)
+    # a layer that is not recomputed keeps act_*; a fully recomputed one only its input
+    kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute
+    keep_dense = activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab)
+    keep_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab, work.moe_imbalance)
+    inp = layer_input_bytes(b, s, t, c, sp, model, ab)
+    # the largest unit streamed with weight offload: a layer, or the embedding / head
+    moe_d, moe_e = moe_layer_params(model, t, float(ep), float(etp))
+    unit = max(lp, model.vocab * model.hidden / t)
+    if model.experts > 0:
+        unit = max(unit, moe_d + moe_e)
     peak = -1.0
+    host_peak = 0.0
     for stage in range(pp):
         n = device_layers(stage, pp, model.layers)
         nd = device_dense_layers(stage, pp, model)
         dense, expert = stage_params(stage, pp, t, float(ep), float(etp), model)
         params = dense + expert
-        if zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
+        host = 0.0
+        grads = 0.0
+        if optimizer == OPTIMIZER_CPU_ADAM:  # fp32 master and moments live on the host
+            host += (dense / dc + expert / edp) * work.optimizer_bytes if zero >= 1 else params * work.optimizer_bytes
+        if off_w != 0:  # weights and gradients on the host, the current and the prefetched unit on the device
+            host += params * (work.weight_bytes + work.grad_bytes)
+            params_dev = min(params, 2.0 * unit)
+            weights = params_dev * work.weight_bytes
+            grads = params_dev * work.grad_bytes
+        elif zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
             weights = min(params, dense / dc + expert / edp + 2.0 * lp) * work.weight_bytes
         else:
             weights = params * work.weight_bytes
-        if zero >= 2:
-            grads = (dense / dc + expert / edp) * work.grad_bytes
-        else:
-            grads = params * work.grad_bytes
+        if off_w == 0:
+            grads = (dense / dc + expert / edp) * work.grad_bytes if zero >= 2 else params * work.grad_bytes
         state = work.optimizer_bytes * OPT_STATE_FRACTION[optimizer]
         optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
         chunks = in_flight_chunks(schedule, p, v, m, float(stage))
-        per_chunk = nd * act_dense + (n - nd) * act_moe
+        fr_d, fr_m = recomputed_layers(recompute, float(rc_layers), nd, n - nd)
+        per_chunk = (nd - fr_d) * keep_dense + (n - nd - fr_m) * keep_moe + (fr_d + fr_m) * inp
+        host_chunk = 0.0
+        if off_act != 0:  # only layer inputs stay; the rest waits on the host, two layers' worth in flight
+            host_chunk = per_chunk - n * inp
+            per_chunk = n * inp
         if schedule == SCHEDULE_INTERLEAVED:
             per_chunk /= v
+            if off_act != 0:
+                host_chunk /= v
         acts = chunks * per_chunk + work_layer
+        off_layers = n - fr_d - fr_m  # layers whose activations go to the host
+        if off_act != 0 and off_layers > 0:
+            # the layer in its backward and the one being fetched are back on the device
+            # (never more layers than were offloaded, so offloading never adds memory)
+            keep_off = keep_dense if nd - fr_d > 0 else 0.0
+            if n - nd - fr_m > 0:
+                keep_off = max(keep_off, keep_moe)
+            back = min(2.0, chunks * off_layers)
+            host += chunks * host_chunk - back * (keep_off - inp)
+            acts += back * (keep_off - inp)
         if stage == pp - 1:
             acts += 4.0 * costs[C_LOGITS]  # fp32 logits of the loss, one micro-batch
             acts += chunks * model.mtp_depth * (act_moe if model.experts > 0 else act_dense)
+        # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)
+        if schedule == SCHEDULE_DUALPIPE:  # stage `stage` and stage p-1-stage: two copies of the parameters
+            twin_dense, twin_expert = stage_params(pp - 1 - stage, pp, t, float(ep), float(etp), model)
+            dual_copies = (params + twin_dense + twin_expert) / params
+            weights *= dual_copies
+            grads *= dual_copies
+            optim *= dual_copies
+            if stage == 0 and pp > 1:  # device 0 also runs the upward direction's last stage and its loss
+                acts += 4.0 * costs[C_LOGITS]
+                acts += chunks * model.mtp_depth * (act_moe if model.experts > 0 else act_dense)
+        elif schedule == SCHEDULE_PIPEDREAM:  # weight stashing: p - stage versions, one gradient and optimizer state
+            weights += (p - stage - 1.0) * params * work.weight_bytes
         buffers = costs[C_MOE_BUFFER] if n > nd else 0.0
+        host_peak = max(host_peak, host)
         total = weights + grads + optim + acts + buffers + dev.memory_overhead_bytes
         if total > peak:
             peak = total
@@ -928,17 +1068,20 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             out[O_MO] = optim
             out[O_MA] = acts
             out[O_MMOE] = buffers
+            out[O_MHOST] = host
             out[O_MSTAGE] = stage
     out[O_MOV] = dev.memory_overhead_bytes
     out[O_MPEAK] = peak
-    fits = peak <= dev.hbm_capacity_bytes
+    host_fits = host_peak <= dev.host_capacity_bytes  # every device's host share must fit
+    fits = peak <= dev.hbm_capacity_bytes and host_fits
     out[O_FEAS] = 1.0 if fits else 0.0
-    out[O_REASON] = FEASIBLE_OK if fits else FEASIBLE_OUT_OF_MEMORY
+    out[O_REASON] = FEASIBLE_OK if fits else (FEASIBLE_OUT_OF_MEMORY if peak > dev.hbm_capacity_bytes
+                                              else FEASIBLE_OUT_OF_HOST_MEMORY)
 
 
 @jit(parallel=True)
 def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                  dispatch, tbo, n_micro, model, dev, tiers, tiles, work):
+                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work):
     """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS order."""
     n = tp.shape[0]
     out = np.empty((n, N_OUT), dtype=np.float64)
@@ -946,6 +1089,6 @@ def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
         # records are indexed inside the loop: numba's parfor lowering cannot
         # pass a record hoisted out of it (llvm type mismatch, numba 0.68)
         evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
-                     optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i],
-                     n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
+                     optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i], rc_layers[i],
+                     off_act[i], off_w[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
     return out

@@ -49,6 +49,7 @@ METRICS: tuple[Column, ...] = (
     Column("bubble_s", pa.float64(), "s", "pipeline bubble: idle time of the bottleneck device"),
     Column("optimizer_s", pa.float64(), "s", "Adam update of this device's shard"),
     Column("recompute_s", pa.float64(), "s", "part of compute_s and tp_comm_s spent recomputing activations"),
+    Column("offload_s", pa.float64(), "s", "host-link transfers of offloaded activations / weights not hidden behind compute"),
     Column("stage_fwd_s", pa.float64(), "s", "forward of one micro-batch on the bottleneck device"),
     Column("stage_bwd_s", pa.float64(), "s", "backward of one micro-batch on the bottleneck device"),
     Column("model_flop_per_step", pa.float64(), "FLOP", "model FLOP of one step: 3 x forward, causal attention, no recompute"),
@@ -62,10 +63,11 @@ METRICS: tuple[Column, ...] = (
     Column("mem_optimizer_bytes", pa.float64(), "bytes", "fp32 master weights and Adam moments on the peak-memory device"),
     Column("mem_activations_bytes", pa.float64(), "bytes", "activations held at the schedule's peak (and fp32 logits on the last stage)"),
     Column("mem_moe_buffers_bytes", pa.float64(), "bytes", "MoE dispatch staging and per-expert token buffers of the layer in flight"),
+    Column("mem_host_bytes", pa.float64(), "bytes", "host memory of the peak-memory device: offloaded activations, weights and gradients, CPU-Adam states"),
     Column("mem_overhead_bytes", pa.float64(), "bytes", "framework overhead from the hardware profile"),
     Column("mem_peak_bytes", pa.float64(), "bytes", "peak memory of the most loaded device"),
     Column("mem_peak_stage", pa.int32(), "index", "pipeline stage of the most loaded device"),
-    Column("feasible", pa.bool_(), "bool", "mem_peak_bytes fits in HBM"),
+    Column("feasible", pa.bool_(), "bool", "mem_peak_bytes fits in HBM and every device's offloaded tensors in its host memory"),
     Column("infeasible_reason", pa.dictionary(pa.int8(), pa.string()), "enum", "why not feasible ('ok' when feasible)"),
 )
 METRIC_NAMES = tuple(c.name for c in METRICS)

@@ -30,8 +30,6 @@ class Dimension:
     enum: type[IntEnum] | None = None
     #: values are 0/1 flags
     boolean: bool = False
-    #: an expert-parallel dimension (meaningless, and held at its default, on dense models)
-    moe: bool = False
 
 
 #: Every strategy dimension, in the order of the product (slowest first).
@@ -44,6 +42,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("vpp", np.int32, "virtual pipeline chunks per device"),
     Dimension("micro_batch", np.int32, "sequences per micro-batch"),
     Dimension("recompute", np.int8, "activation recomputation", enum=Recompute),
+    Dimension("recompute_layers", np.int32, "with full recompute: only the last k layers of each device (0: all)"),
+    Dimension("offload_activations", np.int8, "stored activations offloaded to host memory, overlapped with compute",
+              boolean=True),
+    Dimension("offload_weights", np.int8, "weights and gradients streamed from/to host memory layer by layer",
+              boolean=True),
     Dimension("sequence_parallel", np.int8, "Megatron sequence parallelism", boolean=True),
     Dimension("tp_overlap", np.int8, "TP collectives overlapped with their GEMMs in chunks (Megatron "
               "--tp-comm-overlap)", boolean=True),
@@ -51,15 +54,14 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, or Adam on the host (ZeRO-Offload)",
               enum=Optimizer),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
-    Dimension("ep", np.int32, "expert-parallel size (MoE)", moe=True),
-    Dimension("expert_tp", np.int32, "tensor-parallel size inside each expert (MoE)", moe=True),
+    Dimension("ep", np.int32, "expert-parallel size (MoE)"),
+    Dimension("expert_tp", np.int32, "tensor-parallel size inside each expert (MoE)"),
     Dimension("ep_placement", np.int8, "EP group on adjacent ranks (inner) or spread over expert DP (outer)",
-              enum=Placement, moe=True),
-    Dimension("dispatch", np.int8, "MoE token dispatch/combine algorithm", enum=Dispatch, moe=True),
-    Dimension("tbo", np.int8, "two-batch overlap of dispatch/combine with expert compute", boolean=True, moe=True),
+              enum=Placement),
+    Dimension("dispatch", np.int8, "MoE token dispatch/combine algorithm", enum=Dispatch),
+    Dimension("tbo", np.int8, "two-batch overlap of dispatch/combine with expert compute", boolean=True),
 )
 DIMENSION_NAMES = tuple(d.name for d in DIMENSIONS)
-MOE_DIMENSIONS = tuple(d.name for d in DIMENSIONS if d.moe)
 BY_NAME = {d.name: d for d in DIMENSIONS}
 
 #: Columns the encoder derives from the dimensions.
@@ -204,6 +206,10 @@ class Encoder:
             Reason.EP_GROUP: has_dp & ((tp * cp * dp) % (ep * etp) != 0),
             Reason.EP1_DISPATCH: (ep == 1) & ((c["dispatch"] != Dispatch.ALLTOALL) | (c["tbo"] != 0)
                                               | (c["ep_placement"] != Placement.INNER)),
+            Reason.RECOMPUTE_LAYERS: (c["recompute_layers"] > 0) & (c["recompute"] != Recompute.FULL),
+            Reason.WEIGHT_OFFLOAD: (c["offload_weights"] != 0) & (c["optimizer"] != Optimizer.CPU_ADAM),
+            Reason.DUALPIPE_SHAPE: (c["schedule"] == Schedule.DUALPIPE)
+            & ((pp % 2 != 0) | (has_dp & (n_micro % 2 != 0))),
         }
         reason = np.zeros(tp.shape[0], dtype=np.int64)
         breaks = np.zeros(len(Reason), np.int64)
@@ -230,5 +236,8 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.EP_EXPERTS: "ep does not divide the routed experts, or expert_tp the expert FFN width",
     Reason.EP_GROUP: "ep*expert_tp does not divide tp*cp*dp (the ranks of a stage)",
     Reason.EP1_DISPATCH: "ep=1: no dispatch, only alltoall/inner/no tbo kept",
+    Reason.RECOMPUTE_LAYERS: "recompute_layers>0 without recompute=full",
+    Reason.WEIGHT_OFFLOAD: "offload_weights without the cpu-adam optimizer",
+    Reason.DUALPIPE_SHAPE: "dualpipe with an odd pp or an odd number of micro-batches (each direction takes half)",
 }
 

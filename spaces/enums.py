@@ -27,6 +27,8 @@ class Schedule(IntEnum):
     ONE_F_ONE_B = 1  #: warm-up, steady one-forward-one-backward, cool-down
     INTERLEAVED = 2  #: interleaved 1F1B with vpp virtual chunks per device
     ZB_H1 = 3  #: zero-bubble ZB-H1 (Qi et al. 2023): backward split into B and W, W fills the cool-down
+    DUALPIPE = 4  #: DualPipe (DeepSeek-V3): micro-batches fed from both ends, two stages' parameters per device
+    PIPEDREAM = 5  #: PipeDream asynchronous 1F1B with weight stashing: no flush, up to p - stage weight versions
 
 
 class Optimizer(IntEnum):
@@ -99,6 +101,9 @@ class Reason(IntEnum):
     EP_EXPERTS = 13  #: ep does not divide the routed experts, or expert TP the expert FFN width
     EP_GROUP = 14  #: ep * expert TP does not divide the stage's tp * cp * dp ranks (rows with a dp only)
     EP1_DISPATCH = 15  #: with ep == 1 there is no dispatch: only the default algorithm, placement and no overlap kept
+    RECOMPUTE_LAYERS = 16  #: recompute_layers > 0 (recompute only the last k layers of each device) needs recompute = full
+    WEIGHT_OFFLOAD = 17  #: streaming weights from the host needs the optimizer on the host (cpu-adam)
+    DUALPIPE_SHAPE = 18  #: DualPipe needs an even pp and an even number of micro-batches (rows with a dp only)
 
 
 class Feasibility(IntEnum):
@@ -106,6 +111,7 @@ class Feasibility(IntEnum):
 
     OK = 0
     OUT_OF_MEMORY = 1  #: peak device memory exceeds HBM capacity
+    OUT_OF_HOST_MEMORY = 2  #: offloaded tensors exceed the host memory available per device
 
 
 #: How each enum is spelt in TOML, on the command line and in Parquet.

@@ -107,6 +107,8 @@ class Device(Record):
     #: host DRAM bandwidth available per device (the host's total / devices per host),
     #: streamed by the CPU optimizer step
     host_memory_GB_per_s: Positive
+    #: host DRAM available per device for offloaded tensors (the host's total / devices per host)
+    host_capacity_GiB: Positive
 
     @model_validator(mode="after")
     def _known_dtypes(self) -> Device:
@@ -136,6 +138,10 @@ class Device(Record):
     @property
     def host_link_bytes_per_s(self) -> float:
         return self.host_link_GB_per_s * GB
+
+    @property
+    def host_capacity_bytes(self) -> float:
+        return self.host_capacity_GiB * GIB
 
     @property
     def host_memory_bytes_per_s(self) -> float:
@@ -271,6 +277,15 @@ class Dimensions(Record):
     vpp: tuple[PositiveInt, ...] = (1,)
     micro_batch: tuple[PositiveInt, ...] = (1,)
     recompute: tuple[str, ...] = ("none",)
+    #: with recompute = full: recompute only the last k layers of each device (0: all of
+    #: them), the asynchronous runtime's recompute_ratio / Megatron's recompute-num-layers
+    recompute_layers: tuple[Annotated[int, Field(ge=0)], ...] = (0,)
+    #: stored activations copied to host memory after the forward and back before the
+    #: backward, overlapped with compute over the host link
+    offload_activations: tuple[bool, ...] = (False,)
+    #: weights (and gradients) streamed layer by layer between host and device
+    #: (ZeRO-Infinity style); needs the optimizer on the host
+    offload_weights: tuple[bool, ...] = (False,)
     sequence_parallel: tuple[bool, ...] = (False,)
     tp_overlap: tuple[bool, ...] = (False,)
     zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)

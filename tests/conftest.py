@@ -26,6 +26,7 @@ def _device(**overrides: float) -> np.ndarray:
         peak_flops_per_s=100e12, hbm_bytes_per_s=1e12, hbm_capacity_bytes=80 * GIB, compute_units=100.0,
         launch_s=0.0, gemm_max_efficiency=1.0, attention_efficiency=1.0, memory_efficiency=1.0,
         memory_overhead_bytes=0.0, host_link_bytes_per_s=25e9, host_memory_bytes_per_s=50e9,
+        host_capacity_bytes=256 * GIB,
     )
     values.update(overrides)
     return params.record(params.DEVICE, **values)

@@ -451,7 +451,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "cp_comm_s": m * slowest["cp"],
         "pp_comm_s": pp_comm,
         "dp_comm_s": dp_comm,
-        "ep_comm_s": 0.0,  # dense models only: no expert parallelism
+        "ep_comm_s": 0.0,  # dense models only: no expert parallelism, no offload
+        "offload_s": 0.0,
         "moe_dispatch_s": 0.0,
         "expert_gemm_rows": 0.0,
         "expert_gemm_efficiency": 0.0,
@@ -485,9 +486,11 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         if i == pp - 1:
             acts += 4 * logits  # fp32 logits
         total = weights + grads + optim + acts + dev["memory_overhead_bytes"]
+        # CPU Adam: fp32 master and moments in host memory, sharded like on a device
+        host = params * work["optimizer_bytes"] / (group if zero >= 1 else 1) if opt_kind == CPU_ADAM else 0.0
         if best is None or total > best[0]:
-            best = (total, weights, grads, optim, acts, i)
-    total, weights, grads, optim, acts, i = best
+            best = (total, weights, grads, optim, acts, i, host)
+    total, weights, grads, optim, acts, i, host_bytes = best
     fits = total <= dev["hbm_capacity_bytes"]
     out.update({
         "mem_weights_bytes": weights,
@@ -495,6 +498,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "mem_optimizer_bytes": optim,
         "mem_activations_bytes": acts,
         "mem_moe_buffers_bytes": 0.0,
+        "mem_host_bytes": host_bytes,
         "mem_overhead_bytes": dev["memory_overhead_bytes"],
         "mem_peak_bytes": total,
         "mem_peak_stage": float(i),

@@ -136,3 +136,93 @@ def in_flight_peak(order):
         live += 1 if pass_ == F else -1
         peak = max(peak, live)
     return peak
+
+
+W = 2  # kernels.pipeline.W_PASS
+
+
+def dualpipe_order(p, m, d):
+    """DualPipe's compute order on device d as ``[(pass, chunk, micro), ...]``, pass F=0 / B=1 / W=2.
+
+    Written from DeepSeek's ``DualPipe.step`` (deepseek-ai/DualPipe): micro-batches
+    0 .. m/2 - 1 run downwards through chunk 0 (stage d on device d), m/2 .. m - 1
+    upwards through chunk 1 (stage p - 1 - d on device d). With H = p / 2, h =
+    min(d, p - 1 - d) and M = m / 2, "near" is the direction in which the device
+    is stage h, "far" the other one; the eight steps are
+    2 (H - h - 1) near F | (h + 1) x (near F, far F) | (H - h - 1) x (far B with
+    its W, far F) | (M - p + h + 1) x (near F, far B, far F, near B) | (H - h - 1)
+    x (far B, far F, near B) | (h + 1) x (far B, near B), from the middle on the
+    W's deferred to a queue | (H - h - 1) x (queued W, near B deferred) | (h + 1)
+    queued W's. A backward not deferred is followed by its W. For M < p the order
+    of M = p with the surplus micro-batches left out.
+    """
+    half, h, mh = p // 2, min(d, p - 1 - d), m // 2
+    pad = max(mh, p)
+    near, far = (1, 0) if d >= half else (0, 1)  # chunk of each direction on this device
+    nxt = {("F", near): 0, ("F", far): 0, ("B", near): 0, ("B", far): 0}
+    queue = []
+    out = []
+
+    def take(kind, c):
+        k = nxt[(kind, c)]
+        nxt[(kind, c)] = k + 1
+        return k, c * mh + k
+
+    def fwd(c):
+        k, i = take("F", c)
+        if k < mh:
+            out.append((F, c, i))
+
+    def bwd(c, defer):
+        k, i = take("B", c)
+        if k < mh:
+            out.append((B, c, i))
+        if defer:
+            queue.append((k, c, i))
+        elif k < mh:
+            out.append((W, c, i))
+
+    def weight():
+        k, c, i = queue.pop(0)
+        if k < mh:
+            out.append((W, c, i))
+
+    for _ in range(2 * (half - h - 1)):
+        fwd(near)
+    for _ in range(h + 1):
+        fwd(near)
+        fwd(far)
+    for _ in range(half - h - 1):
+        bwd(far, True)
+        weight()
+        fwd(far)
+    for _ in range(pad - p + h + 1):
+        fwd(near)
+        bwd(far, False)
+        fwd(far)
+        bwd(near, False)
+    for _ in range(half - h - 1):
+        bwd(far, False)
+        fwd(far)
+        bwd(near, False)
+    first_deferred = (h + 1) // 2
+    for i in range(h + 1):
+        bwd(far, i > first_deferred or (i == first_deferred and h % 2 == 1))
+        bwd(near, i >= first_deferred)
+    for _ in range(half - h - 1):
+        weight()
+        bwd(near, True)
+    for _ in range(h + 1):
+        weight()
+    return out
+
+
+def pipedream_order(p, m, d):
+    """One steady-state period of PipeDream's asynchronous 1F1B on device d:
+    B(j - 1) then F(j + p - 1 - d) for j = 0 .. m - 1 (absolute micro-batch
+    numbers: -1 is the previous period's; the task graph labels micro-batch j as j + 1)."""
+    out = []
+    for j in range(m):
+        out.append((B, 0, j - 1))
+        out.append((F, 0, j + p - 1 - d))
+    return out

@@ -26,20 +26,23 @@ HERE = Path(__file__).parent
 # --------------------------------------------------------------------------- the reference
 
 #: product order, slowest first
-ORDER = ("devices", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "sequence_parallel", "tp_overlap", "zero",
+ORDER = ("devices", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "recompute_layers",
+         "offload_activations", "offload_weights", "sequence_parallel", "tp_overlap", "zero",
          "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo")
 #: storage type of every column (architecture.md: int32 sizes, int8 enums and flags)
 DTYPES = {
     "devices": np.int32, "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
-    "recompute": np.int8, "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "optimizer": np.int8,
+    "recompute": np.int8, "recompute_layers": np.int32, "offload_activations": np.int8, "offload_weights": np.int8,
+    "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "optimizer": np.int8,
     "schedule": np.int8, "ep": np.int32, "expert_tp": np.int32, "ep_placement": np.int8, "dispatch": np.int8,
     "tbo": np.int8,
     "row_id": np.int64, "n_microbatches": np.int32,
 }  # fmt: skip
 #: enum codes spelt out on purpose (a renumbering shows up as a failure)
 RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
-GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
-SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3}
+GPIPE, ONE_F_ONE_B, INTERLEAVED, DUALPIPE = 0, 1, 2, 4
+SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3, "dualpipe": DUALPIPE,
+            "pipedream": 5}
 OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2}
 PLACEMENT = {"inner": 0, "outer": 1}
 ALLTOALL = 1
@@ -48,7 +51,8 @@ DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-a
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
 TP_OVERLAP_WITHOUT_SP, EP_DENSE, EP_EXPERTS, EP_GROUP, EP1_DISPATCH = 11, 12, 13, 14, 15
-N_REASONS = 16
+RECOMPUTE_LAYERS, WEIGHT_OFFLOAD, DUALPIPE_SHAPE = 16, 17, 18
+N_REASONS = 19
 
 
 def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model) -> list[int]:
@@ -91,6 +95,14 @@ def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model
         out.append(EP_GROUP)
     if ep == 1 and (row["dispatch"] != ALLTOALL or row["tbo"] or row["ep_placement"]):
         out.append(EP1_DISPATCH)
+    if row["recompute_layers"] > 0 and row["recompute"] != RECOMPUTE["full"]:
+        out.append(RECOMPUTE_LAYERS)
+    if row["offload_weights"] and row["optimizer"] != OPTIMIZER["cpu-adam"]:
+        out.append(WEIGHT_OFFLOAD)
+    # DualPipe feeds half the micro-batches from each end: pp and the micro-batches even
+    if schedule == DUALPIPE and (pp % 2 or (dp is not None and global_batch % (dp * mb) == 0
+                                            and (global_batch // (dp * mb)) % 2)):
+        out.append(DUALPIPE_SHAPE)
     return out
 
 
@@ -115,6 +127,9 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
         "vpp": list(dims.vpp),
         "micro_batch": list(dims.micro_batch),
         "recompute": [RECOMPUTE[v] for v in dims.recompute],
+        "recompute_layers": list(dims.recompute_layers),
+        "offload_activations": [int(v) for v in dims.offload_activations],
+        "offload_weights": [int(v) for v in dims.offload_weights],
         "sequence_parallel": [int(v) for v in dims.sequence_parallel],
         "tp_overlap": [int(v) for v in dims.tp_overlap],
         "zero": list(dims.zero),
@@ -233,6 +248,17 @@ SPACES = {
             schedule=["1f1b", "interleaved", "gpipe"],
         ),
     ),
+    # memory knobs: partial recompute (full only), weight offload (cpu-adam only)
+    "llama3-8b-offload": dict(
+        devices=8, global_batch=16,
+        dims=dict(tp=[1, 2], pp=[1, 2], recompute=["none", "selective", "full"], recompute_layers=[0, 4],
+                  offload_activations=[False, True], offload_weights=[False, True], optimizer=["adam", "cpu-adam"]),
+    ),
+    # the bidirectional and asynchronous schedules: DualPipe needs an even pp and micro-batch count
+    "llama3-8b-schedules": dict(
+        devices=8, global_batch=12,
+        dims=dict(tp=[1, 2], pp=[1, 2, 4], micro_batch=[1, 2, 3], schedule=["1f1b", "dualpipe", "pipedream"]),
+    ),
     # expert dimensions on a dense model: every ep > 1 row is dropped
     "llama3-8b-ep": dict(
         devices=8, global_batch=16,
@@ -345,6 +371,12 @@ ALONE = [
     (Reason.EP_EXPERTS, dict(model="mixtral-8x7b", devices=3, global_batch=3, dims=dict(ep=[1, 3])), 1, 1),  # 8 experts
     (Reason.EP_GROUP, dict(model="mixtral-8x7b", devices=2, global_batch=2, dims=dict(ep=[2, 4])), 1, 1),
     (Reason.EP1_DISPATCH, dict(model="mixtral-8x7b", devices=1, global_batch=1, dims=dict(tbo=[False, True])), 1, 1),
+    (Reason.RECOMPUTE_LAYERS, dict(devices=1, global_batch=1, dims=dict(recompute=["full", "selective"],
+                                                                        recompute_layers=[2])), 1, 1),
+    (Reason.WEIGHT_OFFLOAD, dict(devices=1, global_batch=1, dims=dict(optimizer=["cpu-adam", "adam"],
+                                                                      offload_weights=[True])), 1, 1),
+    (Reason.DUALPIPE_SHAPE, dict(devices=2, global_batch=2, dims=dict(pp=[2], micro_batch=[1, 2],
+                                                                      schedule=["dualpipe"])), 1, 1),  # m = 2, 1
 ]  # fmt: skip
 
 

@@ -28,11 +28,14 @@ MIRRORS = [
     (Schedule.ONE_F_ONE_B, codes.SCHEDULE_1F1B),
     (Schedule.INTERLEAVED, codes.SCHEDULE_INTERLEAVED),
     (Schedule.ZB_H1, codes.SCHEDULE_ZB_H1),
+    (Schedule.DUALPIPE, codes.SCHEDULE_DUALPIPE),
+    (Schedule.PIPEDREAM, codes.SCHEDULE_PIPEDREAM),
     (Optimizer.ADAM, codes.OPTIMIZER_ADAM),
     (Optimizer.ADAM_8BIT, codes.OPTIMIZER_ADAM_8BIT),
     (Optimizer.CPU_ADAM, codes.OPTIMIZER_CPU_ADAM),
     (Feasibility.OK, codes.FEASIBLE_OK),
     (Feasibility.OUT_OF_MEMORY, codes.FEASIBLE_OUT_OF_MEMORY),
+    (Feasibility.OUT_OF_HOST_MEMORY, codes.FEASIBLE_OUT_OF_HOST_MEMORY),
     (Dispatch.ALLGATHER, codes.DISPATCH_ALLGATHER),
     (Dispatch.ALLTOALL, codes.DISPATCH_ALLTOALL),
     (Dispatch.HIERARCHICAL, codes.DISPATCH_HIERARCHICAL),
@@ -64,7 +67,7 @@ def test_labels_round_trip():
     for enum in (Recompute, Schedule, Optimizer, Dtype, Feasibility, Reason, Dispatch, Placement, Collective):
         for member in enum:
             assert parse(enum, label(member)) is member
-    assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1"]
+    assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe", "pipedream"]
 
 
 def test_parse_unknown_names_the_choices():

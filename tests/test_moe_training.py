@@ -124,10 +124,11 @@ def test_toy_moe_model_flop_by_hand():
 COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
            ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
            ("opt", np.int8), ("schedule", np.int8), ("ep", np.int32), ("etp", np.int32), ("placement", np.int8),
-           ("dispatch", np.int8), ("tbo", np.int8), ("n_micro", np.int32))
+           ("dispatch", np.int8), ("tbo", np.int8), ("rc_layers", np.int32), ("off_act", np.int8), ("off_w", np.int8),
+           ("n_micro", np.int32))
 BASE = dict(tp=1, pp=1, dp=8, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0, opt=0,
             schedule=SCHEDULE_1F1B, ep=8, etp=1, placement=PLACEMENT_INNER, dispatch=DISPATCH_ALLTOALL, tbo=0,
-            n_micro=4)
+            rc_layers=0, off_act=0, off_w=0, n_micro=4)
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,7 @@ def _random_device(rng) -> dict[str, float]:
         hbm_capacity_bytes=80 * 2.0**30, compute_units=float(rng.integers(16, 200)), launch_s=rng.uniform(0.0, 1e-5),
         gemm_max_efficiency=rng.uniform(0.3, 1.0), attention_efficiency=rng.uniform(0.2, 1.0),
         memory_efficiency=rng.uniform(0.5, 1.0), memory_overhead_bytes=0.0, host_link_bytes_per_s=25e9,
-        host_memory_bytes_per_s=50e9,
+        host_memory_bytes_per_s=50e9, host_capacity_bytes=256 * 2**30,
     )
 
 
@@ -236,7 +236,7 @@ def _scaled(peak: float = 1.0, hbm: float = 1.0, **fixed: float):
     base = dict(peak_flops_per_s=989e12, hbm_bytes_per_s=3.35e12, hbm_capacity_bytes=80 * 2.0**30,
                 compute_units=132.0, launch_s=4e-6, gemm_max_efficiency=0.75, attention_efficiency=0.4,
                 memory_efficiency=0.8, memory_overhead_bytes=0.0, host_link_bytes_per_s=25e9,
-                host_memory_bytes_per_s=50e9)
+                host_memory_bytes_per_s=50e9, host_capacity_bytes=256 * 2**30)
     base.update(fixed)
     base["peak_flops_per_s"] *= peak
     base["hbm_bytes_per_s"] *= hbm

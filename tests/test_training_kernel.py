@@ -38,9 +38,11 @@ PROPS = settings(max_examples=60, deadline=None)
 COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
            ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
            ("opt", np.int8), ("schedule", np.int8), ("ep", np.int32), ("etp", np.int32), ("placement", np.int8),
-           ("dispatch", np.int8), ("tbo", np.int8), ("n_micro", np.int32))
+           ("dispatch", np.int8), ("tbo", np.int8), ("rc_layers", np.int32), ("off_act", np.int8), ("off_w", np.int8),
+           ("n_micro", np.int32))
 BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0, opt=0,
-            schedule=SCHEDULE_1F1B, ep=1, etp=1, placement=0, dispatch=1, tbo=0, n_micro=1)
+            schedule=SCHEDULE_1F1B, ep=1, etp=1, placement=0, dispatch=1, tbo=0, rc_layers=0, off_act=0, off_w=0,
+            n_micro=1)
 TIME_FIELDS = ("step_time_analytic_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "recompute_s", "stage_fwd_s", "stage_bwd_s")
 PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
@@ -360,7 +362,7 @@ def _random_device(rng) -> np.ndarray:
         launch_s=rng.uniform(0.0, 1e-5), gemm_max_efficiency=rng.uniform(0.4, 1.0),
         attention_efficiency=rng.uniform(0.2, 0.8), memory_efficiency=rng.uniform(0.5, 1.0),
         memory_overhead_bytes=rng.uniform(0, 8) * 2.0**30, host_link_bytes_per_s=rng.uniform(10e9, 64e9),
-        host_memory_bytes_per_s=rng.uniform(20e9, 100e9),
+        host_memory_bytes_per_s=rng.uniform(20e9, 100e9), host_capacity_bytes=256 * 2**30,
     )
 
 
