@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from explorer.evaluate import KERNEL_ARGS, pack  # noqa: E402
+from spaces.enums import Dispatch  # noqa: E402
 from kernels.event_tier import S_STEP, S_TASKS, row_graph, simulate_rows  # noqa: E402
 from spaces.catalog import load_space  # noqa: E402
 from tests import naive_engine  # noqa: E402
@@ -39,14 +40,21 @@ def rows(n: int) -> dict[str, np.ndarray]:
     cols["tp_overlap"] = (cols["sequence_parallel"] * rng.integers(0, 2, n)).astype(np.int8)
     cols["zero"] = rng.integers(0, 3, n).astype(np.int8)
     cols["optimizer"] = np.zeros(n, dtype=np.int8)
+    # the dimensions this bench does not vary, at their defaults (spaces.schema.Dimensions)
+    for name, value in (("ep", 1), ("expert_tp", 1), ("recompute_layers", 0)):
+        cols[name] = np.full(n, value, dtype=np.int32)
+    alltoall = int(Dispatch.ALLTOALL)
+    for name, value in (("ep_placement", 0), ("dispatch", alltoall), ("tbo", 0), ("offload_activations", 0),
+                        ("offload_weights", 0)):
+        cols[name] = np.full(n, value, dtype=np.int8)
     return cols
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--reference", type=int, default=20, help="rows simulated by the plain-Python engine")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     space = load_space("llama3-70b-h100-1024")
     pk = pack(space)
     records = (pk.model, pk.device, pk.tiers, pk.tiles, pk.workload)

@@ -978,24 +978,32 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_MFU] = flop / (step * devices * dev.peak_flops_per_s)
 
     # ---- memory per device; the peak over stages
+    # a layer that is not recomputed keeps keep_*; a fully recomputed one only its input
+    # (act_*: what the row's recompute setting keeps, none_*: everything)
+    is_moe = model.experts > 0 and model.dense_layers < model.layers
+    kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute
+    none_dense = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab)
     act_dense = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
-    act_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, work.moe_imbalance)
+    keep_dense = none_dense if kept == RECOMPUTE_NONE else act_dense
+    act_moe = 0.0
+    keep_moe = 0.0
+    none_moe = 0.0
+    if is_moe:
+        imb = work.moe_imbalance
+        none_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab, imb)
+        act_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, imb)
+        keep_moe = none_moe if kept == RECOMPUTE_NONE else act_moe
     # while a layer's backward recomputes, what it did not keep lives again for that one layer:
     # (all of it) - (what is kept), so more recompute never needs more memory
-    work_layer = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab) - act_dense
-    if model.experts > 0 and model.dense_layers < model.layers:
-        work_layer = max(work_layer, moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab,
-                                                                    work.moe_imbalance) - act_moe)
+    work_layer = none_dense - act_dense
+    if is_moe:
+        work_layer = max(work_layer, none_moe - act_moe)
     lp = layer_params(model, t)
-    # a layer that is not recomputed keeps act_*; a fully recomputed one only its input
-    kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute
-    keep_dense = activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab)
-    keep_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab, work.moe_imbalance)
     inp = layer_input_bytes(b, s, t, c, sp, model, ab)
     # the largest unit streamed with weight offload: a layer, or the embedding / head
-    moe_d, moe_e = moe_layer_params(model, t, float(ep), float(etp))
     unit = max(lp, model.vocab * model.hidden / t)
-    if model.experts > 0:
+    if is_moe:
+        moe_d, moe_e = moe_layer_params(model, t, float(ep), float(etp))
         unit = max(unit, moe_d + moe_e)
     peak = -1.0
     host_peak = 0.0
