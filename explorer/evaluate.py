@@ -37,7 +37,7 @@ class Packed:
 
 
 def pack_model(model: Model) -> np.ndarray:
-    extra: dict[str, float] = {"mtp_depth": model.mtp_depth}
+    extra: dict[str, float] = {"mtp_depth": model.mtp_depth, "sliding_window": model.sliding_window}
     if model.moe is not None:
         moe = model.moe
         extra.update(experts=moe.experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn,
@@ -70,6 +70,7 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
         memory_overhead_bytes=dev.memory_overhead_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
         host_memory_bytes_per_s=dev.host_memory_bytes_per_s, host_capacity_bytes=dev.host_capacity_bytes,
+        kernel_fusion=dev.kernel_fusion,
     )
     _table_fits(hw, "device.gemm_efficiency", dev.gemm_efficiency, params.MAX_GEMM_POINTS)
     points = np.asarray(dev.gemm_efficiency, dtype=np.float64).reshape(-1, 4)

@@ -67,7 +67,7 @@ def column_docs() -> dict[str, dict[str, str]]:
     docs = {name: {"unit": "enum" if pa.types.is_dictionary(t) else "value", "doc": doc}
             for name, t, doc in strategy_columns()}
     for col in (schema.ROW_ID, schema.N_MICROBATCHES, *schema.METRICS):
-        docs[col.name] = {"unit": col.unit, "doc": col.doc}
+        docs[col.name] = {"unit": col.unit, "doc": col.doc, **({"kernel": col.kernel} if col.kernel else {})}
     return docs
 
 

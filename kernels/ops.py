@@ -132,6 +132,16 @@ def attention_flops_qkv(b: float, s_q: float, s_kv: float, heads: float, qk_dim:
 
 
 @jit
+def causal_kv_len(s: float, window: float) -> float:
+    """The key length whose causal half is the mean number of keys a query attends
+    to: s without a window; with a sliding window w < s, queries i < w see i keys
+    and the rest w, a mean of w - w^2 / (2 s), so 2 w - w^2 / s."""
+    if window <= 0.0 or window >= s:
+        return s
+    return 2.0 * window - window * window / s
+
+
+@jit
 def attention_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_heads: float, head_dim: float,
                         causal: bool, flash: bool, dev, dtype_bytes: float):
     """FlashAttention-2 style core attention on one device (heads already split by TP).

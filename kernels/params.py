@@ -31,6 +31,7 @@ DEVICE = np.dtype(
         ("host_link_bytes_per_s", np.float64),  # PCIe to the host, each direction
         ("host_memory_bytes_per_s", np.float64),  # host DRAM bandwidth per device
         ("host_capacity_bytes", np.float64),  # host DRAM for offloaded tensors per device
+        ("kernel_fusion", np.float64),  # 1: fused elementwise kernels (spaces.schema.Device.kernel_fusion)
         # measured GEMM efficiency points (m, n, k, achieved/peak); n_gemm of them are used
         ("n_gemm", np.float64),
         ("gemm_m", np.float64, (MAX_GEMM_POINTS,)),
@@ -83,6 +84,7 @@ MODEL = np.dtype(
         ("qk_rope_head_dim", np.float64),
         ("v_head_dim", np.float64),
         ("mtp_depth", np.float64),
+        ("sliding_window", np.float64),  # keys each query attends to (0: all)
     ]
 )
 
@@ -115,7 +117,7 @@ def _has_default(dtype: np.dtype, name: str) -> bool:
 DEFAULTS = {
     **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                     "mtp_depth"), 0.0),
+                     "mtp_depth", "sliding_window", "kernel_fusion"), 0.0),
     "moe_imbalance": 1.0,
 }
 

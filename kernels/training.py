@@ -55,7 +55,14 @@ from kernels.moe import (
     staging_bytes,
     two_batch_exposed_s,
 )
-from kernels.ops import attention_qkv_fwd_bwd_s, gemm_efficiency, gemm_fwd_bwd_s, gemm_time_s, memory_bound_s
+from kernels.ops import (
+    attention_qkv_fwd_bwd_s,
+    causal_kv_len,
+    gemm_efficiency,
+    gemm_fwd_bwd_s,
+    gemm_time_s,
+    memory_bound_s,
+)
 
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
 #: ``results.schema`` gives each its unit and meaning (pinned by a test).
@@ -456,10 +463,11 @@ def model_flop_per_sequence(model, s: float) -> float:
     per active matrix element per token, plus the attention core."""
     split, rep = attention_weights(model)
     h = model.hidden
+    keys = causal_kv_len(s, model.sliding_window)
     if model.mla > 0:
-        core = s * s * model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+        core = s * keys * model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
     else:
-        core = 2.0 * s * s * model.heads * model.head_dim  # causal: half of 4 s^2 heads head_dim
+        core = 2.0 * s * keys * model.heads * model.head_dim  # causal: half of 4 s^2 heads head_dim
     attn = 2.0 * s * (split + rep) + core
     dense_layers = model.layers
     flop = 0.0
@@ -561,8 +569,8 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         w1 += wx
         v_out = heads * model.v_head_dim
         rope_width = heads * model.qk_rope_head_dim + model.qk_rope_head_dim
-        attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, s, heads, heads, qk, model.v_head_dim, True, flash,
-                                                    dev, ab)
+        attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, causal_kv_len(s, model.sliding_window), heads, heads,
+                                                    qk, model.v_head_dim, True, flash, dev, ab)
         # the latent norms, read and written
         latent_norm_bytes = 2.0 * tokens * (model.kv_lora_rank + model.q_lora_rank) * ab
         proj_out = kv_lat + heads * (model.qk_nope_head_dim + model.v_head_dim) + heads * qk + model.q_lora_rank
@@ -573,19 +581,26 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         f1, b1, w1 = gemm_passes_s(tokens, q_out + 2.0 * kv_out, h, dev, tiles, ab)
         v_out = q_out
         rope_width = q_out + kv_out
-        attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, s, heads, model.kv_heads / t, dh, dh, True, flash,
-                                                    dev, ab)
+        attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, causal_kv_len(s, model.sliding_window), heads,
+                                                    model.kv_heads / t, dh, dh, True, flash, dev, ab)
         latent_norm_bytes = 0.0
         proj_out = q_out + 2.0 * kv_out
     f2, b2, w2 = gemm_passes_s(tokens, h, v_out, dev, tiles, ab)
     wg += w1 + w2
     norm_tokens = tokens / t if sp else tokens
-    mem_bytes = 10.0 * norm_tokens * h * ab  # 2 norms (read+write), 2 residual adds (2 reads+write)
-    n_kernels = 5.0  # two norms, two residual adds, rotary embedding
+    fused = dev.kernel_fusion > 0
+    if fused:  # each residual add + norm one kernel (read x and the residual, write both), rope inside attention
+        mem_bytes = 8.0 * norm_tokens * h * ab
+        n_kernels = 2.0
+    else:
+        mem_bytes = 10.0 * norm_tokens * h * ab  # 2 norms (read+write), 2 residual adds (2 reads+write)
+        n_kernels = 5.0  # two norms, two residual adds, rotary embedding
     if model.dropout > 0:
         mem_bytes += 5.0 * norm_tokens * h * ab
         n_kernels += 2.0
-    mem_bytes += 2.0 * tokens * rope_width * ab + latent_norm_bytes  # rotary embedding on Q and K
+    mem_bytes += latent_norm_bytes
+    if not fused:
+        mem_bytes += 2.0 * tokens * rope_width * ab  # rotary embedding on Q and K
     common = memory_bound_s(mem_bytes, n_kernels, dev)
     attn_part_f = f1 + f2 + attn_f + common
     attn_part_b = b1 + b2 + attn_b + 2.0 * common
@@ -594,7 +609,9 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     up = (2.0 if model.glu > 0 else 1.0) * f
     f3, b3, w3 = gemm_passes_s(tokens, up, h, dev, tiles, ab)
     f4, b4, w4 = gemm_passes_s(tokens, h, f, dev, tiles, ab)
-    act = memory_bound_s((3.0 if model.glu > 0 else 2.0) * tokens * f * ab, 1.0, dev)  # activation function
+    act = 0.0  # the activation function, or nothing when fused into the up-projection's epilogue
+    if not fused:
+        act = memory_bound_s((3.0 if model.glu > 0 else 2.0) * tokens * f * ab, 1.0, dev)
     layer_fwd = attn_part_f + f3 + f4 + act
     layer_bwd = attn_part_b + b3 + b4 + 2.0 * act
     if work.gemm_cast_bytes > 0:  # 8-bit GEMMs: cast inputs and weights forward, output gradients backward
@@ -661,7 +678,7 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         m_e = e * et * t_rank * k * imb / n_exp  # rows per local expert on the busiest rank
         g1f, g1b, g1w = grouped_gemm_fwd_bwd_s(groups, m_e, 2.0 * fe / et, h, dev, tiles, ab)
         g2f, g2b, g2w = grouped_gemm_fwd_bwd_s(groups, m_e, h, fe / et, dev, tiles, ab)
-        g_act = memory_bound_s(3.0 * groups * m_e * fe / et * ab, 1.0, dev)
+        g_act = 0.0 if fused else memory_bound_s(3.0 * groups * m_e * fe / et * ab, 1.0, dev)
         expert_f = g1f + g2f + g_act
         expert_b = g1b + g2b + 2.0 * g_act
         sh_f = 0.0
@@ -671,7 +688,7 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
             width = model.shared_experts * fe / t
             s1f, s1b, s1w = gemm_passes_s(tokens, 2.0 * width, h, dev, tiles, ab)
             s2f, s2b, s2w = gemm_passes_s(tokens, h, width, dev, tiles, ab)
-            s_act = memory_bound_s(3.0 * tokens * width * ab, 1.0, dev)
+            s_act = 0.0 if fused else memory_bound_s(3.0 * tokens * width * ab, 1.0, dev)
             sh_f = s1f + s2f + s_act
             sh_b = s1b + s2b + 2.0 * s_act
             sh_w = s1w + s2w

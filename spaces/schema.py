@@ -99,6 +99,10 @@ class Device(Record):
     attention_efficiency: Fraction
     #: achieved / peak HBM bandwidth of memory-bound kernels
     memory_efficiency: Fraction
+    #: elementwise kernels fused (residual add + norm pairs, rotary embedding inside
+    #: attention, the MLP activation in the GEMM epilogue): fewer launches and no
+    #: intermediate round trips through HBM
+    kernel_fusion: bool = False
     #: memory the framework holds beyond the model's tensors
     #: (CUDA context, communication buffers, allocator fragmentation)
     memory_overhead_GiB: NonNegative
@@ -238,6 +242,8 @@ class Model(Record):
     tied_embeddings: bool = False
     #: dropout after attention and MLP (adds masks to the stored activations)
     dropout: bool = False
+    #: sliding-window attention: each query attends to at most this many keys (0: full)
+    sliding_window: Annotated[int, Field(ge=0)] = 0
     #: mixture-of-experts MLPs (``ffn`` is then the width of the first dense layers)
     moe: Moe | None = None
     #: multi-head latent attention instead of MHA/GQA (``kv_heads`` = ``heads`` then)

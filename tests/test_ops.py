@@ -286,3 +286,59 @@ def test_memory_bound_more_bandwidth_never_slower(nbytes, kernels, bw_up):
     slow = ops.memory_bound_s(nbytes, kernels, _scaled())
     fast = ops.memory_bound_s(nbytes, kernels, _scaled(hbm=bw_up))
     assert 0.0 <= fast <= slow and math.isfinite(slow)
+
+
+# --------------------------------------------------------------------------- sliding window and fusion
+
+
+def test_sliding_window_key_length_by_hand():
+    """s = 8 keys, window 4: queries 0..3 see 0..3 keys... (the continuous mean)
+    w - w^2 / (2 s) = 4 - 16 / 16 = 3 keys; the causal formulas halve the key
+    length, so it is 2 x 3 = 6. No window, or one at least s long: s itself."""
+    from kernels.ops import causal_kv_len
+
+    assert causal_kv_len(8.0, 4.0) == 6.0
+    assert causal_kv_len(8.0, 0.0) == causal_kv_len(8.0, 8.0) == causal_kv_len(8.0, 100.0) == 8.0
+    # 32K tokens under a 4K window: 2 x 4096 - 4096^2 / 32768 = 7680 keys, 4.3x less than 32768
+    assert causal_kv_len(32768.0, 4096.0) == 7680.0
+
+
+def test_windowed_model_attends_less(h100, make_workload):
+    """A model with a 4K sliding window over 32K tokens costs less forward
+    attention FLOP than the same model with full attention; nothing else moves."""
+    from explorer.evaluate import pack_model
+    from kernels.training import model_flop_per_sequence
+    from spaces.catalog import load_model
+
+    full = pack_model(load_model("llama3-8b"))[0]
+    windowed = full.copy()
+    windowed["sliding_window"] = 4096.0
+    s = 32768.0
+    # 32 layers x 2 s x keys x 32 heads x 128: the core with 32768 vs 7680 keys
+    diff = 32 * 2 * s * (32768.0 - 7680.0) * 32 * 128
+    assert model_flop_per_sequence(full, s) - model_flop_per_sequence(windowed, s) == pytest.approx(diff, rel=1e-12)
+
+
+def test_kernel_fusion_removes_launches_and_round_trips(h100, llama3_8b, make_workload):
+    """Fused elementwise kernels: fewer launches and less HBM traffic per layer, so
+    the compute column falls and nothing else about the row changes."""
+    import numpy as np
+
+    from kernels.training import N_COST, C_LAYER_FWD, C_LAYER_BWD, row_costs
+
+    work = make_workload(global_batch=8.0)
+    fused = h100.device.copy()
+    fused["kernel_fusion"] = 1.0
+    costs = []
+    for dev in (h100.device, fused):
+        c = np.empty(N_COST)
+        row_costs(1, 1, 8, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, llama3_8b[0], dev[0], h100.tiers, h100.tiles,
+                  work[0], c)
+        costs.append(c)
+    plain, fast = costs
+    assert fast[C_LAYER_FWD] < plain[C_LAYER_FWD] and fast[C_LAYER_BWD] < plain[C_LAYER_BWD]
+    # forward saving, by hand: 6 launches become 2, and (2 T h + rope 2 T (q + kv) + activation 3 T f) x 2 bytes
+    t, h, q, kv, f = 4096.0, 4096.0, 4096.0, 1024.0, 14336.0
+    saved = (2 * t * h + 2 * t * (q + kv) + 3 * t * f) * 2 / (h100.device[0].hbm_bytes_per_s * 0.8) + \
+        4 * h100.device[0].launch_s
+    assert plain[C_LAYER_FWD] - fast[C_LAYER_FWD] == pytest.approx(saved, rel=1e-9)

@@ -41,3 +41,26 @@ def test_result_schema_layout():
 
 def test_strategy_columns_follow_the_dimension_table():
     assert [name for name, _, _ in strategy_columns()] == list(DIMENSION_NAMES)
+
+
+def test_every_breakdown_column_names_the_kernels_that_produce_it():
+    """Time and memory breakdown columns carry ``kernel``: the kernels/ functions
+    behind them, each of which must exist (so the names cannot rot)."""
+    import importlib
+    import re
+
+    from results import schema
+
+    breakdown = [c for c in schema.METRICS if c.unit in ("s", "bytes") and c.name not in ("mem_overhead_bytes",)]
+    assert breakdown
+    for col in breakdown:
+        assert col.kernel, col.name
+        module = None
+        for ref in re.findall(r"kernels\.\w+(?:\.\w+)?|\b\w+_s\b|\b\w+_bytes\w*\b", col.kernel):
+            if ref.startswith("kernels."):
+                parts = ref.split(".")
+                module = importlib.import_module(".".join(parts[:2]))
+                if len(parts) == 3:
+                    assert hasattr(module, parts[2]), (col.name, ref)
+            elif module is not None and ref in dir(module):
+                assert callable(getattr(module, ref)), (col.name, ref)
