@@ -1,9 +1,10 @@
 """``paraspace validate``: predict published measurements and report the error.
 
 Reads a file in the schema of ``shared/validation/README.md``. Training rows
-(``training.csv``, dense and MoE) and communication rows (``comm.csv``: DeepEP
-dispatch/combine) are predicted; inference rows are counted as not supported
-until the inference kernels land. For each training row the model comes from
+(``training.csv``, dense and MoE), communication rows (``comm.csv``: DeepEP
+dispatch/combine) and inference rows (``inference.csv``: prefill / decode
+latencies and serving throughput through ``kernels.inference``, the batch of
+max-throughput rows from the KV cache) are predicted. For each training row the model comes from
 the row's own columns (not the catalog), the hardware from the catalog entry
 named by ``gpu``, the strategy from the row; a field the source left EMPTY is
 searched over its valid values and the fastest feasible candidate is the
@@ -16,6 +17,7 @@ this path. ``measured`` and ``predicted`` are in the unit of the row's metric.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from explorer.evaluate import evaluate, pack, pack_hardware
+from explorer.evaluate import evaluate, pack, pack_hardware, pack_model
+from kernels import inference
 from kernels.codes import DISPATCH_HIERARCHICAL, DISPATCH_LOW_LATENCY
 from kernels.moe import dispatch_s
 from spaces.catalog import LoadedSpace, load_hardware, names
@@ -264,15 +267,140 @@ def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
     return base
 
 
+#: the ``kernels.inference.OUTPUTS`` column each inference metric reads
+INFERENCE_METRICS = {
+    "prefill_latency_s": "prefill_s",
+    "ttft_s": "prefill_s",  # the prefill yields the first token
+    "decode_latency_per_token_s": "decode_step_s",
+    "tpot_s": "decode_step_s",
+    "total_latency_s": "total_s",
+    "throughput_tokens_per_s": "tokens_per_s",  # prompt + generated tokens
+    "output_throughput_tokens_per_s": "output_tokens_per_s",
+}
+#: bytes per element of the weights and the KV cache by the row's dtype (FP8
+#: checkpoints quantise the KV cache too); activations, embedding and LM head stay 16-bit
+WEIGHT_BYTES = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+INFERENCE_REQUIRED = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "glu", "n_gpus", "tp", "pp",
+                      "input_len", "output_len")
+#: README: "Head dimension = hidden/heads unless notes give another value"
+_HEAD_DIM = re.compile(r"\bhead_dim (\d+)")
+
+
+def inference_model(row: dict[str, str | None], source: str) -> Model:
+    """The row's model: dense or MoE (n_experts, topk, expert_ffn), GPT-style
+    (biases, tied embeddings) when not gated as in ``training_space``, with the
+    head dimension the notes give where it is not hidden / heads."""
+    rid = row.get("id")
+    where = f"{source}: row {rid}"
+    ints = {k: _num(row, k, source) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "glu")}
+    glu = ints["glu"] == 1
+    raw: dict[str, Any] = {
+        "name": rid or "row", "description": row.get("model") or rid or "row", "layers": ints["layers"],
+        "hidden": ints["hidden"], "heads": ints["heads"], "kv_heads": ints["kv_heads"], "ffn": ints["ffn"],
+        "vocab": ints["vocab"], "glu": glu, "bias": not glu, "tied_embeddings": not glu,
+    }
+    head_dim = _HEAD_DIM.search(row.get("notes") or "")
+    if head_dim:
+        raw["head_dim"] = int(head_dim.group(1))
+    if row.get("n_experts"):
+        moe = {k: _num(row, col, source) for k, col in (("experts", "n_experts"), ("top_k", "topk"),
+                                                        ("expert_ffn", "expert_ffn"))}
+        for key, value in moe.items():
+            if value is None:
+                raise CatalogError(where, {"experts": "n_experts", "top_k": "topk"}.get(key, key), None,
+                                   "a value for an MoE row (n_experts given)")
+        raw["moe"] = moe
+    return validate(Model, raw, where)
+
+
+def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
+    """One inference benchmark point through ``kernels.inference.serve``: the model
+    from the row's columns, the hardware from ``gpu`` in the row's dtype, the
+    row's batch (EMPTY: as many sequences as the KV cache holds, capped at
+    trtllm-bench's 4096). For MoE rows an EMPTY ``ep`` is searched over the
+    divisors of tp that divide the experts, and the attention layout (TP, or
+    TensorRT-LLM's attention data parallelism, not a column) over both; the
+    fastest candidate that fits is the prediction, as for training rows."""
+    rid = row.get("id") or ""
+    where = f"{source}: row {rid}"
+    metric = row.get("metric") or ""
+    base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
+                     gpu=row.get("gpu") or "", metric=metric, measured=_num(row, "value", source, float),
+                     predicted=None, status="unsupported")
+    if metric not in INFERENCE_METRICS:
+        raise CatalogError(where, "metric", metric, f"one of {list(INFERENCE_METRICS)}")
+    gpu = row.get("gpu") or ""
+    if gpu not in names("hardware"):
+        raise CatalogError(where, "gpu", gpu, f"one of {names('hardware')}")
+    ints = {k: _num(row, k, source) for k in INFERENCE_REQUIRED}
+    for key, value in ints.items():
+        if value is None or value < (0 if key == "glu" else 1):
+            raise CatalogError(where, key, value, "a positive number (EMPTY is not allowed here)")
+    batch = _num(row, "batch", source)
+    if batch is not None and batch < 1:
+        raise CatalogError(where, "batch", batch, "a positive number, or EMPTY for a max-throughput run")
+    tp, pp = ints["tp"], ints["pp"]
+    if ints["n_gpus"] % (tp * pp):
+        raise CatalogError(where, "n_gpus", ints["n_gpus"], f"a multiple of tp*pp = {tp * pp}")
+    if pp > ints["layers"]:
+        raise CatalogError(where, "pp", pp, f"at most layers = {ints['layers']}")
+    dtype = row.get("dtype") or ""
+    hw = load_hardware(gpu)
+    if dtype not in WEIGHT_BYTES or dtype not in hw.device.peak_TFLOP_per_s:
+        known = [d for d in WEIGHT_BYTES if d in hw.device.peak_TFLOP_per_s]
+        raise CatalogError(where, "dtype", dtype, f"one of {known} (the precisions {gpu} has a peak for)")
+    model = inference_model(row, source)
+    ep = _num(row, "ep", source)
+    searched: dict[str, list[Any]] = {}
+    if model.moe is None:
+        eps, layouts = [1], [False]
+    else:
+        experts = model.moe.experts
+        if ep is not None:
+            if ep < 1 or tp % ep or experts % ep:
+                raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp} and of n_experts = {experts}")
+            eps = [ep]
+        else:
+            eps = searched["ep"] = [d for d in range(1, tp + 1) if tp % d == 0 and experts % d == 0]
+        layouts = searched["attention"] = [False, True]
+    device, tiers, tiles = pack_hardware(hw, dtype)
+    packed_model = pack_model(model)
+    column = inference.OUTPUTS.index(INFERENCE_METRICS[metric])
+    higher_is_better = "throughput" in metric
+    best: tuple[float, dict[str, Any]] | None = None
+    for attention_dp in layouts:
+        for e in eps:
+            srv = inference.serving(tp=tp, pp=pp, ep=e, attention_dp=float(attention_dp), n_gpus=ints["n_gpus"],
+                                    weight_bytes=WEIGHT_BYTES[dtype], act_bytes=2.0, kv_bytes=WEIGHT_BYTES[dtype])
+            out = inference.serve(packed_model[0], device[0], tiers, tiles, srv[0], float(batch or 0),
+                                  float(ints["input_len"]), float(ints["output_len"]))
+            value = float(out[column])
+            cand = {"fits": out[inference.I_FITS] > 0, "value": value, "batch": float(out[inference.I_BATCH]),
+                    "max_batch": float(out[inference.I_MAX_BATCH]), "replicas": float(out[inference.I_REPLICAS]),
+                    "ep": e, "attention": "dp" if attention_dp else "tp"}
+            if math.isnan(value):
+                continue
+            key = (cand["fits"], value if higher_is_better else -value)
+            if best is None or key > best[0]:
+                best = (key, cand)  # type: ignore[assignment]
+    if best is None:  # not one sequence fits beside the weights in any layout
+        base.status = "no-candidate"
+        return base
+    cand = best[1]
+    base.predicted = cand["value"]
+    base.status = "ok" if cand["fits"] else "oom"
+    base.chosen = {"batch": int(cand["batch"]), "replicas": int(cand["replicas"])}
+    if batch is None:  # what bounded the batch: the KV cache, or the runtime's cap below what it holds
+        base.chosen["batch_limit"] = "runtime-cap" if cand["max_batch"] >= inference.BATCH_CAP else "kv-cache"
+    for key in searched:
+        base.chosen[key] = cand[key]
+    return base
+
+
 def run(path: str | Path) -> tuple[str, list[RowResult]]:
     df = read(path)
     kind = kind_of(df)
-    if kind == "inference":
-        rows = [RowResult(id=r["id"], source=r["source"], quality=r["quality"], gpu=r.get("gpu") or "",
-                          metric=r["metric"], measured=None, predicted=None, status="unsupported")
-                for r in df.iter_rows(named=True)]
-        return kind, rows
-    predict = predict_comm if kind == "comm" else predict_training
+    predict = {"comm": predict_comm, "inference": predict_inference}.get(kind, predict_training)
     return kind, [predict(r, str(path)) for r in df.iter_rows(named=True)]
 
 
@@ -295,14 +423,15 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
 
 
 def table(results: list[RowResult]) -> str:
-    lines = [f"{'id':<44}{'quality':<11}{'metric':<16}{'measured':>12}{'predicted':>13}{'error':>9}  chosen / status"]
+    mw = max([len("metric"), *(len(r.metric) for r in results)]) + 2
+    lines = [f"{'id':<44}{'quality':<11}{'metric':<{mw}}{'measured':>12}{'predicted':>13}{'error':>9}  chosen / status"]
     for r in results:
         meas = f"{r.measured:.4g}" if r.measured is not None else "-"
         pred = f"{r.predicted:.4g}" if r.predicted is not None else "-"
         err = f"{100 * r.error:+.1f}%" if r.error is not None and not math.isnan(r.error) else "-"
         extra = " ".join(f"{k}={v}" for k, v in r.chosen.items()) if r.status == "ok" else r.status
-        lines.append(f"{r.id:<44}{r.quality:<11}{r.metric:<16}{meas:>12}{pred:>13}{err:>9}  {extra}")
+        lines.append(f"{r.id:<44}{r.quality:<11}{r.metric:<{mw}}{meas:>12}{pred:>13}{err:>9}  {extra}")
     return "\n".join(lines)
 
 
-__all__ = ["RowResult", "run", "summary", "table", "training_space"]
+__all__ = ["RowResult", "predict_inference", "run", "summary", "table", "training_space"]

@@ -57,6 +57,12 @@ Phases
   input_len + (output_len + 1) / 2 equal the exact sum (``decode_total_s``).
 - total latency = prefill + output_len decode steps (FasterTransformer's
   convention: its published total is prefill + output_len x per-token time).
+- A model's ``sliding_window`` bounds the keys a query attends (prefill: the
+  mean of ``kernels.ops.causal_kv_len``; decode: min(length, window), averaged
+  exactly over the steps) and the KV entries a sequence keeps (a cyclic cache).
+- A device's ``kernel_fusion`` fuses each residual add + norm pair, rotary into
+  attention and the MLP activation into the up-projection's epilogue, as in
+  ``kernels.training``.
 
 Serving throughput (rows with no batch)
 ---------------------------------------
@@ -83,12 +89,28 @@ import math
 import numpy as np
 
 from kernels import params
-from kernels.codes import ALL_GATHER, ALL_REDUCE, DISPATCH_ALLTOALL, REDUCE_SCATTER, SEND_RECV
+from kernels.codes import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    DISPATCH_ALLTOALL,
+    REDUCE_SCATTER,
+    SEND_RECV,
+)
 from kernels.collectives import collective_time_s
 from kernels.jit import jit
 from kernels.moe import combine_s, dispatch_s, grouped_gemm_s
-from kernels.ops import attention_qkv_fwd_bwd_s, gemm_time_s, memory_bound_s
-from kernels.training import device_dense_layers, device_layers, layer_params, moe_layer_params
+from kernels.ops import (
+    attention_qkv_fwd_bwd_s,
+    causal_kv_len,
+    gemm_time_s,
+    memory_bound_s,
+)
+from kernels.training import (
+    device_dense_layers,
+    device_layers,
+    layer_params,
+    moe_layer_params,
+)
 
 #: One replica's serving setup.
 SERVING = np.dtype(
@@ -199,9 +221,17 @@ def device_weight_bytes(model, srv) -> float:
             if model.tied_embeddings == 0 or p > 1:
                 tables += emb
         total = matrices * srv.weight_bytes + tables * srv.act_bytes
-        if total > best:
-            best = total
+        best = max(best, total)
     return best
+
+
+@jit
+def cached_tokens(model, seq_len: float) -> float:
+    """KV entries a sequence of ``seq_len`` tokens keeps per layer: all of them,
+    or the last ``sliding_window`` (a cyclic cache)."""
+    if model.sliding_window > 0.0:
+        return min(seq_len, model.sliding_window)
+    return seq_len
 
 
 @jit
@@ -211,7 +241,7 @@ def kv_capacity(model, dev, srv, seq_len: float) -> float:
     of one full sequence (times tp under attention DP, where each rank holds its
     own sequences). 0 when the weights do not fit."""
     free = dev.hbm_capacity_bytes - device_weight_bytes(model, srv) - dev.memory_overhead_bytes
-    per_seq = kv_bytes_per_token(model, srv) * seq_len
+    per_seq = kv_bytes_per_token(model, srv) * cached_tokens(model, seq_len)
     if free <= 0.0 or per_seq <= 0.0:
         return 0.0
     n = math.floor(srv.kv_fraction * free / per_seq)
@@ -231,7 +261,11 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
     """Attention half of one layer on one rank: projections, attention core,
     output projection, norms / residuals / rotary / KV cache write, and the TP
     all-reduce. ``b`` sequences of the replica, ``q`` new tokens each, ``s``
-    tokens of KV (s = q: a causal prefill; q = 1: a decode step)."""
+    tokens of KV (s = q: a causal prefill; q = 1: a decode step). A sliding
+    window bounds the keys: a causal prefill's mean keys per query
+    (``kernels.ops.causal_kv_len``), a decode step's min(s, window).
+    With the device's ``kernel_fusion`` each residual add + norm pair is one
+    kernel and rotary runs inside attention (as ``kernels.training``)."""
     dp = srv.attention_dp > 0
     ta = attention_ranks(srv)
     br = b / srv.tp if dp else b  # sequences this rank attends
@@ -242,6 +276,10 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
     kvb = srv.kv_bytes
     heads = model.heads / ta
     causal = q > 1.0
+    if causal:
+        s = causal_kv_len(s, model.sliding_window)
+    elif model.sliding_window > 0.0:
+        s = min(s, model.sliding_window)
     if model.mla > 0:
         nope = model.qk_nope_head_dim
         rope = model.qk_rope_head_dim
@@ -274,8 +312,10 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
         rope_width = (heads + kvh) * dh
         cache_write = tokens * 2.0 * kvh * dh * kvb
     out = gemm_time_s(tokens, h, v_out, dev, tiles, wb)
-    # two norms (read + write), two residual adds (2 reads + write), rotary on Q and K with the KV write
-    common = memory_bound_s(10.0 * tokens * h * ab + 2.0 * tokens * rope_width * ab + cache_write, 5.0, dev)
+    if dev.kernel_fusion > 0:  # residual add + norm fused twice (read x and residual, write both)
+        common = memory_bound_s(8.0 * tokens * h * ab + cache_write, 2.0, dev)
+    else:  # two norms (read + write), two residual adds (2 reads + write), rotary on Q and K with the KV write
+        common = memory_bound_s(10.0 * tokens * h * ab + 2.0 * tokens * rope_width * ab + cache_write, 5.0, dev)
     total = proj + attn + out + common
     if not dp:
         total += collective_time_s(ALL_REDUCE, srv.tp, 1.0, tokens * h * ab, tiers)
@@ -293,7 +333,8 @@ def dense_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     up = (2.0 if gated else 1.0) * f
     t = gemm_time_s(tokens, up, h, dev, tiles, srv.weight_bytes) + gemm_time_s(tokens, h, f, dev, tiles,
                                                                               srv.weight_bytes)
-    t += memory_bound_s((3.0 if gated else 2.0) * tokens * f * srv.act_bytes, 1.0, dev)
+    if dev.kernel_fusion <= 0:  # else the activation runs in the up-projection's epilogue
+        t += memory_bound_s((3.0 if gated else 2.0) * tokens * f * srv.act_bytes, 1.0, dev)
     if srv.attention_dp <= 0:
         t += collective_time_s(ALL_REDUCE, srv.tp, 1.0, tokens * h * srv.act_bytes, tiers)
     return t
@@ -333,7 +374,9 @@ def moe_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     rows = routed * k * imb / (n_exp * hit)  # rows per active expert
     experts = grouped_gemm_s(groups, rows, 2.0 * fe / etp, h, dev, tiles, wb)
     experts += grouped_gemm_s(groups, rows, h, fe / etp, dev, tiles, wb)
-    experts += memory_bound_s(3.0 * groups * rows * fe / etp * ab, 1.0, dev)
+    fused = dev.kernel_fusion > 0
+    if not fused:
+        experts += memory_bound_s(3.0 * groups * rows * fe / etp * ab, 1.0, dev)
     rank_rows = groups * rows
     # permute before, unpermute after: scan the tokens, move each routed row out and back
     local = 2.0 * memory_bound_s((tokens + 2.0 * rank_rows) * h * ab, 2.0, dev)
@@ -341,7 +384,8 @@ def moe_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     if model.shared_experts > 0:
         width = model.shared_experts * fe / ta
         shared = gemm_time_s(tokens, 2.0 * width, h, dev, tiles, wb) + gemm_time_s(tokens, h, width, dev, tiles, wb)
-        shared += memory_bound_s(3.0 * tokens * width * ab, 1.0, dev)
+        if not fused:
+            shared += memory_bound_s(3.0 * tokens * width * ab, 1.0, dev)
     comm = 0.0
     if dp:
         tok_bytes = tokens * h * ab
@@ -415,9 +459,18 @@ def decode_step_s(model, dev, tiers, tiles, srv, b: float, kv_len: float) -> flo
 
 
 @jit
-def mean_kv_len(input_len: float, output_len: float) -> float:
-    """Mean KV length over a request's decode steps, input_len + 1 .. input_len + output_len."""
-    return input_len + 0.5 * (output_len + 1.0)
+def mean_kv_len(input_len: float, output_len: float, window: float) -> float:
+    """Mean keys attended over a request's decode steps, whose KV lengths run
+    input_len + 1 .. input_len + output_len: their mean, input_len +
+    (output_len + 1) / 2, or with a sliding window w the mean of min(length, w)."""
+    first = input_len + 1.0
+    last = input_len + output_len
+    if window <= 0.0 or window >= last:
+        return input_len + 0.5 * (output_len + 1.0)
+    if window <= first:
+        return window
+    below = math.floor(window) - first + 1.0  # steps whose length is at most w
+    return ((first + math.floor(window)) * below / 2.0 + (output_len - below) * window) / output_len
 
 
 @jit
@@ -434,7 +487,7 @@ def serve(model, dev, tiers, tiles, srv, batch: float, input_len: float, output_
     weights = device_weight_bytes(model, srv)
     kv_token = kv_bytes_per_token(model, srv)
     per_rank = b / srv.tp if srv.attention_dp > 0 else b
-    memory = weights + dev.memory_overhead_bytes + per_rank * seq * kv_token
+    memory = weights + dev.memory_overhead_bytes + per_rank * cached_tokens(model, seq) * kv_token
     out[I_BATCH] = b
     out[I_MAX_BATCH] = cap
     out[I_REPLICAS] = srv.n_gpus / (srv.tp * srv.pp)
@@ -446,7 +499,7 @@ def serve(model, dev, tiers, tiles, srv, batch: float, input_len: float, output_
         for i in range(I_PREFILL, N_OUT):
             out[i] = np.nan
         return out
-    s_mean = mean_kv_len(input_len, output_len)
+    s_mean = mean_kv_len(input_len, output_len, model.sliding_window)
     pre = prefill_s(model, dev, tiers, tiles, srv, b, input_len)
     step = decode_step_s(model, dev, tiers, tiles, srv, b, s_mean)
     out[I_PREFILL] = pre

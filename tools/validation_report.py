@@ -67,8 +67,8 @@ def main() -> None:
         "measured) / measured step time. The profiles' `gemm_max_efficiency` was fitted on the MosaicML rows only "
         "(`python -m explorer.calibrate ... --fit-source mosaicml-llm-foundry`); the other sources are held out.",
         "",
-        "Rows: " + ", ".join(f"{v} {k}" for k, v in stats["status"].items()) + " (unsupported: MoE, waiting for the "
-        "MoE issue; no-candidate: a pipeline whose stages do not divide the layers evenly).",
+        "Rows: " + ", ".join(f"{v} {k}" for k, v in stats["status"].items()) + " (oom: no searched configuration "
+        "fits in memory; the fastest is reported anyway).",
         "",
         "| group | rows | MAPE | median | mean signed |",
         "|---|---:|---:|---:|---:|",
@@ -82,6 +82,22 @@ def main() -> None:
     out += [line(name, st) for name, st in stats["by_gpu"].items() if st["n"]]
     out += ["", "Worst `ok` rows: " + ", ".join(f"`{i}` {100 * e:+.0f}%" for i, e in stats["ok"]["worst"]), "",
             "![predicted vs measured](validation-scatter.png)", ""]
+    for name, title in (("comm.csv", "DeepEP dispatch/combine (comm.csv)"), ("inference.csv", "Inference (inference.csv)")):
+        other = src.parent / name
+        if not other.is_file():
+            continue
+        _, rows = validate.run(other)
+        st = validate.summary(rows)
+        out += [f"## {title}", "", f"Generated from `paraspace validate ../shared/validation/{name}`. Rows: "
+                + ", ".join(f"{v} {k}" for k, v in st["status"].items()) + ". Error = (predicted - measured) / "
+                "measured in each row's metric.", "",
+                "| group | rows | MAPE | median | mean signed |", "|---|---:|---:|---:|---:|"]
+        out += [line(f"all `{g}` rows", st[g]) for g in ("ok", "uncertain") if st[g]["n"]]
+        out += [line(f"source `{s}`", v) for s, v in st["by_source"].items() if v["n"]]
+        out += ["", "| id | quality | metric | measured | predicted | error |", "|---|---|---|---:|---:|---:|"]
+        out += [f"| {r.id} | {r.quality} | {r.metric} | {r.measured:.4g} | {r.predicted:.4g} | {100 * r.error:+.1f}% |"
+                for r in rows if r.error is not None]
+        out.append("")
     (docs / "validation.md").write_text("\n".join(out))
     print(f"wrote {docs / 'validation.md'} and {docs / 'validation-scatter.png'}")
 
