@@ -36,17 +36,30 @@ class Record(BaseModel):
 # --------------------------------------------------------------------------- hardware
 
 
-class LinkTier(Record):
-    """One level of the interconnect, innermost first (NVLink, then the NIC, ...)."""
+class Link(Record):
+    """A kind of link: its name, unidirectional bandwidth and per-message latency."""
 
     name: Text
+    #: unidirectional bandwidth per device (decimal GB/s, as vendors quote them)
+    bandwidth_GB_per_s: Positive
+    #: per-message start-up cost (alpha) per algorithm step or hop
+    latency_us: NonNegative
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_GB_per_s * GB
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class LinkTier(Link):
+    """One level of the interconnect, innermost first (NVLink, then the NIC, ...)."""
+
     #: devices that reach each other over this tier or a faster one (NVLink: 8);
     #: omitted on the outermost tier, which spans the whole cluster
     domain_devices: PositiveInt | None = None
-    #: unidirectional bandwidth per device
-    bandwidth_GB_per_s: Positive
-    #: per-message start-up cost (alpha) per algorithm step
-    latency_us: NonNegative
     #: achieved bus bandwidth / link bandwidth for large messages (nccl-tests busbw)
     efficiency: Fraction = 1.0
     #: devices that share one link of this tier (1 = a NIC per device)
@@ -67,14 +80,6 @@ class LinkTier(Record):
         if sizes != sorted(set(sizes)):
             raise ValueError("size_curve: points with strictly ascending message sizes")
         return self
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        return self.bandwidth_GB_per_s * GB
-
-    @property
-    def latency_s(self) -> float:
-        return self.latency_us * 1e-6
 
 
 class Device(Record):

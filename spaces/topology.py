@@ -41,7 +41,7 @@ from pydantic import Field
 
 from spaces.catalog import CATALOG_DIR, read_toml
 from spaces.errors import CatalogError
-from spaces.schema import GB, NonNegative, Positive, Record, Text, validate
+from spaces.schema import Link, Record, Text, validate
 
 TOPOLOGY_DIR = CATALOG_DIR / "topologies"
 
@@ -51,22 +51,8 @@ RankId = Annotated[int, Field(ge=0)]
 # --------------------------------------------------------------------------- records
 
 
-class TopologyTier(Record):
-    """One kind of die-to-die link."""
-
-    name: Text
-    #: unidirectional bandwidth of one link, decimal GB/s like the rest of the catalog
-    bandwidth_GB_per_s: Positive
-    #: per-message start-up cost of one hop
-    latency_us: NonNegative
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        return self.bandwidth_GB_per_s * GB
-
-    @property
-    def latency_s(self) -> float:
-        return self.latency_us * 1e-6
+#: one kind of die-to-die link (name, bandwidth, latency of one hop)
+TopologyTier = Link
 
 
 class RankLinks(Record):
