@@ -23,8 +23,6 @@ from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK,
 from kernels.jit import jit
 from kernels.pipeline import build_step, steady_in_flight, steady_span_ns, streams_per_device
 from kernels.training import (
-    C_CP_B,
-    C_CP_F,
     C_DP_GRAD,
     C_DP_PARAM,
     C_EMB_B,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from rows import DEFAULTS, columns
 from hypothesis import strategies as st
 
 from explorer.evaluate import evaluate, pack
@@ -16,18 +17,12 @@ from spaces.catalog import load_space
 from spaces.encode import Encoder
 
 PROPS = settings(max_examples=40, deadline=None)
-COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
-           ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
-           ("opt", np.int8), ("schedule", np.int8), ("ep", np.int32), ("etp", np.int32), ("placement", np.int8),
-           ("dispatch", np.int8), ("tbo", np.int8), ("rc_layers", np.int32), ("off_act", np.int8), ("off_w", np.int8),
-           ("n_micro", np.int32))
-BASE = dict(tp=1, pp=4, dp=2, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=1, opt=OPTIMIZER_ADAM,
-            schedule=1, ep=1, etp=1, placement=0, dispatch=1, tbo=0, rc_layers=0, off_act=0, off_w=0, n_micro=8)
+BASE = dict(DEFAULTS, pp=4, dp=2, zero=1, opt=OPTIMIZER_ADAM, n_micro=8)
 
 
 def run(model, dev, tiers, tiles, work, **changes) -> dict[str, float]:
     s = {**BASE, **changes}
-    cols = [np.array([s[n]], dtype=dt) for n, dt in COLUMNS]
+    cols = columns([s], BASE)
     return dict(zip(OUTPUTS, (float(x) for x in evaluate_rows(*cols, model, dev, tiers, tiles, work)[0])))
 
 
@@ -108,7 +103,7 @@ def test_offload_hides_only_behind_compute(setup, make_device, h100):
     # per layer and micro-batch: (kept - input) bytes each way at 1 GB/s, minus that pass's compute
     kept = activation_bytes_per_layer(1.0, 4096.0, 1.0, 1.0, False, RECOMPUTE_NONE, True, model[0], 2.0)
     moved = (kept - 2.0 * 4096 * 4096) / 1e9
-    fwd, bwd = base["stage_fwd_s"], base["stage_bwd_s"]  # stage 0: 8 layers + embedding
+    fwd = base["stage_fwd_s"]  # stage 0: 8 layers + embedding
     assert moved * 8 > fwd  # the transfer outlasts the compute: some of it is exposed
     assert 0 < exposed["offload_s"] <= 8 * 2 * moved * 8  # m x layers x both passes, at most the whole transfer
     assert exposed["step_time_analytic_s"] > base["step_time_analytic_s"]

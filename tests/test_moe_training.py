@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from rows import DEFAULTS, columns
 from hypothesis import strategies as st
 
 from explorer.evaluate import pack_hardware, pack_model
@@ -18,8 +19,6 @@ from kernels.codes import (
     PLACEMENT_INNER,
     PLACEMENT_OUTER,
     RECOMPUTE_FULL,
-    RECOMPUTE_NONE,
-    SCHEDULE_1F1B,
 )
 from kernels.training import (
     OUTPUTS,
@@ -121,14 +120,7 @@ def test_toy_moe_model_flop_by_hand():
 
 # --------------------------------------------------------------------------- rows through the kernel
 
-COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
-           ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
-           ("opt", np.int8), ("schedule", np.int8), ("ep", np.int32), ("etp", np.int32), ("placement", np.int8),
-           ("dispatch", np.int8), ("tbo", np.int8), ("rc_layers", np.int32), ("off_act", np.int8), ("off_w", np.int8),
-           ("n_micro", np.int32))
-BASE = dict(tp=1, pp=1, dp=8, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0, opt=0,
-            schedule=SCHEDULE_1F1B, ep=8, etp=1, placement=PLACEMENT_INNER, dispatch=DISPATCH_ALLTOALL, tbo=0,
-            rc_layers=0, off_act=0, off_w=0, n_micro=4)
+BASE = dict(DEFAULTS, dp=8, ep=8, placement=PLACEMENT_INNER, dispatch=DISPATCH_ALLTOALL, n_micro=4)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +136,7 @@ def mixtral():
 
 def run(model, hw, work, **changes) -> dict[str, float]:
     s = {**BASE, **changes}
-    cols = [np.array([s[n]], dtype=dt) for n, dt in COLUMNS]
+    cols = columns([s], BASE)
     out = evaluate_rows(*cols, model, *hw, work)
     return dict(zip(OUTPUTS, (float(x) for x in out[0])))
 
@@ -246,7 +238,7 @@ def test_moe_row_simulates_like_its_closed_form_with_one_stage(make_workload):
     model = pack_model(load_model("mixtral-8x7b"))
     work = make_workload(global_batch=1.0, seq_len=4096.0)
     s = {**BASE, "tp": 8, "sp": 1, "dp": 1, "n_micro": 1}
-    cols = [np.array([s[n]], dtype=dt) for n, dt in COLUMNS]
+    cols = columns([s], BASE)
     out = evaluate_rows(*cols, model, device, tiers, tiles, work)
     analytic = dict(zip(OUTPUTS, out[0]))
     assert analytic["ep_comm_s"] > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import naive
+from rows import COLUMNS, DEFAULTS, columns
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -34,15 +35,7 @@ from kernels.training import (
 
 PROPS = settings(max_examples=60, deadline=None)
 
-#: the strategy columns of ``evaluate_rows`` with the dtypes ``spaces.encode`` gives them
-COLUMNS = (("tp", np.int32), ("pp", np.int32), ("dp", np.int32), ("cp", np.int32), ("vpp", np.int32),
-           ("mb", np.int32), ("recompute", np.int8), ("sp", np.int8), ("tpo", np.int8), ("zero", np.int8),
-           ("opt", np.int8), ("schedule", np.int8), ("ep", np.int32), ("etp", np.int32), ("placement", np.int8),
-           ("dispatch", np.int8), ("tbo", np.int8), ("rc_layers", np.int32), ("off_act", np.int8), ("off_w", np.int8),
-           ("n_micro", np.int32))
-BASE = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=RECOMPUTE_NONE, sp=0, tpo=0, zero=0, opt=0,
-            schedule=SCHEDULE_1F1B, ep=1, etp=1, placement=0, dispatch=1, tbo=0, rc_layers=0, off_act=0, off_w=0,
-            n_micro=1)
+BASE = {**DEFAULTS, "schedule": SCHEDULE_1F1B, "recompute": RECOMPUTE_NONE}
 TIME_FIELDS = ("step_time_analytic_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "recompute_s", "stage_fwd_s", "stage_bwd_s")
 PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
@@ -57,7 +50,7 @@ def strategy(**changes: int) -> dict[str, int]:
 
 def run_rows(strategies, model, dev, tiers, tiles, work) -> list[dict[str, float]]:
     """``evaluate_rows`` over a list of strategy dicts; one {OUTPUTS name: value} per row."""
-    cols = [np.array([{**BASE, **s}[name] for s in strategies], dtype=dtype) for name, dtype in COLUMNS]
+    cols = columns(strategies, BASE)
     out = evaluate_rows(*cols, model, dev, tiers, tiles, work)
     return [dict(zip(OUTPUTS, (float(x) for x in row))) for row in out]
 
@@ -467,7 +460,6 @@ def setup(h100, llama3_8b, gpt3_175b, make_workload):
     models = {"llama3_8b": llama3_8b, "gpt3_175b": gpt3_175b, "llama3_8b_8_layers": shallow}
 
     def build(name: str, work: dict[str, float], s: dict[str, int], tiers=None, device=None):
-        devices = s["tp"] * s["pp"] * s["dp"] * s["cp"]
         workload = make_workload(global_batch=float(s["dp"] * s["mb"] * s["n_micro"]), **work)
         return (models[name], h100.device if device is None else device, h100.tiers if tiers is None else tiers,
                 h100.tiles, workload)
@@ -496,8 +488,8 @@ def test_step_time_is_conserved(setup, name, work, s):
 @given(name=MODELS, work=WORKLOADS, s=candidates())
 def test_deterministic(setup, name, work, s):
     args = setup(name, work, s)
-    first = evaluate_rows(*(np.array([{**BASE, **s}[n]], dtype=dt) for n, dt in COLUMNS), *args)
-    second = evaluate_rows(*(np.array([{**BASE, **s}[n]], dtype=dt) for n, dt in COLUMNS), *args)
+    first = evaluate_rows(*columns([s], BASE), *args)
+    second = evaluate_rows(*columns([s], BASE), *args)
     assert first.tobytes() == second.tobytes()
 
 
