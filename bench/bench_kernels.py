@@ -12,9 +12,11 @@ reference ``tests/naive.py`` in the same run, checks that both agree
   operands, the catalog's six output tiles); m, n, k log-uniform in
   [1, 65536], rounded to integers.
 - Collectives: ``kernels.collectives.collective_time_s`` over the H100 tier
-  table (NVLink domain of 8, then IB); op uniform over the five codes of
-  ``kernels.codes``, group size 2..4096 (powers of two), stride 1..8, buffer
-  log-uniform in 1 KiB..16 GiB, rounded to whole bytes.
+  table (NVLink domain of 8, then IB) with the all-reduce algorithm set to
+  auto on both tiers (so that all-reduce rows evaluate the ring and NCCL's
+  double binary tree and take the faster per level); op uniform over the seven
+  codes of ``kernels.codes``, group size 2..4096 (powers of two), stride 1..8,
+  buffer log-uniform in 1 KiB..16 GiB, rounded to whole bytes.
 
 The kernel time is the best of 3 runs after a warm-up call (whose time, JIT
 compile or cache load, is reported separately). The reference is timed once,
@@ -22,8 +24,9 @@ over plain Python values (inputs converted to lists before the clock starts).
 The reference rows are drawn from the same distribution as the rest, so its
 rate extrapolates per evaluation. Its collective rate is dominated by
 send/recv, which the reference derives the long way round (walking every
-neighbour hop of every interleaved pipeline, up to 8 x 4095 per call), so the
-collective ratio is printed with the reference's rate per op beside it.
+neighbour hop of every interleaved pipeline, up to 8 x 4095 per call; the
+tree's depth likewise, by walking NCCL's tree), so the collective ratio is
+printed with the reference's rate per op beside it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from explorer.evaluate import ACT_BYTES, pack_hardware  # noqa: E402
-from kernels.codes import COLLECTIVES  # noqa: E402
+from kernels.codes import ALLREDUCE_AUTO, COLLECTIVES  # noqa: E402
 from kernels.batch import collective_rows, gemm_rows  # noqa: E402
 from spaces.catalog import load_hardware  # noqa: E402
 from tests import naive  # noqa: E402
@@ -119,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float | str | int]
     n, ref_n = args.n, args.ref_n
 
     device, tiers, tiles = pack_hardware(load_hardware(HARDWARE), DTYPE)
+    tiers["allreduce_algorithm"] = ALLREDUCE_AUTO  # ring and tree both evaluated
     dtype_bytes = ACT_BYTES  # bf16 operands
     dev_ref, tiers_ref, tiles_ref = plain_fields(device), naive.tier_list(tiers), naive.tile_list(tiles)
 
@@ -157,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float | str | int]
     results = [measure("gemm_time_s", gemm_kernel, gemm_reference, n, ref_n),
                measure("collective_time_s", collective_kernel, collective_reference, n, ref_n)]
 
-    print(f"hardware {HARDWARE} ({DTYPE}), {len(tiles)} GEMM tiles, {len(tiers)} link tiers; "
+    print(f"hardware {HARDWARE} ({DTYPE}), {len(tiles)} GEMM tiles, {len(tiers)} link tiers (all-reduce auto); "
           f"numba threads: {numba.get_num_threads()}")
     print(f"kernel: best of {REPEATS} after a warm-up call (JIT s: that call, compile or cache load); "
           f"plain Python: first {ref_n:,} rows, once; agreement rtol {RTOL:g}")

@@ -10,7 +10,7 @@ from kernels import params
 from kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from kernels.training import OUTPUTS, evaluate_rows
 from spaces.catalog import LoadedSpace
-from spaces.enums import Collective, parse
+from spaces.enums import AllReduceAlgorithm, Collective, parse
 from spaces.errors import CatalogError
 from spaces.schema import GB, Hardware, Model
 
@@ -68,7 +68,8 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
         attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
-        memory_overhead_bytes=dev.memory_overhead_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
+        memory_overhead_bytes=dev.memory_overhead_bytes, memory_fragmentation=dev.memory_fragmentation,
+        comm_buffer_bytes=dev.comm_buffer_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
         host_memory_bytes_per_s=dev.host_memory_bytes_per_s, host_capacity_bytes=dev.host_capacity_bytes,
         kernel_fusion=dev.kernel_fusion,
     )
@@ -84,6 +85,7 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
     for i, link in enumerate(hw.links):
         for op, gb in link.op_bandwidth_GB_per_s.items():
             tiers["op_scale"][i, int(parse(Collective, op))] = gb * GB / tiers["bytes_per_s"][i]
+        tiers["allreduce_algorithm"][i] = int(parse(AllReduceAlgorithm, link.allreduce_algorithm))
         _table_fits(hw, f"links.{i}.size_curve", link.size_curve, params.MAX_CURVE_POINTS)
         tiers["n_curve"][i] = len(link.size_curve)
         for j, (mib, fraction) in enumerate(link.size_curve):

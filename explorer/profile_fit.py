@@ -35,14 +35,16 @@ GEMM (``m, n, k, dtype`` and one of ``seconds`` / ``tflops``)
 
 Collectives (``op, ranks, bytes`` and one of ``seconds`` / ``gbps``)
     ``op`` a ``spaces.enums.Collective`` label (all_reduce, all_gather,
-    reduce_scatter, all_to_all, send_recv); ``ranks`` the group size (>= 2);
-    ``bytes`` the buffer as nccl-tests counts it (all-reduce input, all-gather
-    output, reduce-scatter input, all-to-all send buffer, send/recv message);
+    reduce_scatter, all_to_all, send_recv, broadcast, reduce); ``ranks`` the
+    group size (>= 2); ``bytes`` the buffer as nccl-tests counts it (all-reduce
+    input, all-gather output, reduce-scatter input, all-to-all send buffer,
+    send/recv message, broadcast / reduce buffer);
     ``seconds`` the time of one operation, or ``gbps`` the bus bandwidth in
     decimal GB/s (1e9 bytes/s) as nccl-tests prints ``busbw``: seconds = bytes *
     busfactor / (gbps * 1e9), with the bus factors of
     ``kernels.collectives.flat_time_s`` (all-reduce 2(n-1)/n; all-gather,
-    reduce-scatter, all-to-all (n-1)/n; send/recv 1). Sources quoting binary
+    reduce-scatter, all-to-all (n-1)/n; send/recv, broadcast, reduce 1;
+    all-reduce by the ring algorithm). Sources quoting binary
     GiB/s multiply by 1.073741824 first. Rows of the same (op, ranks, bytes) are
     averaged. The whole group is taken to run on the named tier (one flat level):
 
@@ -281,13 +283,14 @@ def bus_factor(op: str, ranks: float) -> float:
     """nccl-tests bus bandwidth / algorithm bandwidth (``flat_time_s``'s factors)."""
     if op == "all_reduce":
         return 2.0 * (ranks - 1.0) / ranks
-    if op == "send_recv":
+    if op in ("send_recv", "broadcast", "reduce"):
         return 1.0
     return (ranks - 1.0) / ranks
 
 
 def latency_steps(op: str, ranks: float) -> float:
-    """Latency terms alpha of one collective in ``flat_time_s``."""
+    """Latency terms alpha of one collective in ``flat_time_s`` (all-reduce: the
+    ring algorithm, which the fit assumes)."""
     if op == "all_reduce":
         return 2.0 * (ranks - 1.0)
     if op == "send_recv":

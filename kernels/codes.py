@@ -8,6 +8,8 @@ pinned to those definitions by ``tests/test_enums.py``.
 RECOMPUTE_NONE = 0
 RECOMPUTE_SELECTIVE = 1
 RECOMPUTE_FULL = 2
+RECOMPUTE_NORMS = 3
+RECOMPUTE_MOE_DISPATCH = 4
 
 # spaces.enums.Schedule
 SCHEDULE_GPIPE = 0
@@ -21,6 +23,8 @@ SCHEDULE_PIPEDREAM = 5
 OPTIMIZER_ADAM = 0
 OPTIMIZER_ADAM_8BIT = 1
 OPTIMIZER_CPU_ADAM = 2
+OPTIMIZER_ADAM_NO_MASTER = 3
+OPTIMIZER_ADAM_8BIT_PAGED = 4
 
 # spaces.enums.Dispatch
 DISPATCH_ALLGATHER = 0
@@ -45,6 +49,8 @@ ALL_GATHER = 1
 REDUCE_SCATTER = 2
 ALL_TO_ALL = 3
 SEND_RECV = 4
+BROADCAST = 5
+REDUCE = 6
 
 #: (name, code) of each collective, for tables and tests
 COLLECTIVES = (
@@ -53,4 +59,11 @@ COLLECTIVES = (
     ("reduce_scatter", REDUCE_SCATTER),
     ("all_to_all", ALL_TO_ALL),
     ("send_recv", SEND_RECV),
+    ("broadcast", BROADCAST),
+    ("reduce", REDUCE),
 )
+
+# spaces.enums.AllReduceAlgorithm (kernels.params.TIER.allreduce_algorithm)
+ALLREDUCE_RING = 0
+ALLREDUCE_TREE = 1
+ALLREDUCE_AUTO = 2

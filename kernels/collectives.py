@@ -12,13 +12,30 @@ A collective runs hierarchically: at tier i, r_i = k_i / k_(i-1) sub-groups
 combine, each rank carrying 1/k_(i-1) of the data (two-level NCCL algorithms:
 intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather). The
 slowest tier crossed dominates, as it should. modeling.md section 3.
+
+Each tier says how it runs an all-reduce (``TIER.allreduce_algorithm``): ring
+(the default), NCCL's double binary tree, or auto (the faster of the two for
+the message at that level, as NCCL's tuner picks). Broadcast and reduce
+(nccl-tests bus factor 1) run as a pipelined ring on one tier and, across
+tiers, as slices of the buffer crossing the outermost tier through every
+member's link at once, with an all-gather (reduce-scatter) inside the domains.
 """
 
 from __future__ import annotations
 
 import math
 
-from kernels.codes import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV
+from kernels.codes import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    ALLREDUCE_RING,
+    ALLREDUCE_TREE,
+    BROADCAST,
+    REDUCE,
+    REDUCE_SCATTER,
+    SEND_RECV,
+)
 from kernels.jit import jit
 
 
@@ -60,20 +77,73 @@ def members_within(domain: float, stride: float, size: float) -> float:
 
 
 @jit
-def flat_time_s(op: int, n: float, size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+def ceil_log2(n: float) -> float:
+    """ceil(log2 n) for n >= 1, counted by doubling (exact, also for powers of two):
+    the depth of NCCL's binary tree over n ranks (rank 0 above a complete tree)."""
+    depth = 0.0
+    reach = 1.0
+    while reach < n:
+        reach *= 2.0
+        depth += 1.0
+    return depth
+
+
+@jit
+def ring_all_reduce_s(n: float, size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+    """Ring all-reduce (reduce-scatter then all-gather): 2(n-1) alpha + 2(n-1)/n S / bw."""
+    return 2.0 * (n - 1.0) * latency_s + 2.0 * (n - 1.0) / n * size_bytes / bytes_per_s
+
+
+@jit
+def tree_all_reduce_s(n: float, size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+    """NCCL's double binary tree all-reduce, pipelined: 2 ceil(log2 n) alpha + 2 S / bw.
+
+    Two binary trees over the n ranks, each reducing half of the buffer up to its
+    root and broadcasting it back down; a rank that is interior in one tree is a
+    leaf in the other, so every rank sends (and receives) S in the reduce and S in
+    the broadcast (2 S), and the pipeline fills in the depth of a tree, up and
+    down. Sources: NVIDIA blog "Massively Scale Your Deep Learning Training with
+    NCCL 2.4" (developer.nvidia.com/blog/massively-scale-deep-learning-training-nccl-2-4/,
+    double binary trees: full bandwidth, logarithmic latency); NVIDIA/nccl
+    src/graph/tuning.cc, ncclTopoTuneModel: tree algorithm bandwidth = busBw * 0.5
+    (so t = S / (B / 2) = 2 S / B; ring: busBw * n / (2(n-1))), tree latency
+    2 * ((ranks per node - 1) * intra-node hop + log2i(nodes) * network hop), i.e.
+    the depth up and down; ncclTopoGetAlgoTime: time = latency + bytes / bandwidth,
+    the algorithm with the least time chosen;
+    src/graph/trees.cc, ncclGetBtree: the tree over n ranks is ceil(log2 n) hops deep.
+    """
+    return 2.0 * ceil_log2(n) * latency_s + 2.0 * size_bytes / bytes_per_s
+
+
+@jit
+def flat_time_s(op: int, n: float, size_bytes: float, bytes_per_s: float, latency_s: float,
+                algorithm: float = 0.0) -> float:
     """One level: steps * alpha + bytes * bus factor / bandwidth.
 
     ``size_bytes`` is the buffer as nccl-tests counts it: the all-reduce input,
     the all-gather output, the reduce-scatter input, the all-to-all send buffer,
-    the message of a send/recv. Bus factors: all-reduce 2(n-1)/n; all-gather,
-    reduce-scatter, all-to-all (n-1)/n; send/recv 1.
+    the message of a send/recv, the broadcast / reduce buffer. Bus factors:
+    all-reduce 2(n-1)/n (ring); all-gather, reduce-scatter, all-to-all (n-1)/n;
+    send/recv, broadcast, reduce 1 (nccl-tests doc/PERFORMANCE.md: all of a
+    broadcast leaves the root through its one link; pipelined around a ring it
+    takes n-1 hops to fill: (n-1) alpha + S / bw). ``algorithm`` (all-reduce only,
+    kernels.codes ALLREDUCE_*): ring (the default), tree, or auto, the faster of
+    the two.
     """
     if n <= 1.0 or size_bytes <= 0.0:
         return 0.0
     if op == ALL_REDUCE:
-        return 2.0 * (n - 1.0) * latency_s + 2.0 * (n - 1.0) / n * size_bytes / bytes_per_s
+        if algorithm == ALLREDUCE_RING:
+            return ring_all_reduce_s(n, size_bytes, bytes_per_s, latency_s)
+        if algorithm == ALLREDUCE_TREE:
+            return tree_all_reduce_s(n, size_bytes, bytes_per_s, latency_s)
+        # ALLREDUCE_AUTO: the faster for this message, as NCCL's tuner picks
+        return min(ring_all_reduce_s(n, size_bytes, bytes_per_s, latency_s),
+                   tree_all_reduce_s(n, size_bytes, bytes_per_s, latency_s))
     if op == SEND_RECV:
         return latency_s + size_bytes / bytes_per_s
+    if op == BROADCAST or op == REDUCE:
+        return (n - 1.0) * latency_s + size_bytes / bytes_per_s
     return (n - 1.0) * latency_s + (n - 1.0) / n * size_bytes / bytes_per_s
 
 
@@ -104,9 +174,18 @@ def collective_time_s(op: int, size: float, stride: float, size_bytes: float, ti
                 share = (k - inner) / size
                 bw = link_bytes_per_s(tiers[i], op, size_bytes / size)
                 total += (r - 1.0) * tiers[i].latency_s + size_bytes * share / bw
+            elif (op == BROADCAST or op == REDUCE) and k < size:
+                # below the outermost level crossed: each of the inner members holds 1/inner
+                # of the buffer; an all-gather (broadcast) / reduce-scatter (reduce) of the
+                # part among the r sub-groups. Summed over the levels the shares telescope:
+                # (1 - 1/k0) + (1/k0 - 1/k1) + ... + 1/k_last (the outermost level's slice,
+                # broadcast whole with bus factor 1) = 1 buffer, the flat S / bw.
+                part = size_bytes / inner
+                total += (r - 1.0) * tiers[i].latency_s + (r - 1.0) / r * part / link_bytes_per_s(tiers[i], op, part)
             else:
                 part = size_bytes / inner
-                total += flat_time_s(op, r, part, link_bytes_per_s(tiers[i], op, part), tiers[i].latency_s)
+                total += flat_time_s(op, r, part, link_bytes_per_s(tiers[i], op, part), tiers[i].latency_s,
+                                     tiers[i].allreduce_algorithm)
         inner = k
         if inner >= size:
             break
@@ -122,7 +201,7 @@ def group_tier(size: float, stride: float, tiers) -> int:
     return tiers.shape[0] - 1
 
 
-ALL_OPS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV)
+ALL_OPS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV, BROADCAST, REDUCE)
 
 
 @jit

@@ -13,8 +13,8 @@ import numpy as np
 #: hold (fixed-size fields of the records below; ``explorer.evaluate.pack`` refuses more)
 MAX_CURVE_POINTS = 16
 MAX_GEMM_POINTS = 64
-#: collectives a tier may carry a measured bandwidth for (kernels.codes ALL_REDUCE..SEND_RECV)
-N_COLLECTIVES = 5
+#: collectives a tier may carry a measured bandwidth for (kernels.codes ALL_REDUCE..REDUCE)
+N_COLLECTIVES = 7
 
 #: One device of the cluster.
 DEVICE = np.dtype(
@@ -27,7 +27,9 @@ DEVICE = np.dtype(
         ("gemm_max_efficiency", np.float64),
         ("attention_efficiency", np.float64),
         ("memory_efficiency", np.float64),
-        ("memory_overhead_bytes", np.float64),
+        ("memory_overhead_bytes", np.float64),  # fixed: CUDA context, workspace
+        ("memory_fragmentation", np.float64),  # allocator fragmentation, a fraction of the tensors' bytes
+        ("comm_buffer_bytes", np.float64),  # communication buffers per process group
         ("host_link_bytes_per_s", np.float64),  # PCIe to the host, each direction
         ("host_memory_bytes_per_s", np.float64),  # host DRAM bandwidth per device
         ("host_capacity_bytes", np.float64),  # host DRAM for offloaded tensors per device
@@ -54,6 +56,9 @@ TIER = np.dtype(
         ("n_curve", np.float64),
         ("curve_bytes", np.float64, (MAX_CURVE_POINTS,)),
         ("curve_fraction", np.float64, (MAX_CURVE_POINTS,)),
+        # kernels.codes ALLREDUCE_RING / _TREE / _AUTO (spaces.schema.LinkTier.allreduce_algorithm);
+        # 0 = ring, so a table built without it keeps the ring algorithm
+        ("allreduce_algorithm", np.float64),
     ]
 )
 
@@ -117,7 +122,8 @@ def _has_default(dtype: np.dtype, name: str) -> bool:
 DEFAULTS = {
     **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                     "mtp_depth", "sliding_window", "kernel_fusion"), 0.0),
+                     "mtp_depth", "sliding_window", "kernel_fusion", "allreduce_algorithm",
+                     "memory_fragmentation", "comm_buffer_bytes"), 0.0),
     "moe_imbalance": 1.0,
 }
 
@@ -143,8 +149,9 @@ def record(dtype: np.dtype, **values: float) -> np.ndarray:
 
 def tier_table(levels: list[tuple[float, float, float]] | tuple[tuple[float, float, float], ...]) -> np.ndarray:
     """TIER records from ``(domain_devices, bytes_per_s, latency_s)``, innermost first
-    (a ``np.recarray``, as ``record`` returns), every collective at ``bytes_per_s``
-    and no size curve; set ``op_scale`` / the curve fields to refine."""
+    (a ``np.recarray``, as ``record`` returns), every collective at ``bytes_per_s``,
+    no size curve and ring all-reduce; set ``op_scale`` / the curve fields /
+    ``allreduce_algorithm`` to refine."""
     out = np.zeros(len(levels), dtype=TIER)
     for i, (domain, bw, lat) in enumerate(levels):
         out["domain_devices"][i] = domain

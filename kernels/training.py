@@ -32,10 +32,11 @@ from kernels.codes import (
     FEASIBLE_OK,
     FEASIBLE_OUT_OF_HOST_MEMORY,
     FEASIBLE_OUT_OF_MEMORY,
-    OPTIMIZER_CPU_ADAM,
     PLACEMENT_OUTER,
     RECOMPUTE_FULL,
+    RECOMPUTE_MOE_DISPATCH,
     RECOMPUTE_NONE,
+    RECOMPUTE_NORMS,
     RECOMPUTE_SELECTIVE,
     REDUCE_SCATTER,
     SCHEDULE_DUALPIPE,
@@ -120,43 +121,66 @@ N_OUT = len(OUTPUTS)
 #: rows per expert of the busiest rank with the gate/up GEMM's efficiency at them.
 #: Exposed host-link time per layer and micro-batch (dense D / MoE M, forward F /
 #: backward B) with activations and weights offloaded (OFF) and with only the
-#: weights (WOFF, the layers whose activations are recomputed instead).
+#: weights (WOFF, the layers whose activations are recomputed instead). An MoE
+#: layer's recompute added to the backward: compute, and EP communication.
 (
     C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
     C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
     C_LAYER_WGRAD, C_HEAD_WGRAD, C_MOE_FWD, C_MOE_BWD, C_MOE_WGRAD, C_EP_F, C_EP_B, C_MOE_BUFFER,
     C_MTP_F, C_MTP_B, C_MTP_W, C_DISPATCH, C_EROWS, C_EEFF,
     C_OFF_DF, C_OFF_DB, C_OFF_MF, C_OFF_MB, C_WOFF_DF, C_WOFF_DB, C_WOFF_MF, C_WOFF_MB,
-) = range(41)
-N_COST = 41
+    C_RC_MOE, C_RC_EP,
+) = range(43)
+N_COST = 43
 
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
 #: one more gradient read for clipping (4)
 ADAM_BYTES_PER_PARAM = 34.0
-#: per optimizer (index = kernels.codes OPTIMIZER_*): device optimizer-state bytes
-#: as a fraction of the workload's fp32 Adam states (8-bit Adam keeps m and v in
-#: one byte each beside the fp32 master: 6 of 12), and device bytes per parameter
-#: of its step (8-bit: read master 4, m+v 2, grad 4; write master 4, m+v 2,
-#: weight 2; clip read 4 = 22). CPU Adam keeps neither on the device.
-#: (numpy arrays, which numba freezes as constants indexable at run time)
-OPT_STATE_FRACTION = np.array([1.0, 0.5, 0.0])
-OPT_DEVICE_STEP_BYTES = np.array([ADAM_BYTES_PER_PARAM, 22.0, 0.0])
 #: ZeRO-Offload's CPU Adam: host DRAM bytes per parameter (read and write fp32
 #: master, m, v: 24; read the 16-bit gradient, write the 16-bit weight: 4) and
-#: PCIe bytes per parameter (16-bit gradient down, 16-bit weight up: 2 + 2)
+#: PCIe bytes per parameter (16-bit gradient down, 16-bit weight up: 2 + 2, one
+#: after the other: the update waits for the gradients, the weights for the update)
 CPU_ADAM_HOST_BYTES = 28.0
 CPU_ADAM_LINK_BYTES = 4.0
+#: Per optimizer (index = kernels.codes OPTIMIZER_*: adam, adam-8bit, cpu-adam,
+#: adam-no-master, adam-8bit-paged). Optimizer states as fractions of the
+#: workload's fp32 Adam states (master + m + v, optimizer_bytes = 12), on the
+#: device and on the host:
+#:   adam 12 of 12 on the device; adam-8bit m and v of one byte each beside the
+#:   fp32 master, 6 of 12; cpu-adam all 12 on the host; adam-no-master fp32 m and
+#:   v, 8 of 12 (the 16-bit weights are updated in place); adam-8bit-paged the
+#:   8-bit m and v, 2 of 12, in host memory (bitsandbytes' paged optimizers; no
+#:   fp32 master: the 16-bit weights are updated in place). The chunk being
+#:   updated is transient and not counted.
+#: (numpy arrays, which numba freezes as constants indexable at run time)
+OPT_STATE_FRACTION = np.array([1.0, 0.5, 0.0, 8.0 / 12.0, 0.0])
+OPT_HOST_STATE_FRACTION = np.array([0.0, 0.0, 1.0, 0.0, 2.0 / 12.0])
+#: HBM bytes per parameter of the step on the device:
+#:   adam 34 (ADAM_BYTES_PER_PARAM); adam-8bit: read master 4, m+v 2, grad 4;
+#:   write master 4, m+v 2, weight 2; clip read 4 = 22; cpu-adam none;
+#:   adam-no-master: read weight 2, m 4, v 4, grad 4 (14); write weight 2, m 4,
+#:   v 4 (10); clip read 4 = 28; adam-8bit-paged: read weight 2, m+v 2 (paged
+#:   in), grad 4 (8); write weight 2, m+v 2 (4); clip read 4 = 16 (the page
+#:   copies' own HBM traffic runs at the host link's pace, counted there)
+OPT_DEVICE_STEP_BYTES = np.array([ADAM_BYTES_PER_PARAM, 22.0, 0.0, 28.0, 16.0])
+#: host-link bytes per parameter on the step's critical path: cpu-adam 2 + 2 in
+#: sequence; adam-8bit-paged pages m and v (2 bytes) in and the updated ones out,
+#: chunk by chunk: the write-back of one chunk overlaps the fetch of the next on
+#: the full-duplex link, so 2 bytes each way cost the time of 2
+OPT_LINK_BYTES = np.array([0.0, 0.0, CPU_ADAM_LINK_BYTES, 0.0, 2.0])
+#: host DRAM bytes per parameter streamed by a step on the CPU (cpu-adam only)
+OPT_HOST_STEP_BYTES = np.array([0.0, 0.0, CPU_ADAM_HOST_BYTES, 0.0, 0.0])
 
 
 @jit
 def optimizer_step_s(optimizer: int, shard: float, dev) -> float:
-    """One optimizer step over ``shard`` parameters of this device."""
-    if optimizer == OPTIMIZER_CPU_ADAM:  # transfers over PCIe, then the host streams the states
-        return (CPU_ADAM_LINK_BYTES * shard / dev.host_link_bytes_per_s
-                + CPU_ADAM_HOST_BYTES * shard / (dev.host_memory_bytes_per_s * dev.memory_efficiency)
-                + dev.launch_s)
-    return memory_bound_s(OPT_DEVICE_STEP_BYTES[optimizer] * shard, 1.0, dev)
+    """One optimizer step over ``shard`` parameters of this device: its host-link
+    transfers, its host-memory stream on the CPU, then its pass on the device
+    (one launch even when the device does no update, as for CPU Adam)."""
+    return (OPT_LINK_BYTES[optimizer] * shard / dev.host_link_bytes_per_s
+            + OPT_HOST_STEP_BYTES[optimizer] * shard / (dev.host_memory_bytes_per_s * dev.memory_efficiency)
+            + memory_bound_s(OPT_DEVICE_STEP_BYTES[optimizer] * shard, 1.0, dev))
 
 
 #: chunks a TP collective is split into when overlapped with its GEMM
@@ -289,6 +313,21 @@ def model_params(model):
     return total, active
 
 
+#: Per recompute mode (index = kernels.codes RECOMPUTE_*: none, selective, full,
+#: norms, moe-dispatch), what a layer that is not fully recomputed keeps (full
+#: recompute keeps only the layer input; its entries are unused):
+#: Korthikanti's replicated ab x tokens x h tensors: the two norm inputs and the
+#: two norm outputs (the QKV and MLP inputs); "norms" recomputes the outputs in
+#: the backward (Megatron-Core's recompute module "layernorm") and keeps 2.
+RC_REPLICATED = np.array([4.0, 4.0, 0.0, 2.0, 4.0])
+#: 1 where the s x s attention scores are kept without FlashAttention (selective drops them)
+RC_SCORES = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+#: h-wide tensors kept per routed row of an MoE layer: the expert input (the
+#: dispatched row) and output; "moe-dispatch" drops the input and dispatches again
+#: in the backward
+RC_ROUTED_H = np.array([2.0, 2.0, 0.0, 2.0, 1.0])
+
+
 @jit
 def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, recompute: int, flash: bool, model,
                             ab: float, moe_layer: bool, imbalance: float) -> float:
@@ -298,7 +337,7 @@ def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, re
         full_input = ab * tokens * h
         return full_input / t if sp else full_input
     dropout = model.dropout > 0
-    replicated = 4.0 * ab * tokens * h
+    replicated = RC_REPLICATED[recompute] * ab * tokens * h
     if dropout:
         replicated += 2.0 * tokens * h
     if sp:
@@ -317,14 +356,14 @@ def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, re
         # the shared experts as a dense MLP split by t
         rows = tokens / t * model.top_k * imbalance
         split += 8.0 * tokens / t * model.experts
-        split += ab * rows * (2.0 * h + 3.0 * model.expert_ffn)
+        split += ab * rows * (RC_ROUTED_H[recompute] * h + 3.0 * model.expert_ffn)
         split += 3.0 * ab * tokens * model.shared_experts * model.expert_ffn / t
     else:
         split += (3.0 if model.glu > 0 else 2.0) * ab * tokens * model.ffn / t
     scores = 0.0
     if flash:
         scores = 4.0 * b * heads * (s / c)
-    elif recompute == RECOMPUTE_NONE:
+    elif RC_SCORES[recompute] > 0:
         per_elem = ab + (1.0 + ab if dropout else 0.0)
         scores = per_elem * b * heads * (s / c) * s
     return replicated + split + scores
@@ -343,10 +382,13 @@ def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool,
     and up outputs and the down-projection input; 2f for GeLU); the s x s
     softmax output (+ dropout mask and output) unless FlashAttention or
     selective recompute removes it (flash keeps the fp32 log-sum-exp instead).
-    Full recompute keeps only the layer input. MLA keeps its per-head Q, K, V, O
-    and the replicated latents.
+    Full recompute keeps only the layer input; norms recompute drops the two
+    norm outputs (``RC_REPLICATED``). MLA keeps its per-head Q, K, V, O and the
+    replicated latents.
     For GPT (ab = 2, f = 4h, dropout, no flash):
-    s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP.
+    s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP;
+    with norms recompute 4 s b h fewer replicated bytes: s b h (6 + 24/t + 5 a s / (h t)),
+    s b h / t (30 + 5 a s / h).
     """
     return _layer_activation_bytes(b, s, t, c, sp, recompute, flash, model, ab, False, 1.0)
 
@@ -357,7 +399,8 @@ def moe_activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: b
     """``activation_bytes_per_layer`` of an MoE layer: the MLP's intermediates
     replaced by the router's fp32 logits and probabilities, the routed rows
     (k x imbalance per token: expert input, output and three f_e-wide
-    intermediates) and the shared experts' intermediates."""
+    intermediates; moe-dispatch recompute drops the input, ``RC_ROUTED_H``) and
+    the shared experts' intermediates."""
     return _layer_activation_bytes(b, s, t, c, sp, recompute, flash, model, ab, True, imbalance)
 
 
@@ -429,27 +472,41 @@ def chunk_dense_layers(stage: int, chunk: int, pp: int, v: int, model) -> float:
 
 
 @jit
+def param_parts(model, t: float, ep: float, etp: float):
+    """Per-device parameter counts the stages are assembled from, computed once per
+    candidate: (dense layer, MoE layer non-expert, MoE layer expert, MTP modules
+    non-expert, MTP modules expert, embedding)."""
+    md = 0.0
+    me = 0.0
+    if model.experts > 0:
+        md, me = moe_layer_params(model, t, ep, etp)
+    td, te = mtp_params(model, t, ep, etp)
+    return layer_params(model, t), md, me, td, te, model.vocab * model.hidden / t
+
+
+@jit
 def stage_params(stage: int, pp: int, t: float, ep: float, etp: float, model):
     """Parameters on the device of pipeline stage ``stage`` as (non-expert, expert):
     its dense and MoE layers, the embedding on the first stage, the final norm
     and output head (and the MTP modules, with a copy of the embedding) on the
     last (tied embeddings share one matrix only when both ends are on one device)."""
+    return stage_params_from(stage, pp, param_parts(model, t, ep, etp), model)
+
+
+@jit
+def stage_params_from(stage: int, pp: int, parts, model):
+    """``stage_params`` from the candidate's ``param_parts``."""
+    lp, md, me, td, te, emb = parts
     n = device_layers(stage, pp, model.layers)
     nd = device_dense_layers(stage, pp, model)
-    emb = model.vocab * model.hidden / t
-    dense = nd * layer_params(model, t)
-    expert = 0.0
-    if n > nd:
-        md, me = moe_layer_params(model, t, ep, etp)
-        dense += (n - nd) * md
-        expert += (n - nd) * me
+    dense = nd * lp + (n - nd) * md
+    expert = (n - nd) * me
     if stage == 0:
         dense += emb
     if stage == pp - 1:
         dense += model.hidden * (2.0 if model.bias > 0 else 1.0)  # final norm (LayerNorm has a bias)
         if model.tied_embeddings == 0 or pp > 1:
             dense += emb
-        td, te = mtp_params(model, t, ep, etp)
         dense += td
         expert += te
         if model.mtp_depth > 0 and pp > 1:
@@ -510,6 +567,32 @@ def recomputed_layers(recompute: int, rc_layers: float, nd: float, nm: float):
     k = nd + nm if rc_layers <= 0.0 else min(rc_layers, nd + nm)
     fr_m = min(k, nm)
     return min(k - fr_m, nd), fr_m
+
+
+@jit
+def comm_groups(t: float, c: float, d: float, p: float, ep: float, etp: float, edp: float, moe: bool) -> float:
+    """Process groups of more than one rank a device belongs to, each a communicator
+    with its own buffers: TP, CP, the DP x CP gradient group, PP and, with experts,
+    EP, expert TP and expert DP."""
+    n = 0.0
+    for size in (t, c, d * c, p):
+        if size > 1.0:
+            n += 1.0
+    if moe:
+        for size in (ep, etp, edp):
+            if size > 1.0:
+                n += 1.0
+    return n
+
+
+@jit
+def fixed_overhead_bytes(t: float, c: float, d: float, p: float, ep: float, etp: float, edp: float, moe: bool,
+                         dev) -> float:
+    """Device memory beside the tensors that does not scale with them: the
+    profile's fixed overhead (context, workspace) and the communication buffers
+    of each process group (``comm_groups``); the allocator's fragmentation,
+    a fraction of the tensors' bytes, comes on top (``evaluate_one``)."""
+    return dev.memory_overhead_bytes + comm_groups(t, c, d, p, ep, etp, edp, moe) * dev.comm_buffer_bytes
 
 
 @jit
@@ -653,6 +736,12 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         rc_comm = tp_layer + cp_f
     elif recompute == RECOMPUTE_SELECTIVE:
         rc_compute = attn_f
+    elif recompute == RECOMPUTE_NORMS:  # the two norms again: read the kept input, write the output
+        rc_compute = memory_bound_s(4.0 * norm_tokens * h * ab, 2.0, dev)
+    # an MoE layer recomputes what a dense one does (its attention part and norms are
+    # the same), or its whole forward with full recompute, or only the dispatch
+    rc_moe = rc_compute
+    rc_ep = 0.0
 
     # ---- MoE layer: the attention part, router, dispatch, experts, shared experts, combine
     ep_stride, edp, _ = ep_strides(t, c, d, e, et, placement)
@@ -711,6 +800,12 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         buffers = staging_bytes(dispatch, tok_bytes, e, k, imb)
         one_dispatch = disp + local
         e_eff = gemm_efficiency(m_e, 2.0 * fe / et, h, dev, tiles)
+        if recompute == RECOMPUTE_FULL:  # the forward again, dispatch and combine included
+            rc_moe = moe_f
+            rc_ep = ep_f
+        elif recompute == RECOMPUTE_MOE_DISPATCH:  # the dispatched rows again: permute and dispatch
+            rc_moe = local
+            rc_ep = disp
 
     # ---- multi-token prediction modules (last stage): one more layer, a 2h -> h projection
     # and the output head again, each per depth
@@ -753,8 +848,9 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     params_max = -1.0
     dense_max = 0.0
     expert_max = 0.0
+    parts = param_parts(model, t, e, et)
     for stage in range(pp):
-        sd, se = stage_params(stage, pp, t, e, et, model)
+        sd, se = stage_params_from(stage, pp, parts, model)
         if sd + se > params_max:
             params_max = sd + se
             dense_max = sd
@@ -822,6 +918,8 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     costs[C_CP_B] = cp_b
     costs[C_RC_COMPUTE] = rc_compute
     costs[C_RC_COMM] = rc_comm
+    costs[C_RC_MOE] = rc_moe
+    costs[C_RC_EP] = rc_ep
     costs[C_EMB_F] = emb_f
     costs[C_EMB_B] = emb_b
     costs[C_EMB_COMM] = emb_comm
@@ -853,15 +951,15 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
     weight-gradient GEMMs inside that backward, recompute, TP, EP communication,
     exposed host offload). With full recompute and ``rc_layers`` > 0 only the
     last ``rc_layers`` layers recompute; the others keep their activations (and
-    offload them, where activations are offloaded)."""
-    rc_moe = costs[C_RC_COMPUTE]
-    rc_ep = 0.0
+    offload them, where activations are offloaded). An MoE layer's recompute
+    (``C_RC_MOE``, ``C_RC_EP``) is its forward with full recompute, the dispatch
+    with moe-dispatch, and a dense layer's otherwise."""
+    rc_moe = costs[C_RC_MOE]
+    rc_ep = costs[C_RC_EP]
     fr_d, fr_m = recomputed_layers(recompute, rc_layers, nd, nm)
     rc_d = nd
     rc_m = nm
-    if recompute == RECOMPUTE_FULL:  # an MoE layer recomputes its forward, dispatch and combine included
-        rc_moe = costs[C_MOE_FWD]
-        rc_ep = costs[C_EP_F]
+    if recompute == RECOMPUTE_FULL:  # only the recomputed layers (all, or the last rc_layers)
         rc_d = fr_d
         rc_m = fr_m
     n = nd + nm
@@ -1022,17 +1120,20 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     if is_moe:
         moe_d, moe_e = moe_layer_params(model, t, float(ep), float(etp))
         unit = max(unit, moe_d + moe_e)
+    parts = param_parts(model, t, float(ep), float(etp))
+    fixed_overhead = fixed_overhead_bytes(t, c, d, p, float(ep), float(etp), edp, is_moe, dev)
     peak = -1.0
     host_peak = 0.0
     for stage in range(pp):
         n = device_layers(stage, pp, model.layers)
         nd = device_dense_layers(stage, pp, model)
-        dense, expert = stage_params(stage, pp, t, float(ep), float(etp), model)
+        dense, expert = stage_params_from(stage, pp, parts, model)
         params = dense + expert
         host = 0.0
         grads = 0.0
-        if optimizer == OPTIMIZER_CPU_ADAM:  # fp32 master and moments live on the host
-            host += (dense / dc + expert / edp) * work.optimizer_bytes if zero >= 1 else params * work.optimizer_bytes
+        host_state = work.optimizer_bytes * OPT_HOST_STATE_FRACTION[optimizer]
+        if host_state > 0:  # CPU Adam's fp32 master and moments, paged 8-bit Adam's moments: on the host
+            host += (dense / dc + expert / edp) * host_state if zero >= 1 else params * host_state
         if off_w != 0:  # weights and gradients on the host, the current and the prefetched unit on the device
             host += params * (work.weight_bytes + work.grad_bytes)
             params_dev = min(params, 2.0 * unit)
@@ -1073,7 +1174,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             acts += chunks * model.mtp_depth * (act_moe if model.experts > 0 else act_dense)
         # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)
         if schedule == SCHEDULE_DUALPIPE:  # stage `stage` and stage p-1-stage: two copies of the parameters
-            twin_dense, twin_expert = stage_params(pp - 1 - stage, pp, t, float(ep), float(etp), model)
+            twin_dense, twin_expert = stage_params_from(pp - 1 - stage, pp, parts, model)
             dual_copies = (params + twin_dense + twin_expert) / params
             weights *= dual_copies
             grads *= dual_copies
@@ -1085,9 +1186,12 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             weights += (p - stage - 1.0) * params * work.weight_bytes
         buffers = costs[C_MOE_BUFFER] if n > nd else 0.0
         host_peak = max(host_peak, host)
-        total = weights + grads + optim + acts + buffers + dev.memory_overhead_bytes
+        tensors = weights + grads + optim + acts + buffers
+        overhead = fixed_overhead + dev.memory_fragmentation * tensors
+        total = tensors + overhead
         if total > peak:
             peak = total
+            out[O_MOV] = overhead
             out[O_MW] = weights
             out[O_MG] = grads
             out[O_MO] = optim
@@ -1095,7 +1199,6 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             out[O_MMOE] = buffers
             out[O_MHOST] = host
             out[O_MSTAGE] = stage
-    out[O_MOV] = dev.memory_overhead_bytes
     out[O_MPEAK] = peak
     host_fits = host_peak <= dev.host_capacity_bytes  # every device's host share must fit
     fits = peak <= dev.hbm_capacity_bytes and host_fits

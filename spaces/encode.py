@@ -41,7 +41,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("cp", np.int32, "context-parallel size"),
     Dimension("vpp", np.int32, "virtual pipeline chunks per device"),
     Dimension("micro_batch", np.int32, "sequences per micro-batch"),
-    Dimension("recompute", np.int8, "activation recomputation", enum=Recompute),
+    Dimension("recompute", np.int8, "activation recomputation: none, selective (attention core), full (whole layers), "
+              "norms (the two norms), moe-dispatch (the MoE dispatch)", enum=Recompute),
     Dimension("recompute_layers", np.int32, "with full recompute: only the last k layers of each device (0: all)"),
     Dimension("offload_activations", np.int8, "stored activations offloaded to host memory, overlapped with compute",
               boolean=True),
@@ -51,8 +52,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("tp_overlap", np.int8, "TP collectives overlapped with their GEMMs in chunks (Megatron "
               "--tp-comm-overlap)", boolean=True),
     Dimension("zero", np.int8, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
-    Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, or Adam on the host (ZeRO-Offload)",
-              enum=Optimizer),
+    Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, Adam on the host (ZeRO-Offload), "
+              "Adam without fp32 master weights, or paged 8-bit Adam (states on the host)", enum=Optimizer),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
     Dimension("ep", np.int32, "expert-parallel size (MoE)"),
     Dimension("expert_tp", np.int32, "tensor-parallel size inside each expert (MoE)"),
@@ -210,6 +211,7 @@ class Encoder:
             Reason.WEIGHT_OFFLOAD: (c["offload_weights"] != 0) & (c["optimizer"] != Optimizer.CPU_ADAM),
             Reason.DUALPIPE_SHAPE: (c["schedule"] == Schedule.DUALPIPE)
             & ((pp % 2 != 0) | (has_dp & (n_micro % 2 != 0))),
+            Reason.MOE_RECOMPUTE_DENSE: np.full(tp.shape[0], moe is None) & (c["recompute"] == Recompute.MOE_DISPATCH),
         }
         reason = np.zeros(tp.shape[0], dtype=np.int64)
         breaks = np.zeros(len(Reason), np.int64)
@@ -239,5 +241,6 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.RECOMPUTE_LAYERS: "recompute_layers>0 without recompute=full",
     Reason.WEIGHT_OFFLOAD: "offload_weights without the cpu-adam optimizer",
     Reason.DUALPIPE_SHAPE: "dualpipe with an odd pp or an odd number of micro-batches (each direction takes half)",
+    Reason.MOE_RECOMPUTE_DENSE: "recompute=moe-dispatch on a dense model (no dispatch to redo: same as none)",
 }
 

@@ -18,6 +18,8 @@ class Recompute(IntEnum):
     NONE = 0  #: keep every activation
     SELECTIVE = 1  #: recompute the attention core only
     FULL = 2  #: keep each layer's input, recompute the whole layer
+    NORMS = 3  #: recompute the two norms only: their outputs (the QKV and MLP inputs) are not kept
+    MOE_DISPATCH = 4  #: MoE layers keep no dispatched rows (expert inputs): the backward redoes the dispatch
 
 
 class Schedule(IntEnum):
@@ -37,6 +39,8 @@ class Optimizer(IntEnum):
     ADAM = 0  #: Adam on the device: fp32 master, m and v (12 bytes/param)
     ADAM_8BIT = 1  #: blockwise 8-bit Adam (Dettmers et al. 2022): 8-bit m and v, fp32 master (6 bytes/param)
     CPU_ADAM = 2  #: ZeRO-Offload: states and the Adam step on the host, gradients down and weights up over PCIe
+    ADAM_NO_MASTER = 3  #: Adam without fp32 master weights: 16-bit weights updated in place, fp32 m and v (8 bytes/param)
+    ADAM_8BIT_PAGED = 4  #: paged 8-bit Adam (bitsandbytes): 8-bit m and v in host memory, paged in chunk by chunk for the device step
 
 
 class Dispatch(IntEnum):
@@ -65,6 +69,16 @@ class Collective(IntEnum):
     REDUCE_SCATTER = 2
     ALL_TO_ALL = 3
     SEND_RECV = 4
+    BROADCAST = 5  #: one root's buffer to every rank (nccl-tests bus factor 1)
+    REDUCE = 6  #: every rank's buffer summed onto one root (nccl-tests bus factor 1)
+
+
+class AllReduceAlgorithm(IntEnum):
+    """How a link tier runs an all-reduce (``LinkTier.allreduce_algorithm``)."""
+
+    RING = 0  #: reduce-scatter then all-gather around a ring: 2(n-1) steps, 2(n-1)/n of the buffer
+    TREE = 1  #: NCCL's double binary tree: 2 ceil(log2 n) steps, twice the buffer (each tree carries half)
+    AUTO = 2  #: the faster of the two for the message, as NCCL's tuner picks
 
 
 class Dtype(IntEnum):
@@ -104,6 +118,7 @@ class Reason(IntEnum):
     RECOMPUTE_LAYERS = 16  #: recompute_layers > 0 (recompute only the last k layers of each device) needs recompute = full
     WEIGHT_OFFLOAD = 17  #: streaming weights from the host needs the optimizer on the host (cpu-adam)
     DUALPIPE_SHAPE = 18  #: DualPipe needs an even pp and an even number of micro-batches (rows with a dp only)
+    MOE_RECOMPUTE_DENSE = 19  #: recompute = moe-dispatch on a dense model: no dispatch to redo, the same row as none
 
 
 class Feasibility(IntEnum):
@@ -119,7 +134,9 @@ class Feasibility(IntEnum):
 _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
     Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved",
                Schedule.ZB_H1: "zb-h1"},
-    Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam"},
+    Recompute: {Recompute.MOE_DISPATCH: "moe-dispatch"},
+    Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam",
+                Optimizer.ADAM_NO_MASTER: "adam-no-master", Optimizer.ADAM_8BIT_PAGED: "adam-8bit-paged"},
     Dispatch: {Dispatch.SENDRECV_ALLGATHER: "sendrecv-allgather", Dispatch.SENDRECV_ALLGATHER_SPLIT: "sendrecv-allgather-split",
                Dispatch.LOW_LATENCY: "low-latency"},
 }

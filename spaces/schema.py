@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spaces.enums import Collective, Dtype, labels
+from spaces.enums import AllReduceAlgorithm, Collective, Dtype, labels
 from spaces.errors import MISSING, CatalogError
 
 GIB = 1024**3  #: bytes in a GiB (binary: capacities)
+MIB = 1024**2  #: bytes in a MiB
 GB = 1e9  #: bytes in a GB (decimal: bandwidths, as vendors quote them)
 TFLOP = 1e12
 
@@ -70,12 +71,19 @@ class LinkTier(Link):
     #: bandwidth-vs-message-size curve, (message MiB, fraction of the large-message
     #: bandwidth) with sizes ascending; interpolated in log size, flat outside
     size_curve: tuple[tuple[Positive, Fraction], ...] = ()
+    #: how an all-reduce runs at this tier's level of the hierarchy (AllReduceAlgorithm
+    #: labels): "ring" (2(n-1) steps, 2(n-1)/n of the buffer), "tree" (NCCL's double
+    #: binary tree: 2 ceil(log2 n) steps, twice the buffer) or "auto" (the faster of
+    #: the two for each message, as NCCL's tuner picks); kernels.collectives
+    allreduce_algorithm: Text = "ring"
 
     @model_validator(mode="after")
     def _ops_and_curve(self) -> LinkTier:
         for key in self.op_bandwidth_GB_per_s:
             if key not in labels(Collective):
                 raise ValueError(f"op_bandwidth_GB_per_s.{key}: a collective named one of {labels(Collective)}")
+        if self.allreduce_algorithm not in labels(AllReduceAlgorithm):
+            raise ValueError(f"allreduce_algorithm: one of {labels(AllReduceAlgorithm)}")
         sizes = [p[0] for p in self.size_curve]
         if sizes != sorted(set(sizes)):
             raise ValueError("size_curve: points with strictly ascending message sizes")
@@ -108,9 +116,19 @@ class Device(Record):
     #: attention, the MLP activation in the GEMM epilogue): fewer launches and no
     #: intermediate round trips through HBM
     kernel_fusion: bool = False
-    #: memory the framework holds beyond the model's tensors
-    #: (CUDA context, communication buffers, allocator fragmentation)
+    #: memory the framework holds beyond the model's tensors, a fixed part: CUDA
+    #: context and framework workspace (cuBLAS, attention kernels). A profile that
+    #: leaves the two constants below at 0 folds fragmentation and communication
+    #: buffers in here, as profiles did before they were split out
     memory_overhead_GiB: NonNegative
+    #: the caching allocator's fragmentation: reserved but unusable memory as a
+    #: fraction of the tensors' bytes (weights, gradients, optimizer states,
+    #: activations, MoE buffers) of the device
+    memory_fragmentation: Annotated[float, Field(ge=0, le=1)] = 0.0
+    #: communication buffers of one process group (NCCL allocates channel buffers
+    #: per communicator); a device holds one set per group of more than one rank
+    #: it belongs to (TP, CP, DP x CP, PP; with experts EP, expert TP, expert DP)
+    comm_buffer_MiB: NonNegative = 0.0
     #: achieved host <-> device bandwidth per device, each direction (PCIe)
     host_link_GB_per_s: Positive
     #: host DRAM bandwidth available per device (the host's total / devices per host),
@@ -143,6 +161,10 @@ class Device(Record):
     @property
     def memory_overhead_bytes(self) -> float:
         return self.memory_overhead_GiB * GIB
+
+    @property
+    def comm_buffer_bytes(self) -> float:
+        return self.comm_buffer_MiB * MIB
 
     @property
     def host_link_bytes_per_s(self) -> float:

@@ -2,7 +2,8 @@
 
 Plain Python over plain values: hardware, model and workload are dicts keyed
 by the field names of ``kernels.params`` (``fields`` turns a record into one),
-tiers a list of ``(domain_devices, bytes_per_s, latency_s)`` and tiles a list
+tiers a list of ``(domain_devices, bytes_per_s, latency_s, allreduce_algorithm)``
+(the last optional: ring when absent) and tiles a list
 of ``(rows, cols)``. Each function is re-derived from the formula in the
 kernel's docstring or in ``shared/design/modeling.md``, written the long way
 round where there is one (counting ranks by coordinate, summing work per
@@ -15,15 +16,21 @@ from __future__ import annotations
 import math
 
 # kernels.codes / spaces.enums, spelt out on purpose
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = 0, 1, 2, 3, 4
-NONE, SELECTIVE, FULL = 0, 1, 2
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV, BROADCAST, REDUCE = 0, 1, 2, 3, 4, 5, 6
+RING, TREE, AUTO = 0, 1, 2  # spaces.enums.AllReduceAlgorithm
+NONE, SELECTIVE, FULL, NORMS, MOE_DISPATCH = 0, 1, 2, 3, 4  # MOE_DISPATCH: as NONE on a dense model
 GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1 = 0, 1, 2, 3
 ADAM_BYTES_PER_PARAM = 34.0  # read master, m, v, grad (16) + write master, m, v (12) + weight (2) + clip read (4)
-ADAM, ADAM_8BIT, CPU_ADAM = 0, 1, 2  # spaces.enums.Optimizer
+ADAM, ADAM_8BIT, CPU_ADAM, ADAM_NO_MASTER, ADAM_8BIT_PAGED = 0, 1, 2, 3, 4  # spaces.enums.Optimizer
 # 8-bit Adam: m and v of one byte each beside the fp32 master (6 of Adam's 12 state bytes); its step reads
-# master 4 + m, v 2 + grad 4 and writes master 4 + m, v 2 + weight 2, plus the clipping read 4 = 22
-STATE_SHARE = {ADAM: 1.0, ADAM_8BIT: 0.5, CPU_ADAM: 0.0}
-STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0}
+# master 4 + m, v 2 + grad 4 and writes master 4 + m, v 2 + weight 2, plus the clipping read 4 = 22.
+# No master: fp32 m and v (8 of 12); reads weight 2 + m, v 8 + grad 4, writes weight 2 + m, v 8, clip 4 = 28.
+# Paged 8-bit: m and v (2 of 12) on the host, paged in and out over the link (2 bytes each way, overlapped),
+# the in-place update reads weight 2 + m, v 2 + grad 4, writes weight 2 + m, v 2, clip 4 = 16
+STATE_SHARE = {ADAM: 1.0, ADAM_8BIT: 0.5, CPU_ADAM: 0.0, ADAM_NO_MASTER: 8 / 12, ADAM_8BIT_PAGED: 0.0}
+HOST_SHARE = {ADAM: 0.0, ADAM_8BIT: 0.0, CPU_ADAM: 1.0, ADAM_NO_MASTER: 0.0, ADAM_8BIT_PAGED: 2 / 12}
+STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0, ADAM_NO_MASTER: 28.0, ADAM_8BIT_PAGED: 16.0}
+LINK_BYTES = {ADAM_8BIT_PAGED: 2.0}
 
 
 def fields(rec) -> dict[str, float]:
@@ -33,8 +40,9 @@ def fields(rec) -> dict[str, float]:
     return {name: float(row[name]) for name in row.dtype.names if row.dtype[name].shape == ()}
 
 
-def tier_list(tiers) -> list[tuple[float, float, float]]:
-    return [(float(t["domain_devices"]), float(t["bytes_per_s"]), float(t["latency_s"])) for t in tiers]
+def tier_list(tiers) -> list[tuple[float, float, float, int]]:
+    return [(float(t["domain_devices"]), float(t["bytes_per_s"]), float(t["latency_s"]),
+             int(t["allreduce_algorithm"])) for t in tiers]
 
 
 def tile_list(tiles) -> list[tuple[float, float]]:
@@ -107,12 +115,45 @@ def memory_bound_s(bytes_moved, n_kernels, dev):
 # --------------------------------------------------------------------------- collectives
 
 
-def flat_time_s(op, n, size_bytes, bytes_per_s, latency_s):
-    """nccl-tests: algorithm steps x alpha + buffer x bus factor / bandwidth."""
+def btree_depth(n):
+    """Hops from the deepest rank to the root of NCCL's binary tree over ``n`` ranks
+    (src/graph/trees.cc, ncclGetBtree), by walking every rank's parent pointers:
+    rank 0 is the root with the single child 2^ceil(log2 n) / 2; another rank
+    with lowest set bit b has the parent (rank ^ b) | 2b, or rank ^ b when that
+    is out of range. The mirrored / shifted second tree of the double binary
+    tree has the same shape, hence the same depth. Non-integer n (a level of a
+    hierarchy whose groups do not divide evenly) counts as ceil(n) ranks."""
+    n = math.ceil(n)
+    deepest = 0
+    for rank in range(1, n):
+        hops, r = 0, rank
+        while r != 0:
+            bit = r & -r
+            up = (r ^ bit) | (bit << 1)
+            r = up if up < n else r ^ bit
+            hops += 1
+        deepest = max(deepest, hops)
+    return deepest
+
+
+def flat_time_s(op, n, size_bytes, bytes_per_s, latency_s, algorithm=RING):
+    """nccl-tests: algorithm steps x alpha + buffer x bus factor / bandwidth.
+    All-reduce by double binary tree (NCCL): each tree carries half the buffer up
+    (reduce) and down (broadcast); a rank interior in one tree is a leaf in the
+    other, so it sends S/2 up each tree (S) and S/2 to each of its two children
+    in one tree (S): 2 S in all, the pipeline filling in the tree's depth each
+    way; auto takes the faster of tree and ring."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
+    if op == ALL_REDUCE and algorithm != RING:
+        tree = 2 * btree_depth(n) * latency_s + 2 * size_bytes / bytes_per_s
+        if algorithm == TREE:
+            return tree
+        return min(tree, flat_time_s(op, n, size_bytes, bytes_per_s, latency_s, RING))
     if op == SEND_RECV:
         steps, factor = 1, 1.0
+    elif op in (BROADCAST, REDUCE):  # pipelined ring from / to the root: n-1 hops to fill, S through each link
+        steps, factor = n - 1, 1.0
     elif op == ALL_REDUCE:  # reduce-scatter then all-gather
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     elif op in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL):
@@ -120,6 +161,10 @@ def flat_time_s(op, n, size_bytes, bytes_per_s, latency_s):
     else:
         raise ValueError(f"unknown collective {op}")
     return steps * latency_s + size_bytes * factor / bytes_per_s
+
+
+def _algorithm(tier):
+    return int(tier[3]) if len(tier) > 3 else RING
 
 
 def _same_domain(pos_a, pos_b, domain):
@@ -135,7 +180,7 @@ def _members_by_tier(size, stride, tiers):
     clamped to [1, size]. Domain 0 is the whole cluster."""
     size, stride = int(size), int(stride)
     counts = []
-    for domain, _, _ in tiers:
+    for domain, *_ in tiers:
         domain = int(domain)
         if domain <= 0:
             counts.append(size)
@@ -156,7 +201,11 @@ def collective_time_s(op, size, stride, size_bytes, tiers):
     sub-groups combine over tier i, each rank carrying 1/k_(i-1) of the
     buffer. All-to-all instead sends to each of the k_i - k_(i-1) members that
     are first reached at tier i its 1/size share of the buffer, with r_i - 1
-    message steps.
+    message steps. Broadcast / reduce: the level that joins the whole group
+    moves the 1/k_(i-1) slice each member holds with bus factor 1 (every
+    member's link at once); the levels below it all-gather (reduce-scatter)
+    the slices among their r_i sub-groups. All-reduce follows each tier's
+    algorithm (ring, tree or auto).
     """
     if size <= 1 or size_bytes <= 0:
         return 0.0
@@ -165,21 +214,26 @@ def collective_time_s(op, size, stride, size_bytes, tiers):
         for offset in range(int(stride)):
             for j in range(int(size) - 1):
                 a, b = offset + j * stride, offset + (j + 1) * stride
-                hop = next(i for i, (dom, _, _) in enumerate(tiers) if _same_domain(a, b, dom))
+                hop = next(i for i, (dom, *_) in enumerate(tiers) if _same_domain(a, b, dom))
                 outermost = max(outermost, hop)
-        _, bw, lat = tiers[outermost]
+        _, bw, lat, *_ = tiers[outermost]
         return flat_time_s(SEND_RECV, 2, size_bytes, bw, lat)
     counts = _members_by_tier(size, stride, tiers)
     total = 0.0
     combined = 1
-    for (_, bw, lat), k in zip(tiers, counts):
+    for tier, k in zip(tiers, counts):
+        _, bw, lat, *_ = tier
         if k > combined:
             r = k / combined
             if op == ALL_TO_ALL:
                 new_peers = k - combined
                 total += (r - 1) * lat + new_peers * (size_bytes / size) / bw
+            elif op in (BROADCAST, REDUCE) and k < size:
+                # not yet the whole group: the slices the members of a sub-group hold
+                # are gathered (scattered) among the r sub-groups, an all-gather's cost
+                total += flat_time_s(ALL_GATHER, r, size_bytes / combined, bw, lat)
             else:
-                total += flat_time_s(op, r, size_bytes / combined, bw, lat)
+                total += flat_time_s(op, r, size_bytes / combined, bw, lat, _algorithm(tier))
         combined = k
     return total
 
@@ -219,9 +273,11 @@ def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab):
     dropout = model["dropout"] > 0
     rep = 0.0
     rep += ab * tokens * h  # input of norm 1
-    rep += ab * tokens * h  # input of QKV (norm 1 output)
+    if recompute != NORMS:  # recomputed from the norm input in the backward
+        rep += ab * tokens * h  # input of QKV (norm 1 output)
     rep += ab * tokens * h  # input of norm 2
-    rep += ab * tokens * h  # input of the MLP (norm 2 output)
+    if recompute != NORMS:
+        rep += ab * tokens * h  # input of the MLP (norm 2 output)
     if dropout:
         rep += 1 * tokens * h  # attention dropout mask
         rep += 1 * tokens * h  # MLP dropout mask
@@ -238,7 +294,7 @@ def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab):
     elems = b * heads * (s / c) * s
     if flash:
         scores = 4.0 * b * heads * (s / c)  # fp32 log-sum-exp per query row
-    elif recompute == NONE:
+    elif recompute != SELECTIVE:  # only selective recomputes the attention core
         scores = ab * elems  # softmax output
         if dropout:
             scores += 1 * elems + ab * elems  # dropout mask and dropout output
@@ -344,6 +400,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         rc_work, rc_comm = layer_f, tp_fwd + cp_fwd
     elif recompute == SELECTIVE:
         rc_work = attn_f
+    elif recompute == NORMS:  # both norms again on the (SP) shard: read the input, write the output
+        rc_work = memory_bound_s(2 * 2 * seq_tokens * h * ab, 2, dev)
 
     # -- embedding, output head and loss
     embed_f = memory_bound_s(2 * tokens * h * ab, 1, dev)
@@ -439,8 +497,9 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     if opt_kind == CPU_ADAM:  # gradients down, weights up (2 + 2 bytes); the host streams 28 bytes/param
         optimizer = (4 * shard / dev["host_link_bytes_per_s"]
                      + 28 * shard / (dev["host_memory_bytes_per_s"] * dev["memory_efficiency"]) + dev["launch_s"])
-    else:
-        optimizer = memory_bound_s(STEP_BYTES[opt_kind] * shard, 1, dev)
+    else:  # paged 8-bit Adam: its moments over the host link first, then the update on the device
+        optimizer = LINK_BYTES.get(opt_kind, 0.0) * shard / dev["host_link_bytes_per_s"] + \
+            memory_bound_s(STEP_BYTES[opt_kind] * shard, 1, dev)
 
     step = busy + fill_drain + pp_comm + dp_comm + optimizer
     flop = 3 * work["global_batch"] * model_flop_per_sequence(model, s)
@@ -470,6 +529,9 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     act = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
     # the layer being recomputed holds again what it did not keep (nothing without recompute)
     recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab) - act
+    # one set of communication buffers per process group of more than one rank (TP, CP, DP x CP, PP)
+    groups = sum(1 for size in (t, c, d * c, p) if size > 1)
+    fixed_overhead = dev["memory_overhead_bytes"] + groups * dev.get("comm_buffer_bytes", 0.0)
     best = None
     for i in range(pp):
         params = stage_params(i)
@@ -485,12 +547,14 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         acts = stage_equivalents * layers_on(i) * act + recompute_buffer
         if i == pp - 1:
             acts += 4 * logits  # fp32 logits
-        total = weights + grads + optim + acts + dev["memory_overhead_bytes"]
-        # CPU Adam: fp32 master and moments in host memory, sharded like on a device
-        host = params * work["optimizer_bytes"] / (group if zero >= 1 else 1) if opt_kind == CPU_ADAM else 0.0
+        tensors = weights + grads + optim + acts
+        overhead = fixed_overhead + dev.get("memory_fragmentation", 0.0) * tensors
+        total = tensors + overhead
+        # CPU Adam's fp32 master and moments, paged Adam's moments: in host memory, sharded like on a device
+        host = params * work["optimizer_bytes"] * HOST_SHARE[opt_kind] / (group if zero >= 1 else 1)
         if best is None or total > best[0]:
-            best = (total, weights, grads, optim, acts, i, host)
-    total, weights, grads, optim, acts, i, host_bytes = best
+            best = (total, weights, grads, optim, acts, i, host, overhead)
+    total, weights, grads, optim, acts, i, host_bytes, overhead = best
     fits = total <= dev["hbm_capacity_bytes"]
     out.update({
         "mem_weights_bytes": weights,
@@ -499,7 +563,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "mem_activations_bytes": acts,
         "mem_moe_buffers_bytes": 0.0,
         "mem_host_bytes": host_bytes,
-        "mem_overhead_bytes": dev["memory_overhead_bytes"],
+        "mem_overhead_bytes": overhead,
         "mem_peak_bytes": total,
         "mem_peak_stage": float(i),
         "feasible": 1.0 if fits else 0.0,

@@ -39,11 +39,11 @@ DTYPES = {
     "row_id": np.int64, "n_microbatches": np.int32,
 }  # fmt: skip
 #: enum codes spelt out on purpose (a renumbering shows up as a failure)
-RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE = {"none": 0, "selective": 1, "full": 2, "norms": 3, "moe-dispatch": 4}
 GPIPE, ONE_F_ONE_B, INTERLEAVED, DUALPIPE = 0, 1, 2, 4
 SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3, "dualpipe": DUALPIPE,
             "pipedream": 5}
-OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2}
+OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2, "adam-no-master": 3, "adam-8bit-paged": 4}
 PLACEMENT = {"inner": 0, "outer": 1}
 ALLTOALL = 1
 DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-allgather": 3,
@@ -51,8 +51,8 @@ DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-a
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
 TP_OVERLAP_WITHOUT_SP, EP_DENSE, EP_EXPERTS, EP_GROUP, EP1_DISPATCH = 11, 12, 13, 14, 15
-RECOMPUTE_LAYERS, WEIGHT_OFFLOAD, DUALPIPE_SHAPE = 16, 17, 18
-N_REASONS = 19
+RECOMPUTE_LAYERS, WEIGHT_OFFLOAD, DUALPIPE_SHAPE, MOE_RECOMPUTE_DENSE = 16, 17, 18, 19
+N_REASONS = 20
 
 
 def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model) -> list[int]:
@@ -103,6 +103,9 @@ def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model
     if schedule == DUALPIPE and (pp % 2 or (dp is not None and global_batch % (dp * mb) == 0
                                             and (global_batch // (dp * mb)) % 2)):
         out.append(DUALPIPE_SHAPE)
+    # a dense model has no dispatch to recompute: the row would repeat recompute = none
+    if model.moe is None and row["recompute"] == RECOMPUTE["moe-dispatch"]:
+        out.append(MOE_RECOMPUTE_DENSE)
     return out
 
 
@@ -248,11 +251,13 @@ SPACES = {
             schedule=["1f1b", "interleaved", "gpipe"],
         ),
     ),
-    # memory knobs: partial recompute (full only), weight offload (cpu-adam only)
+    # memory knobs: partial recompute (full only), weight offload (cpu-adam only), moe-dispatch
+    # recompute (MoE models only), the optimizer variants
     "llama3-8b-offload": dict(
         devices=8, global_batch=16,
-        dims=dict(tp=[1, 2], pp=[1, 2], recompute=["none", "selective", "full"], recompute_layers=[0, 4],
-                  offload_activations=[False, True], offload_weights=[False, True], optimizer=["adam", "cpu-adam"]),
+        dims=dict(tp=[1, 2], pp=[1, 2], recompute=["none", "selective", "full", "norms", "moe-dispatch"],
+                  recompute_layers=[0, 4], offload_activations=[False, True], offload_weights=[False, True],
+                  optimizer=["adam", "cpu-adam", "adam-no-master", "adam-8bit-paged"]),
     ),
     # the bidirectional and asynchronous schedules: DualPipe needs an even pp and micro-batch count
     "llama3-8b-schedules": dict(
@@ -272,7 +277,7 @@ SPACES = {
         dims=dict(
             tp=[1, 2, 4], pp=[1, 2], cp=[1, 2], ep=[1, 2, 3, 4, 8, 16], expert_tp=[1, 2, 3, 7],
             ep_placement=["inner", "outer"], dispatch=["alltoall", "hierarchical", "sendrecv-allgather-split"],
-            tbo=[False, True],
+            tbo=[False, True], recompute=["none", "moe-dispatch"],
         ),
     ),
 }  # fmt: skip
@@ -377,6 +382,7 @@ ALONE = [
                                                                       offload_weights=[True])), 1, 1),
     (Reason.DUALPIPE_SHAPE, dict(devices=2, global_batch=2, dims=dict(pp=[2], micro_batch=[1, 2],
                                                                       schedule=["dualpipe"])), 1, 1),  # m = 2, 1
+    (Reason.MOE_RECOMPUTE_DENSE, dict(devices=1, global_batch=1, dims=dict(recompute=["moe-dispatch", "norms"])), 1, 1),
 ]  # fmt: skip
 
 
@@ -397,12 +403,14 @@ def test_every_reason_has_a_lone_case():
 
 def test_rules_that_do_not_drop():
     """Boundaries the rules leave alone: CP of 1 needs no even sequence; ZeRO with
-    dp = 1 but cp > 1 still shards; interleaving whose micro-batches divide by pp."""
+    dp = 1 but cp > 1 still shards; interleaving whose micro-batches divide by pp;
+    moe-dispatch recompute on an MoE model."""
     cases = [
         dict(devices=1, global_batch=1, seq_len=7),
         dict(devices=2, global_batch=2, seq_len=8, dims=dict(cp=[2], zero=[1, 2, 3])),
         dict(devices=4, global_batch=8, dims=dict(pp=[4], vpp=[2], micro_batch=[1, 2], schedule=["interleaved"])),
         dict(devices=8, global_batch=8, dims=dict(tp=[8], sequence_parallel=[False, True])),
+        dict(model="mixtral-8x7b", devices=1, global_batch=1, dims=dict(recompute=["moe-dispatch", "norms"])),
     ]
     for kwargs in cases:
         encoded = Encoder(make(**kwargs)).encode_all()

@@ -6,6 +6,7 @@ import pytest
 
 from kernels import codes
 from spaces.enums import (
+    AllReduceAlgorithm,
     Collective,
     Dispatch,
     Dtype,
@@ -24,6 +25,8 @@ MIRRORS = [
     (Recompute.NONE, codes.RECOMPUTE_NONE),
     (Recompute.SELECTIVE, codes.RECOMPUTE_SELECTIVE),
     (Recompute.FULL, codes.RECOMPUTE_FULL),
+    (Recompute.NORMS, codes.RECOMPUTE_NORMS),
+    (Recompute.MOE_DISPATCH, codes.RECOMPUTE_MOE_DISPATCH),
     (Schedule.GPIPE, codes.SCHEDULE_GPIPE),
     (Schedule.ONE_F_ONE_B, codes.SCHEDULE_1F1B),
     (Schedule.INTERLEAVED, codes.SCHEDULE_INTERLEAVED),
@@ -33,6 +36,8 @@ MIRRORS = [
     (Optimizer.ADAM, codes.OPTIMIZER_ADAM),
     (Optimizer.ADAM_8BIT, codes.OPTIMIZER_ADAM_8BIT),
     (Optimizer.CPU_ADAM, codes.OPTIMIZER_CPU_ADAM),
+    (Optimizer.ADAM_NO_MASTER, codes.OPTIMIZER_ADAM_NO_MASTER),
+    (Optimizer.ADAM_8BIT_PAGED, codes.OPTIMIZER_ADAM_8BIT_PAGED),
     (Feasibility.OK, codes.FEASIBLE_OK),
     (Feasibility.OUT_OF_MEMORY, codes.FEASIBLE_OUT_OF_MEMORY),
     (Feasibility.OUT_OF_HOST_MEMORY, codes.FEASIBLE_OUT_OF_HOST_MEMORY),
@@ -49,6 +54,11 @@ MIRRORS = [
     (Collective.REDUCE_SCATTER, codes.REDUCE_SCATTER),
     (Collective.ALL_TO_ALL, codes.ALL_TO_ALL),
     (Collective.SEND_RECV, codes.SEND_RECV),
+    (Collective.BROADCAST, codes.BROADCAST),
+    (Collective.REDUCE, codes.REDUCE),
+    (AllReduceAlgorithm.RING, codes.ALLREDUCE_RING),
+    (AllReduceAlgorithm.TREE, codes.ALLREDUCE_TREE),
+    (AllReduceAlgorithm.AUTO, codes.ALLREDUCE_AUTO),
 ]
 
 
@@ -59,19 +69,28 @@ def test_kernel_code_equals_enum(member, code):
 
 def test_every_kernel_enum_member_is_mirrored():
     mirrored = {m for m, _ in MIRRORS}
-    for enum in (Recompute, Schedule, Optimizer, Feasibility, Dispatch, Placement, Collective):
+    for enum in (Recompute, Schedule, Optimizer, Feasibility, Dispatch, Placement, Collective, AllReduceAlgorithm):
         assert set(enum) <= mirrored, f"{enum.__name__} has members the kernels do not know"
 
 
 def test_labels_round_trip():
-    for enum in (Recompute, Schedule, Optimizer, Dtype, Feasibility, Reason, Dispatch, Placement, Collective):
+    for enum in (Recompute, Schedule, Optimizer, Dtype, Feasibility, Reason, Dispatch, Placement, Collective,
+                 AllReduceAlgorithm):
         for member in enum:
             assert parse(enum, label(member)) is member
     assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe", "pipedream"]
+    assert labels(Recompute) == ["none", "selective", "full", "norms", "moe-dispatch"]
+    assert labels(Optimizer) == ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged"]
+    assert labels(AllReduceAlgorithm) == ["ring", "tree", "auto"]
+
+
+def test_collective_table_follows_the_enum():
+    """kernels.codes.COLLECTIVES lists every Collective by its label, in code order."""
+    assert codes.COLLECTIVES == tuple((label(m), int(m)) for m in sorted(Collective))
 
 
 def test_parse_unknown_names_the_choices():
-    with pytest.raises(ValueError, match=r"'partial' is not one of \['none', 'selective', 'full'\]"):
+    with pytest.raises(ValueError, match=r"'partial' is not one of \['none', 'selective', 'full', 'norms', 'moe-dispatch'\]"):
         parse(Recompute, "partial")
 
 

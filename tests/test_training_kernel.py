@@ -165,7 +165,7 @@ def test_activations_match_naive():
         b, s = float(rng.integers(1, 9)), float(rng.choice([512, 1024, 2048, 4096, 8192]))
         t, c = float(rng.choice([1, 2, 4, 8])), float(rng.choice([1, 2, 4]))
         sp, flash = bool(rng.integers(2)), bool(rng.integers(2))
-        recompute, ab = int(rng.integers(3)), float(rng.choice([1.0, 2.0, 4.0]))
+        recompute, ab = int(rng.integers(5)), float(rng.choice([1.0, 2.0, 4.0]))
         got = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model[0], ab)
         ref = naive.activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, naive.fields(model), ab)
         assert got == pytest.approx(ref, rel=1e-13)
@@ -354,7 +354,8 @@ def _random_device(rng) -> np.ndarray:
         hbm_capacity_bytes=rng.uniform(16, 192) * 2.0**30, compute_units=float(rng.integers(16, 200)),
         launch_s=rng.uniform(0.0, 1e-5), gemm_max_efficiency=rng.uniform(0.4, 1.0),
         attention_efficiency=rng.uniform(0.2, 0.8), memory_efficiency=rng.uniform(0.5, 1.0),
-        memory_overhead_bytes=rng.uniform(0, 8) * 2.0**30, host_link_bytes_per_s=rng.uniform(10e9, 64e9),
+        memory_overhead_bytes=rng.uniform(0, 8) * 2.0**30, memory_fragmentation=rng.uniform(0.0, 0.2),
+        comm_buffer_bytes=rng.uniform(0, 512) * 2.0**20, host_link_bytes_per_s=rng.uniform(10e9, 64e9),
         host_memory_bytes_per_s=rng.uniform(20e9, 100e9), host_capacity_bytes=256 * 2**30,
     )
 
@@ -377,8 +378,8 @@ def _random_strategy(rng) -> dict[str, int]:
     interleaved = schedule == SCHEDULE_INTERLEAVED
     sp = int(rng.integers(2)) if tp > 1 else 0
     return dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=2 if interleaved else 1, mb=int(rng.integers(1, 5)),
-                recompute=int(rng.integers(3)), sp=sp, tpo=int(rng.integers(2)) * sp,
-                zero=int(rng.integers(4)) if dp > 1 else 0, opt=int(rng.integers(3)), schedule=schedule,
+                recompute=int(rng.integers(5)), sp=sp, tpo=int(rng.integers(2)) * sp,
+                zero=int(rng.integers(4)) if dp > 1 else 0, opt=int(rng.integers(5)), schedule=schedule,
                 n_micro=int(rng.integers(1, 17)) * (pp if interleaved else 1))
 
 
