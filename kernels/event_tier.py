@@ -80,8 +80,8 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
               dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets):
     """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo, off_act,
-              off_w, model, dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement, dispatch,
+              tbo, off_act, off_w, model, dev, tiers, tiles, work, costs)
     p = pp
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
     fwd_ns = np.empty((p, v), dtype=np.int64)

@@ -606,8 +606,8 @@ def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: i
 
 
 @jit
-def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo,
-              off_act, off_w, model, dev, tiers, tiles, work, costs):
+def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+              dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work, costs):
     """Fill ``costs`` (length N_COST, seconds) with the latencies one candidate is built from.
 
     Shared by the analytic tier (``evaluate_one``) and the event tier
@@ -794,6 +794,14 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         else:
             ep_f = disp + comb
             ep_b = comb + disp
+        if schedule == SCHEDULE_DUALPIPE:
+            # DualPipe pairs one micro-batch's forward chunk with another's backward chunk
+            # and overlaps each one's dispatch/combine with the other's compute (DeepSeek-V3,
+            # section 3.2.1): the forward's traffic hides behind the paired backward's expert
+            # and shared-expert compute, and the other way round (steady-state pairs; the
+            # unpaired warm-up and cool-down passes are credited the same)
+            ep_f = min(ep_f, max(0.0, disp + comb - (expert_b + sh_b)))
+            ep_b = min(ep_b, max(0.0, comb + disp - (expert_f + sh_f)))
         moe_f = attn_part_f + rf + router + 2.0 * local + expert_f + sh_f
         moe_b = attn_part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b
         moe_w = w1 + w2 + rw + g1w + g2w + sh_w
@@ -984,8 +992,8 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
                  placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, out):
     """Fill ``out`` (length N_OUT) for one candidate."""
     costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, ep, etp, placement, dispatch, tbo,
-              off_act, off_w, model, dev, tiers, tiles, work, costs)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+              dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work, costs)
     t = float(tp)
     p = float(pp)
     d = float(dp)

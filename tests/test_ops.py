@@ -332,7 +332,7 @@ def test_kernel_fusion_removes_launches_and_round_trips(h100, llama3_8b, make_wo
     costs = []
     for dev in (h100.device, fused):
         c = np.empty(N_COST)
-        row_costs(1, 1, 8, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, llama3_8b[0], dev[0], h100.tiers, h100.tiles,
+        row_costs(1, 1, 8, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, llama3_8b[0], dev[0], h100.tiers, h100.tiles,
                   work[0], c)
         costs.append(c)
     plain, fast = costs
