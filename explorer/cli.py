@@ -67,8 +67,12 @@ def main() -> None:
 
 @main.command("catalog")
 def catalog_cmd() -> None:
-    """List the shipped hardware profiles, models and strategy spaces."""
-    for kind, entries in catalog.describe().items():
+    """List the shipped hardware profiles, models, strategy spaces and die topologies."""
+    from spaces.topology import load_topology, topology_names
+
+    entries_by_kind = catalog.describe()
+    entries_by_kind["topology"] = [(n, load_topology(n).spec.description) for n in topology_names()]
+    for kind, entries in entries_by_kind.items():
         click.echo(f"{kind}:")
         width = max(len(n) for n, _ in entries)
         for name, desc in entries:

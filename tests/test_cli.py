@@ -41,6 +41,22 @@ def test_catalog_lists_everything():
     for kind in ("hardware", "model", "space"):
         for name in names(kind):
             assert name in result.output
+    from spaces.topology import topology_names
+
+    assert "topology:" in result.output
+    assert all(name in result.output for name in topology_names())
+
+
+def test_topology_command_lists_routes_and_the_all_to_all_bound():
+    """br166-ocs: 0 -> 13 goes over its blink mate 5 then IB (the stranger via a mate);
+    the bound of 16 dies sending 7 MiB to each other is 4.207 ms (busiest link an IB one)."""
+    result = run("topology", "br166-ocs")
+    assert result.exit_code == 0, result.output
+    assert "0 -> 13: 0->5 blink  5->13 ib" in result.output
+    assert "hops per pair: 1: 80, 2: 112, 3: 48" in result.output
+    assert "4.207 ms" in result.output
+    bad = run("topology", "br166-ocs", "--src", "16")
+    assert bad.exit_code == 2 and "--src = 16" in bad.output and "0..15" in bad.output
 
 
 def test_sweep_writes_ranked_parquet(small_sweep):
