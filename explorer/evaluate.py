@@ -65,6 +65,7 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
     device = params.record(
         params.DEVICE,
         peak_flops_per_s=dev.peak_flops_per_s(dtype), hbm_bytes_per_s=dev.hbm_bandwidth_bytes_per_s,
+        peak_16bit_flops_per_s=dev.peak_flops_per_s("bf16") if "bf16" in dev.peak_TFLOP_per_s else 0.0,
         hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
         attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
@@ -105,6 +106,7 @@ def pack(space: LoadedSpace) -> Packed:
         flash_attention=spec.flash_attention,
         gemm_cast_bytes=CAST_BYTES_8BIT if spec.dtype in EIGHT_BIT_DTYPES else 0.0,
         moe_imbalance=spec.moe_imbalance,
+        quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload)
 

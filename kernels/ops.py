@@ -98,10 +98,22 @@ def gemm_efficiency(m: float, n: float, k: float, dev, tiles) -> float:
 @jit
 def gemm_time_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float) -> float:
     """(m x k) @ (k x n): max(2mnk / (peak * efficiency), bytes / achieved HBM) + launch."""
+    return gemm_time_peak_s(m, n, k, dev, tiles, dtype_bytes, dev.peak_flops_per_s)
+
+
+@jit
+def peak_16bit(dev) -> float:
+    """The device's 16-bit GEMM peak (where a space's 8-bit GEMMs leave some in 16 bits)."""
+    return dev.peak_16bit_flops_per_s if dev.peak_16bit_flops_per_s > 0.0 else dev.peak_flops_per_s
+
+
+@jit
+def gemm_time_peak_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float, peak: float) -> float:
+    """``gemm_time_s`` at a given peak FLOP/s (a GEMM kept in another precision)."""
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0
     eff = gemm_efficiency(m, n, k, dev, tiles)
-    compute = 2.0 * m * n * k / (dev.peak_flops_per_s * eff)
+    compute = 2.0 * m * n * k / (peak * eff)
     traffic = (m * k + k * n + m * n) * dtype_bytes / (dev.hbm_bytes_per_s * dev.memory_efficiency)
     return max(compute, traffic) + dev.launch_s
 

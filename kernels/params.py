@@ -20,6 +20,7 @@ N_COLLECTIVES = 7
 DEVICE = np.dtype(
     [
         ("peak_flops_per_s", np.float64),  # dense peak of the GEMM precision in use
+        ("peak_16bit_flops_per_s", np.float64),  # dense 16-bit peak (0: the same as peak_flops_per_s)
         ("hbm_bytes_per_s", np.float64),
         ("hbm_capacity_bytes", np.float64),
         ("compute_units", np.float64),
@@ -108,6 +109,7 @@ WORKLOAD = np.dtype(
         # output gradients every pass); 0 for 16-bit GEMMs
         ("gemm_cast_bytes", np.float64),
         ("moe_imbalance", np.float64),  # busiest expert rank's tokens / the mean
+        ("quantize_attention", np.float64),  # 1: attention projections in the GEMM precision too; 0: 16-bit
     ]
 )
 
@@ -125,6 +127,8 @@ DEFAULTS = {
                      "mtp_depth", "sliding_window", "kernel_fusion", "allreduce_algorithm",
                      "memory_fragmentation", "comm_buffer_bytes"), 0.0),
     "moe_imbalance": 1.0,
+    "quantize_attention": 1.0,
+    "peak_16bit_flops_per_s": 0.0,
 }
 
 

@@ -61,8 +61,10 @@ from kernels.ops import (
     causal_kv_len,
     gemm_efficiency,
     gemm_fwd_bwd_s,
+    gemm_time_peak_s,
     gemm_time_s,
     memory_bound_s,
+    peak_16bit,
 )
 
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
@@ -545,6 +547,17 @@ def gemm_passes_s(m: float, n: float, k: float, dev, tiles, ab: float):
 
 
 @jit
+def attention_gemm_s(m: float, n: float, k: float, dev, tiles, ab: float, work):
+    """``gemm_passes_s`` of an attention projection: in the space's GEMM precision, or
+    at the 16-bit peak where the space quantises only the MLP GEMMs."""
+    if work.quantize_attention > 0:
+        return gemm_passes_s(m, n, k, dev, tiles, ab)
+    peak = peak_16bit(dev)
+    w = gemm_time_peak_s(k, n, m, dev, tiles, ab, peak)
+    return gemm_time_peak_s(m, n, k, dev, tiles, ab, peak), gemm_time_peak_s(m, k, n, dev, tiles, ab, peak) + w, w
+
+
+@jit
 def layer_input_bytes(b: float, s: float, t: float, c: float, sp: bool, model, ab: float) -> float:
     """A layer's input (what full recompute keeps): tokens x h, split by t with SP."""
     full_input = ab * b * s / c * model.hidden
@@ -633,20 +646,20 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     if model.mla > 0:
         qk = model.qk_nope_head_dim + model.qk_rope_head_dim
         kv_lat = model.kv_lora_rank + model.qk_rope_head_dim
-        f1, b1, w1 = gemm_passes_s(tokens, kv_lat, h, dev, tiles, ab)  # KV down (replicated)
-        fx, bx, wx = gemm_passes_s(tokens, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank,
-                                   dev, tiles, ab)
+        f1, b1, w1 = attention_gemm_s(tokens, kv_lat, h, dev, tiles, ab, work)  # KV down (replicated)
+        fx, bx, wx = attention_gemm_s(tokens, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank,
+                                   dev, tiles, ab, work)
         f1 += fx
         b1 += bx
         w1 += wx
         if model.q_lora_rank > 0:
-            fx, bx, wx = gemm_passes_s(tokens, model.q_lora_rank, h, dev, tiles, ab)
-            fy, by, wy = gemm_passes_s(tokens, heads * qk, model.q_lora_rank, dev, tiles, ab)
+            fx, bx, wx = attention_gemm_s(tokens, model.q_lora_rank, h, dev, tiles, ab, work)
+            fy, by, wy = attention_gemm_s(tokens, heads * qk, model.q_lora_rank, dev, tiles, ab, work)
             fx += fy
             bx += by
             wx += wy
         else:
-            fx, bx, wx = gemm_passes_s(tokens, heads * qk, h, dev, tiles, ab)
+            fx, bx, wx = attention_gemm_s(tokens, heads * qk, h, dev, tiles, ab, work)
         f1 += fx
         b1 += bx
         w1 += wx
@@ -661,14 +674,14 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         dh = model.head_dim
         q_out = heads * dh
         kv_out = model.kv_heads / t * dh
-        f1, b1, w1 = gemm_passes_s(tokens, q_out + 2.0 * kv_out, h, dev, tiles, ab)
+        f1, b1, w1 = attention_gemm_s(tokens, q_out + 2.0 * kv_out, h, dev, tiles, ab, work)
         v_out = q_out
         rope_width = q_out + kv_out
         attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(b, s / c, causal_kv_len(s, model.sliding_window), heads,
                                                     model.kv_heads / t, dh, dh, True, flash, dev, ab)
         latent_norm_bytes = 0.0
         proj_out = q_out + 2.0 * kv_out
-    f2, b2, w2 = gemm_passes_s(tokens, h, v_out, dev, tiles, ab)
+    f2, b2, w2 = attention_gemm_s(tokens, h, v_out, dev, tiles, ab, work)
     wg += w1 + w2
     norm_tokens = tokens / t if sp else tokens
     fused = dev.kernel_fusion > 0
@@ -698,10 +711,14 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     layer_fwd = attn_part_f + f3 + f4 + act
     layer_bwd = attn_part_b + b3 + b4 + 2.0 * act
     if work.gemm_cast_bytes > 0:  # 8-bit GEMMs: cast inputs and weights forward, output gradients backward
-        split, rep = attention_weights(model)
-        inputs = tokens * (h + v_out + h + f)
-        weights = (split / t + rep) + h * up + f * h
-        grads = tokens * (proj_out + h + up + h)
+        inputs = tokens * (h + f)  # the MLP's (MLP-only quantisation leaves attention in 16 bits)
+        weights = h * up + f * h
+        grads = tokens * (up + h)
+        if work.quantize_attention > 0:
+            split, rep = attention_weights(model)
+            inputs += tokens * (h + v_out)
+            weights += split / t + rep
+            grads += tokens * (proj_out + h)
         layer_fwd += memory_bound_s(work.gemm_cast_bytes * (inputs + weights), 8.0, dev)
         layer_bwd += memory_bound_s(work.gemm_cast_bytes * grads, 4.0, dev)
 

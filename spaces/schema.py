@@ -9,7 +9,7 @@ and only those reach the kernels.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -369,6 +369,9 @@ class SpaceSpec(Record):
     #: tokens of the busiest expert rank over the mean (1: balanced routing); the
     #: step waits for the busiest rank, and its token buffers are sized for it
     moe_imbalance: Annotated[float, Field(ge=1)] = 1.0
+    #: with an 8-bit dtype, which GEMMs run in it: "all", or "mlp" (the MLP and expert
+    #: GEMMs; the attention projections stay in 16 bits, a common FP8 recipe)
+    quantized_gemms: Literal["all", "mlp"] = "all"
     dimensions: Dimensions = Dimensions()
 
     @property

@@ -342,3 +342,47 @@ def test_kernel_fusion_removes_launches_and_round_trips(h100, llama3_8b, make_wo
     saved = (2 * t * h + 2 * t * (q + kv) + 3 * t * f) * 2 / (h100.device[0].hbm_bytes_per_s * 0.8) + \
         4 * h100.device[0].launch_s
     assert plain[C_LAYER_FWD] - fast[C_LAYER_FWD] == pytest.approx(saved, rel=1e-9)
+
+
+def test_attention_gemms_can_stay_in_16_bits_under_fp8(h100, llama3_8b, make_workload):
+    """quantized_gemms = "mlp": the QKV and output projections run at the BF16 peak and
+    skip the FP8 casts; the MLP GEMMs stay in FP8. By hand for Llama 3 8B, 4096
+    tokens on one H100: the forward grows by the two projections' time at 989.4
+    instead of 1978.9 TFLOP/s, less the casts of their inputs (2 x 4096 x 4096) and
+    weights (4096 x 6144 + 4096 x 4096) at 3 bytes each (read 2, write 1)."""
+    import numpy as np
+
+    from explorer.evaluate import pack_hardware
+    from kernels.ops import gemm_time_peak_s
+    from kernels.training import C_LAYER_FWD, N_COST, row_costs
+    from spaces.catalog import load_hardware
+
+    dev, tiers, tiles = pack_hardware(load_hardware("h100-sxm5-80gb"), "fp8")
+    assert dev[0].peak_16bit_flops_per_s == 989.4e12 and dev[0].peak_flops_per_s == 1978.9e12
+    out = {}
+    for quant in (1.0, 0.0):
+        work = make_workload(global_batch=8.0, gemm_cast_bytes=3.0, quantize_attention=quant)
+        c = np.empty(N_COST)
+        row_costs(1, 1, 8, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, llama3_8b[0], dev[0], tiers, tiles, work[0], c)
+        out[quant] = c[C_LAYER_FWD]
+    t, h, qkv = 4096.0, 4096.0, 4096.0 + 2 * 1024.0
+    d = dev[0]
+    slower = sum(gemm_time_peak_s(t, n, k, d, tiles, 2.0, 989.4e12) - gemm_time_peak_s(t, n, k, d, tiles, 2.0, 1978.9e12)
+                 for n, k in ((qkv, h), (h, h)))
+    casts = 3.0 * (t * (h + h) + h * qkv + h * h) / (d.hbm_bytes_per_s * d.memory_efficiency)
+    assert slower > casts > 0
+    assert out[0.0] - out[1.0] == pytest.approx(slower - casts, rel=1e-9)
+
+
+def test_quantized_gemms_is_a_no_op_in_16_bits(tmp_path):
+    """In a BF16 space there is nothing to keep out of 8 bits: "mlp" and "all" agree."""
+    from explorer.evaluate import evaluate, pack
+    from spaces.catalog import load_space
+    from spaces.encode import Encoder
+
+    results = []
+    for scope in ("all", "mlp"):
+        space = load_space("llama3-8b-h100-64", {"quantized_gemms": scope, "dimensions": {"tp": [2], "pp": [2]}})
+        cols = Encoder(space).encode_all().columns
+        results.append(evaluate(pack(space), cols, simulate=False)["step_time_s"])
+    assert (results[0] == results[1]).all()
