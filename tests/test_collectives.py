@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import tier_stacks
 
 from kernels import collectives as coll
 from kernels.codes import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, REDUCE_SCATTER, SEND_RECV
@@ -212,16 +213,6 @@ def test_single_tier_equals_flat():
 ops_ = st.sampled_from([op for _, op in COLLECTIVES])
 pow2 = st.integers(0, 8).map(lambda e: float(2**e))
 groups = st.integers(1, 8).map(lambda e: float(2**e))  # at least 2 ranks
-
-
-@st.composite
-def tier_stacks(draw):
-    n = draw(st.integers(1, 3))
-    levels, domain = [], 1
-    for i in range(n):
-        domain *= 2 ** draw(st.integers(1, 3))
-        levels.append((0.0 if i == n - 1 else float(domain), draw(st.floats(1e8, 1e13)), draw(st.floats(0.0, 1e-4))))
-    return levels
 
 
 @PROPS

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from strategies import tier_stacks
 
 from kernels import moe
 from kernels.codes import (
@@ -436,16 +437,6 @@ def test_node_limit_never_raises_inter_node_fanout(routing):
     limited = moe.fanout(experts, top_k, e, r, max_nodes)
     assert limited[1] <= free[1] * (1 + 1e-12) + 1e-15
     assert limited[2] <= free[2] * (1 + 1e-12) + 1e-15
-
-
-@st.composite
-def tier_stacks(draw):
-    n = draw(st.integers(1, 3))
-    levels, domain = [], 1
-    for i in range(n):
-        domain *= 2 ** draw(st.integers(1, 3))
-        levels.append((0.0 if i == n - 1 else float(domain), draw(st.floats(1e8, 1e13)), draw(st.floats(0.0, 1e-4))))
-    return levels
 
 
 @st.composite
