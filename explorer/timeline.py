@@ -8,7 +8,7 @@ from explorer.evaluate import KERNEL_ARGS, Packed, ScheduleError
 from kernels.codes import SCHEDULE_PIPEDREAM
 from kernels.engine import KIND_NAMES, OK, simulate
 from kernels.event_tier import DEFAULT_BUCKETS, row_graph
-from kernels.pipeline import STREAM_CLASSES, steady_span_ns, streams_per_device
+from kernels.pipeline import steady_span_ns, streams_per_device
 from results.trace import Timeline
 from spaces.catalog import LoadedSpace
 from spaces.enums import Schedule, label
@@ -18,8 +18,8 @@ NS = 1e9
 
 
 def stream_names(hw: Hardware) -> tuple[str, ...]:
-    """Per device: the compute stream, then one stream per (link tier, traffic class)."""
-    return ("compute", *(f"{link.name} {cls}" for link in hw.links for cls in STREAM_CLASSES))
+    """Per device: the compute stream, then one stream per link tier (shared by every traffic class)."""
+    return ("compute", *(link.name for link in hw.links))
 
 
 def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:

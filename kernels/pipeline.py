@@ -9,12 +9,22 @@ dependencies are the same for all of them:
   F(vs, i) after send_f(vs-1, i), which follows F(vs-1, i);
   B(vs, i) after F(vs, i) and after send_b(vs+1, i), which follows B(vs+1, i).
 
-Every device has a compute stream and, per link tier, a pipeline stream and a
-data-parallel stream (``STREAM_CLASSES``), as NCCL runs pipeline and data-
-parallel traffic on their own communicators: a critical pipeline send never
-queues behind gradient buckets, but the two do not divide the link's bandwidth
-either (a fair-share link model is future work). Data-parallel gathers and
-reductions share their stream, so their bytes are serialised as on one link.
+Every device has a compute stream and one communication stream per link tier
+(``comm_stream``): pipeline sends, data-parallel reductions and gathers (and
+EP traffic) of one device that use the same tier share its NIC, so their
+transfers are serialised on that stream, first in, first out, in the device's
+program order (the order the tasks are created in). A pass's pipeline sends
+are issued before the data-parallel traffic that the same pass releases (the
+gradient bucket its last piece completes, ZeRO-3's gather and scatter): the
+send is short and on the critical path, and running it first is what a
+bandwidth-sharing link does to a short transfer beside a long one (it ends
+after about its own time); a bucket released by an earlier piece is already
+queued and delays the send. Traffic of different tiers does not contend.
+Deadlock-free: every task a communication stream runs depends only on
+compute tasks of the same device created before it, and every compute task a
+stream's head can wait on is at or before that task's producer in the compute
+order, so merging a tier's streams adds no cycle to the (acyclic) graph of
+separate streams.
 Sends run on the sender's pipeline stream of the tier between the stages;
 data-parallel traffic on the DP group's tier. Gradient reduction is bucketed:
 the device's last backward is split into ``n_buckets`` pieces and bucket k's
@@ -100,22 +110,17 @@ def micro_ids(schedule: int, p: int, m: int) -> int:
     micro-batches j = -1 .. m + p - 2 that one period touches, as id j + 1)."""
     return m + p if schedule == SCHEDULE_PIPEDREAM else m
 
-#: communication streams per link tier, in this order
-STREAM_PP = 0
-STREAM_DP = 1
-STREAM_CLASSES = ("pp", "dp")
-N_STREAM_CLASSES = 2
-
 
 @jit
 def streams_per_device(n_tiers: int) -> int:
-    """Compute stream + one stream per (tier, traffic class)."""
-    return 1 + N_STREAM_CLASSES * n_tiers
+    """Compute stream + one communication stream per link tier."""
+    return 1 + n_tiers
 
 
 @jit
-def comm_stream(device: int, n_tiers: int, tier: int, stream_class: int) -> int:
-    return device * streams_per_device(n_tiers) + 1 + N_STREAM_CLASSES * tier + stream_class
+def comm_stream(device: int, n_tiers: int, tier: int) -> int:
+    """The device's stream on link tier ``tier``, shared by all of its traffic classes."""
+    return device * streams_per_device(n_tiers) + 1 + tier
 
 
 @jit
@@ -432,8 +437,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     n_e = 0
     for d in range(p):
         compute = d * streams_per_device(n_tiers)
-        dp_res = comm_stream(d, n_tiers, dp_tier, STREAM_DP)
-        send_res = comm_stream(d, n_tiers, pp_tier, STREAM_PP)
+        dp_res = comm_stream(d, n_tiers, dp_tier)
+        send_res = comm_stream(d, n_tiers, pp_tier)
         length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
         gathers = n
@@ -483,12 +488,41 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     n_e = _edge(src, dst, n_e, gathers + k, piece)
                 if z3 and k == 0 and z3_gathers[o] >= 0:
                     n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
-                if reduce_here:  # bucket k of the gradients is final: reduce it
+                if reduce_here and k < pieces - 1:  # bucket k of the gradients is final: reduce it
                     rid = n
                     n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
             out = prev
+            if is_b:
+                b_first[vs, key] = first
+                b_out[vs, key] = out
+            elif is_f:
+                f_first[vs, key] = first
+                f_out[vs, key] = out
+                f_last[vs, key] = prev
+            if (is_f and vs < P - 1) or (is_b and vs > 0):  # this pass's output goes to the next position
+                n_held = _hold(held, n_held, vs, key, is_f, i, c)
+            # DualPipe's F&B chunks and a B with its W send their outputs after the next pass
+            if not (dual and _dualpipe_holds(passes, chunks, micros, o, length)):
+                for h in range(n_held):  # the outputs held so far leave after this pass, in pass order
+                    sid = prev
+                    if send_ns > 0:
+                        sid = n
+                        n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
+                                  held[h, 4])
+                        n_e = _edge(src, dst, n_e, prev, sid)
+                    if held[h, 2] == 1:
+                        f_out[held[h, 0], held[h, 1]] = sid
+                    else:
+                        b_out[held[h, 0], held[h, 1]] = sid
+                n_held = 0
+            # the data-parallel traffic this pass releases queues behind its sends
+            if reduce_here:  # the last bucket
+                rid = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, nb - 1), dp_res, K_DP, d, -1,
+                          -1)
+                n_e = _edge(src, dst, n_e, prev, rid)
             if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
                 gid = n
                 z3_gathers[o + 2] = gid
@@ -499,29 +533,6 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                 rid = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
                 n_e = _edge(src, dst, n_e, prev, rid)
-            if is_b:
-                b_first[vs, key] = first
-                b_out[vs, key] = out
-            elif is_f:
-                f_first[vs, key] = first
-                f_out[vs, key] = out
-                f_last[vs, key] = prev
-            if (is_f and vs < P - 1) or (is_b and vs > 0):  # this pass's output goes to the next position
-                n_held = _hold(held, n_held, vs, key, is_f, i, c)
-            if dual and _dualpipe_holds(passes, chunks, micros, o, length):
-                continue  # its output leaves after the next pass (DualPipe's F&B chunks, B with its W)
-            for h in range(n_held):  # the outputs held so far leave after this pass, in pass order
-                sid = prev
-                if send_ns > 0:
-                    sid = n
-                    n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
-                              held[h, 4])
-                    n_e = _edge(src, dst, n_e, prev, sid)
-                if held[h, 2] == 1:
-                    f_out[held[h, 0], held[h, 1]] = sid
-                else:
-                    b_out[held[h, 0], held[h, 1]] = sid
-            n_held = 0
         # the optimizer step closes the device's step, after all of its reductions
         opt = n
         n = _task(dur, res, kind, stage, micro, chunk, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1)
