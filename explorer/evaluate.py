@@ -60,7 +60,8 @@ def _table_fits(hw: Hardware, field: str, points: tuple, limit: int) -> None:
         raise CatalogError(hw.name, field, f"{len(points)} points", f"at most {limit} points")
 
 
-def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_hardware(hw: Hardware, dtype: str,
+                  attention_kernel: str = "flash2") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     dev = hw.device
     device = params.record(
         params.DEVICE,
@@ -68,7 +69,7 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
         peak_16bit_flops_per_s=dev.peak_flops_per_s("bf16") if "bf16" in dev.peak_TFLOP_per_s else 0.0,
         hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
-        attention_efficiency=dev.attention_efficiency, memory_efficiency=dev.memory_efficiency,
+        attention_efficiency=dev.attention_efficiency_of(attention_kernel), memory_efficiency=dev.memory_efficiency,
         memory_overhead_bytes=dev.memory_overhead_bytes, memory_fragmentation=dev.memory_fragmentation,
         comm_buffer_bytes=dev.comm_buffer_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
         host_memory_bytes_per_s=dev.host_memory_bytes_per_s, host_capacity_bytes=dev.host_capacity_bytes,
@@ -98,7 +99,7 @@ def pack_hardware(hw: Hardware, dtype: str) -> tuple[np.ndarray, np.ndarray, np.
 
 def pack(space: LoadedSpace) -> Packed:
     spec = space.spec
-    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype)
+    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype, spec.attention_kernel)
     workload = params.record(
         params.WORKLOAD,
         global_batch=spec.global_batch, seq_len=spec.seq_len,

@@ -104,6 +104,7 @@ from kernels.ops import (
     causal_kv_len,
     gemm_time_s,
     memory_bound_s,
+    peak_16bit,
 )
 from kernels.training import (
     device_dense_layers,
@@ -299,7 +300,7 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
         else:  # decode with absorbed up-projections: every head reads the shared latent
             flops = 2.0 * br * heads * s * (latent + model.kv_lora_rank)
             traffic = br * s * latent * kvb
-            attn = max(flops / (dev.peak_flops_per_s * dev.attention_efficiency),
+            attn = max(flops / (peak_16bit(dev) * dev.attention_efficiency),
                        traffic / (dev.hbm_bytes_per_s * dev.memory_efficiency)) + dev.launch_s
         rope_width = heads * rope + rope
         cache_write = tokens * latent * kvb

@@ -180,7 +180,7 @@ def attention_qkv_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_
     if not flash:
         traffic += 4.0 * b * heads * s_q * s_kv * dtype_bytes
     bw = dev.hbm_bytes_per_s * dev.memory_efficiency
-    peak = dev.peak_flops_per_s * dev.attention_efficiency
+    peak = peak_16bit(dev) * dev.attention_efficiency
     fwd = max(flops / peak, traffic / bw) + dev.launch_s
     bwd = max(2.5 * flops / peak, 2.0 * traffic / bw) + 2.0 * dev.launch_s
     return fwd, bwd, flops

@@ -108,8 +108,13 @@ class Device(Record):
     #: replaces the tile model (kernels.ops: interpolated in log m among the points
     #: of the nearest (n, k)); ``paraspace calibrate gemm`` writes it
     gemm_efficiency: tuple[tuple[PositiveInt, PositiveInt, PositiveInt, Fraction], ...] = ()
-    #: achieved / peak FLOP/s of the FlashAttention-2 kernels
+    #: achieved / peak (16-bit) FLOP/s of FlashAttention-2-class kernels (FA2, cuDNN /
+    #: Transformer Engine fused attention)
     attention_efficiency: Fraction
+    #: the same for first-generation fused attention (FlashAttention 1, the Triton
+    #: FlashAttention kernel): Dao 2023 (FlashAttention-2, abstract) measures FA1 at
+    #: 25-40% of the A100's peak against FA2's 50-73%. Unset: ``attention_efficiency``
+    attention_efficiency_flash1: Fraction | None = None
     #: achieved / peak HBM bandwidth of memory-bound kernels
     memory_efficiency: Fraction
     #: elementwise kernels fused (residual add + norm pairs, rotary embedding inside
@@ -180,6 +185,12 @@ class Device(Record):
 
     def peak_flops_per_s(self, dtype: str) -> float:
         return self.peak_TFLOP_per_s[dtype] * TFLOP
+
+    def attention_efficiency_of(self, kernel: str) -> float:
+        """Achieved / peak FLOP/s of the attention core run by ``kernel`` (``ATTENTION_KERNELS``)."""
+        if kernel == "flash1" and self.attention_efficiency_flash1 is not None:
+            return self.attention_efficiency_flash1
+        return self.attention_efficiency
 
 
 class Hardware(Record):
@@ -363,6 +374,10 @@ class SpaceSpec(Record):
     seq_len: PositiveInt
     dtype: Text = "bf16"
     flash_attention: bool = True
+    #: which fused attention kernel runs the core when ``flash_attention``: "flash2"
+    #: (FlashAttention-2, cuDNN / TE fused attention) or "flash1" (FlashAttention 1,
+    #: the Triton kernel); they differ in achieved FLOP/s (``Device.attention_efficiency*``)
+    attention_kernel: Literal["flash2", "flash1"] = "flash2"
     #: allow pipelines whose stages hold different numbers of layers (the first
     #: L mod p stages one more); otherwise pp * vpp must divide the layers
     uneven_layers: bool = False
