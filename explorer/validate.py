@@ -51,6 +51,11 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
 }
 #: sources that predate FlashAttention (2022): their attention materialised s x s scores
 PRE_FLASH_SOURCES = frozenset({"narayanan2021", "megatron-lm-readme-gpt3-example"})
+#: sources whose fused attention is a first-generation kernel (``SpaceSpec.attention_kernel``):
+#: llm-foundry's benchmark runs set the MPT model's ``attn_impl`` from
+#: ``scripts/train/benchmarking/submit_benchmarks.py``, whose default is "triton" (the
+#: Triton FlashAttention kernel, FlashAttention-1 algorithm); the rest use FA2 / cuDNN
+FLASH1_SOURCES = frozenset({"mosaicml-llm-foundry"})
 
 
 @dataclass
@@ -173,6 +178,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         "name": rid, "description": f"{source} row {rid}", "model": rid, "hardware": gpu,
         "devices": ints["n_gpus"], "global_batch": ints["global_batch"], "seq_len": ints["seq"],
         "dtype": row.get("dtype") or "bf16", "flash_attention": row["source"] not in PRE_FLASH_SOURCES,
+        "attention_kernel": "flash1" if row["source"] in FLASH1_SOURCES else "flash2",
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
         "uneven_layers": ints["layers"] % ints["pp"] != 0,
         "dimensions": dims,
@@ -227,7 +233,7 @@ def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
     base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
                      gpu=row.get("gpu") or "", metric=metric, measured=_num(row, "value", source, float),
                      predicted=None, status="unsupported")
-    gpu = row.get("gpu") or COMM_DEFAULT_GPU
+    gpu = base.gpu = row.get("gpu") or COMM_DEFAULT_GPU  # the assumed GPU groups the row in the summary
     if gpu not in names("hardware"):
         raise CatalogError(where, "gpu", gpu, f"one of {names('hardware')} or EMPTY")
     ints = {k: _num(row, k, source) for k in ("ep", "n_nodes", "gpus_per_node", "tokens_per_rank", "hidden", "topk")}
@@ -260,7 +266,16 @@ def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
     if metric == "latency_us":
         base.predicted = seconds * 1e6
     else:
-        bottleneck = inter if ints["n_nodes"] > 1 or mode == "low_latency" else intra
+        bottleneck = intra
+        if mode == "low_latency":
+            bottleneck = inter
+        elif ints["n_nodes"] > 1:
+            # DeepEP's internode "RDMA bandwidth" counts a token once per distinct node of
+            # its experts, its own node included (deepseek-ai/DeepEP tests/test_internode.py:
+            # rdma_idx = topk_idx // (experts / nodes), uniqued per token, then
+            # num_rdma_token_sent = rdma_idx.ne(-1).sum()); ``inter`` holds the other nodes
+            # only, each with the same probability, so the own node adds inter / (nodes - 1)
+            bottleneck = inter * ints["n_nodes"] / (ints["n_nodes"] - 1)
         base.predicted = bottleneck / seconds / 1e9
     base.status = "ok"
     base.chosen = {"gpu": gpu, "experts": experts, "algorithm": label(Dispatch(algorithm))}

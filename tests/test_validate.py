@@ -152,3 +152,33 @@ def test_comm_rows_by_hand(tmp_path):
         writer.writerow({**row, "ep": "12"})
     result = CliRunner().invoke(main, ["validate", str(bad)])
     assert result.exit_code == 2 and "ep = 12" in result.output and "n_nodes * gpus_per_node = 16" in result.output
+
+
+def test_internode_normal_bandwidth_counts_the_own_node_as_deepep_does(tmp_path):
+    """Normal dispatch on 4 nodes x 8 H800 (EP32; top-4 node groups = every node),
+    4096 tokens x 7168 fp8 = 29,360,128 B per rank. A node is hit with probability
+    p_n = 1 - C(192, 8) / C(256, 8), a rank with p_r = 1 - C(248, 8) / C(256, 8).
+    RDMA: 3 p_n B at 50 GB/s x 0.9 plus 3 x 6 us; NVLink: 4 nodes x 7 p_r B at
+    200 GB/s x 0.8 plus 7 x 3 us; the call takes the longer plus a quarter of the
+    shorter (4 pipelined chunks). DeepEP's test counts every distinct node of a
+    token, its own included: 4 p_n B, not 3 p_n B, over the call's time."""
+    import math
+
+    b = 4096 * 7168.0
+    p_n = 1 - math.comb(192, 8) / math.comb(256, 8)
+    p_r = 1 - math.comb(248, 8) / math.comb(256, 8)
+    t_rdma = 3 * p_n * b / 45e9 + 3 * 6e-6
+    t_nvl = 4 * 7 * p_r * b / 160e9 + 7 * 3e-6
+    seconds = max(t_rdma, t_nvl) + min(t_rdma, t_nvl) / 4
+    row = {"id": "n", "source": "s", "quality": "ok", "op": "dispatch", "mode": "normal", "ep": "32",
+           "n_nodes": "4", "gpus_per_node": "8", "gpu": "h800-sxm5-80gb", "tokens_per_rank": "4096", "hidden": "7168",
+           "topk": "8", "n_experts": "256", "dispatch_dtype": "fp8", "combine_dtype": "bf16",
+           "metric": "bandwidth_GBps", "value": "58"}
+    path = tmp_path / "comm.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    (result,) = validate.run(path)[1]
+    assert t_rdma > t_nvl  # RDMA-bound, as DeepEP reports for EP32
+    assert result.predicted == pytest.approx(4 * p_n * b / seconds / 1e9, rel=1e-12)
