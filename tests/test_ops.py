@@ -118,6 +118,31 @@ def test_attention_flash_causal(toy_dev):
     assert bwd == pytest.approx(3.4359738368e-3, rel=1e-14)
 
 
+def test_attention_core_runs_at_the_16_bit_peak(make_device):
+    """An FP8 device record (GEMM peak 200 TFLOP/s, 16-bit peak 100) times the
+    core at 100 TFLOP/s: the same 1.37438953472 ms as the bf16 toy device above
+    (FlashAttention and cuDNN fused attention stay in 16 bits under FP8 recipes)."""
+    fp8 = make_device(peak_flops_per_s=200e12, peak_16bit_flops_per_s=100e12)
+    fwd, bwd, _ = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, fp8[0], 2.0)
+    assert fwd == pytest.approx(1.37438953472e-3, rel=1e-14)
+    assert bwd == pytest.approx(3.4359738368e-3, rel=1e-14)
+
+
+def test_attention_kernel_picks_its_efficiency():
+    """``SpaceSpec.attention_kernel`` = flash1 packs ``attention_efficiency_flash1``
+    (A100: 0.34) instead of the FA2 value (0.60); a profile without a flash1 value
+    (BR166) falls back to its one attention efficiency."""
+    from explorer.evaluate import pack_hardware
+    from spaces.catalog import load_hardware
+
+    a100 = load_hardware("a100-sxm4-40gb")  # extends the 80 GB profile
+    assert pack_hardware(a100, "bf16")[0][0].attention_efficiency == 0.60
+    assert pack_hardware(a100, "bf16", "flash1")[0][0].attention_efficiency == 0.34
+    br = load_hardware("br166-spc")
+    assert br.device.attention_efficiency_flash1 is None
+    assert pack_hardware(br, "bf16", "flash1")[0][0].attention_efficiency == br.device.attention_efficiency
+
+
 def test_attention_not_causal_doubles(toy_dev):
     fwd_c, bwd_c, flops_c = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, toy_dev[0], 2.0)
     fwd, bwd, flops = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, False, True, toy_dev[0], 2.0)
