@@ -21,13 +21,20 @@ from kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPE
 from kernels.collectives import group_tier
 from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
 from kernels.jit import jit
-from kernels.pipeline import build_step, steady_in_flight, steady_span_ns, streams_per_device
+from kernels.pipeline import build_step, split_backward, steady_in_flight, steady_span_ns, streams_per_device
 from kernels.training import (
     C_DP_GRAD,
     C_DP_PARAM,
     C_EMB_B,
     C_EMB_COMM,
     C_EMB_F,
+    C_EP_B,
+    C_EP_COMB,
+    C_EP_DISP,
+    C_EP_F,
+    C_EXPERT_B,
+    C_EXPERT_F,
+    C_EXPERT_W,
     C_HEAD_B,
     C_HEAD_COMM,
     C_HEAD_F,
@@ -40,6 +47,7 @@ from kernels.training import (
     N_COST,
     chunk_dense_layers,
     chunk_layers,
+    ep_strides,
     layers_pass_s,
     row_costs,
 )
@@ -87,12 +95,29 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
     fwd_ns = np.empty((p, v), dtype=np.int64)
     bwd_ns = np.empty((p, v), dtype=np.int64)
     wgrad_ns = np.empty((p, v), dtype=np.int64)
+    ep_ns = np.zeros((p, v, 4), dtype=np.int64)
+    # MoE traffic as EP tasks (kernels.pipeline.build_step): the pass durations lose the
+    # exposed EP time row_costs put in them (TBO's overlap included; the engine makes its
+    # own). DualPipe keeps row_costs' credit for overlapping a chunk's traffic with the
+    # paired chunk's compute inside its pass durations (the engine runs a pair's passes
+    # back to back and would not produce that overlap). Recompute's EP traffic and the
+    # MTP modules' layer stay inside the backward / last-stage passes, as exposed time.
+    engine_ep = model.experts > 0 and schedule != SCHEDULE_DUALPIPE and costs[C_EP_DISP] + costs[C_EP_COMB] > 0
+    expert_b = costs[C_EXPERT_B] - (costs[C_EXPERT_W] if split_backward(schedule) else 0.0)
     for d in range(p):
         for c in range(v):
             layers_chunk = chunk_layers(d, c, p, v, model.layers)
             nd = chunk_dense_layers(d, c, p, v, model)
             # the device's last rc_layers recompute; with interleaving, rc_layers / v per chunk
-            f, b, w, _, _, _, _ = layers_pass_s(costs, nd, layers_chunk - nd, recompute, float(rc_layers) / v)
+            nm = layers_chunk - nd
+            f, b, w, _, _, _, _ = layers_pass_s(costs, nd, nm, recompute, float(rc_layers) / v)
+            if engine_ep and nm > 0:
+                f -= nm * costs[C_EP_F]
+                b -= nm * costs[C_EP_B]
+                ep_ns[d, c, 0] = np.int64(round(nm * costs[C_EXPERT_F] * NS))
+                ep_ns[d, c, 1] = np.int64(round(nm * expert_b * NS))
+                ep_ns[d, c, 2] = np.int64(round(nm * costs[C_EP_DISP] * NS))
+                ep_ns[d, c, 3] = np.int64(round(nm * costs[C_EP_COMB] * NS))
             vs = c * p + d
             if vs == 0:
                 f += costs[C_EMB_F] + costs[C_EMB_COMM]
@@ -107,6 +132,8 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
     n_tiers = tiers.shape[0]
     pp_tier = group_tier(float(pp), float(tp * cp * dp), tiers)
     dp_tier = group_tier(float(dp * cp), float(tp), tiers)
+    ep_stride, _, _ = ep_strides(float(tp), float(cp), float(dp), float(ep), float(etp), placement)
+    ep_tier = group_tier(float(ep), ep_stride, tiers)
     dp_grad = costs[C_DP_GRAD]
     dp_param = costs[C_DP_PARAM]
     z3_gather = 0
@@ -119,7 +146,7 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
     return build_step(schedule, p, v, n_micro, fwd_ns, bwd_ns, wgrad_ns, np.int64(round(costs[C_P2P] * NS)), pp_tier,
                       dp_tier,
                       n_tiers, zero, np.int64(round(dp_grad * NS)), np.int64(round(dp_param * NS)), n_buckets,
-                      z3_gather, z3_scatter, np.int64(round(costs[C_OPT] * NS)))
+                      z3_gather, z3_scatter, np.int64(round(costs[C_OPT] * NS)), ep_ns, ep_tier, tbo)
 
 
 @jit

@@ -20,11 +20,13 @@ send is short and on the critical path, and running it first is what a
 bandwidth-sharing link does to a short transfer beside a long one (it ends
 after about its own time); a bucket released by an earlier piece is already
 queued and delays the send. Traffic of different tiers does not contend.
-Deadlock-free: every task a communication stream runs depends only on
-compute tasks of the same device created before it, and every compute task a
-stream's head can wait on is at or before that task's producer in the compute
-order, so merging a tier's streams adds no cycle to the (acyclic) graph of
-separate streams.
+Deadlock-free: every stream runs its tasks in creation order, and every
+dependency inside a device points from an earlier-created task to a later
+one; a communication task waits only for tasks of its own pass or of passes
+before it in the compute order (a backward's first EP transfer for the
+pass's inputs, like the pass itself), so a stream's head never waits for a
+task queued behind it on any of the device's streams (checked on random
+steps against the plain-Python engine and for every schedule).
 Sends run on the sender's pipeline stream of the tier between the stages;
 data-parallel traffic on the DP group's tier. Gradient reduction is bucketed:
 the device's last backward is split into ``n_buckets`` pieces and bucket k's
@@ -65,6 +67,7 @@ from kernels.codes import (
 from kernels.engine import (
     K_BACKWARD,
     K_DP,
+    K_EP,
     K_FORWARD,
     K_OPTIMIZER,
     K_PP,
@@ -385,7 +388,7 @@ def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> 
 def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, pp_tier: int,
                dp_tier: int,
                n_tiers: int, zero: int, dp_grad_ns: int, dp_param_ns: int, n_buckets: int,
-               z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int):
+               z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, ep_ns, ep_tier: int, tbo: int):
     """Arrays of one training step's task graph (see the module docstring).
 
     fwd_ns, bwd_ns: int64[p, v], one micro-batch of each device's chunk;
@@ -395,6 +398,24 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     runs on tier ``dp_tier``. dp_grad_ns: a device's whole gradient reduction
     (all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2), 0 for none;
     dp_param_ns: the ZeRO-1/2 parameter all-gather; z3_*: ZeRO-3 per pass.
+    ep_ns: int64[p, v, 4], per chunk pass of one micro-batch: the expert compute
+    inside fwd_ns, the expert compute inside the backward pass (B: without its
+    W where the backward is split), the EP dispatch and the EP combine traffic
+    (on tier ``ep_tier``). Where dispatch + combine > 0 a forward runs as
+    pre-expert compute -> dispatch -> experts -> combine and a backward as
+    combine's gradient -> experts -> dispatch's gradient -> the rest of its
+    compute (the layer's order backwards), the traffic
+    on the device's stream of ``ep_tier`` (shared with PP / DP traffic of that
+    tier); with ``tbo`` the expert part is split in two halves whose traffic
+    overlaps the other half's expert compute (two-batch overlap): dispatch
+    [D1 D2], experts [E1 after D1, E2 after D2], combine [C1 after E1, C2 after
+    E2] (backward: the same with combine and dispatch swapped), which exposes d + max(0, d - x) + max(0, c - x) + c of the halves'
+    d, c, x (``kernels.moe.two_batch_exposed_s``). A chunk's MoE layers enter
+    as one super-layer (their parts summed): for identical layers this is
+    exact for the traffic and compute of a pass, and with TBO too (the exposed
+    time is homogeneous in d, c, x, so L layers expose L times one layer's);
+    it gives up only the interleaving of the layers' traffic with the pass's
+    other compute, which runs before (forward) or after (backward) it.
     Returns (dur_ns, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx,
     n_pred, order_ptr, order_idx, n_resources).
     """
@@ -407,10 +428,18 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     reduce_grads = zero < 3 and dp_grad_ns > 0
     gather_params = 1 <= zero < 3 and dp_param_ns > 0
     z3 = zero >= 3 and (z3_gather_ns > 0 or z3_scatter_ns > 0)
+    has_ep = False
+    for d in range(p):
+        for c in range(v):
+            if ep_ns[d, c, 2] + ep_ns[d, c, 3] > 0:
+                has_ep = True
+    halves = 2 if tbo != 0 else 1
     # per device: passes, + nb gathers and nb reductions, + (nb - 1) extra pieces of
     # the first forward and of the last backward, + the optimizer; sends; ZeRO-3
     # gathers (every pass) and scatters (every backward)
-    cap = p * (per_dev + 4 * nb + 1) + 2 * P * m + (p * 2 * per_dev if z3 else 0)
+    # EP: up to 3 halves' extra tasks per F / B pass (experts, dispatch, combine)
+    cap = p * (per_dev + 4 * nb + 1) + 2 * P * m + (p * 2 * per_dev if z3 else 0) + (
+        p * per_dev * 3 * halves if has_ep else 0)
     dur = np.empty(cap, dtype=np.int64)
     res = np.empty(cap, dtype=np.int32)
     kind = np.empty(cap, dtype=np.int8)
@@ -439,6 +468,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
         compute = d * streams_per_device(n_tiers)
         dp_res = comm_stream(d, n_tiers, dp_tier)
         send_res = comm_stream(d, n_tiers, pp_tier)
+        ep_res = comm_stream(d, n_tiers, ep_tier)
         length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
         gathers = n
@@ -477,8 +507,17 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             else:
                 total = wgrad_ns[sd, sc]
                 task_kind = K_WEIGHT_GRAD
+            ep_here = has_ep and not is_w and ep_ns[sd, sc, 2] + ep_ns[sd, sc, 3] > 0
+            experts = 0
+            if ep_here:  # the pass's compute before its EP traffic; the experts run between the transfers
+                experts = min(ep_ns[sd, sc, 0 if is_f else 1], total)
+                total -= experts
             first = n
             prev = -1
+            if ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
+                n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, -1, ep_ns[sd, sc, 3],
+                                   experts, ep_ns[sd, sc, 2], halves, ep_res, compute, task_kind, d, i, c)
+                prev = n - 1
             for k in range(pieces):
                 piece = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(total, pieces, k), compute, task_kind, d, i, c)
@@ -493,6 +532,10 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
+            if ep_here and is_f:  # then dispatch -> experts -> combine
+                n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, prev, ep_ns[sd, sc, 2],
+                                   experts, ep_ns[sd, sc, 3], halves, ep_res, compute, task_kind, d, i, c)
+                prev = n - 1
             out = prev
             if is_b:
                 b_first[vs, key] = first
@@ -554,6 +597,28 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     sync = np.full(n, -1, dtype=np.int32)
     return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
             order_ptr, order_idx, n_res)
+
+
+@jit
+def _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n: int, n_e: int, after: int, before_ns: int,
+              experts_ns: int, after_ns: int, halves: int, ep_res: int, compute: int, task_kind: int, d: int, i: int,
+              c: int):
+    """One pass's MoE part: the halves' first transfers back to back on the EP
+    stream (after task ``after``, if any), then per half its expert compute
+    (after its transfer) and its second transfer (after its experts). Returns
+    (n, n_e); the last task created is the last half's second transfer."""
+    ahead = n
+    for hv in range(halves):
+        n = _task(dur, res, kind, stage, micro, chunk, n, _share(before_ns, halves, hv), ep_res, K_EP, d, i, c)
+        if after >= 0:
+            n_e = _edge(src, dst, n_e, after, n - 1)
+    for hv in range(halves):
+        xid = n
+        n = _task(dur, res, kind, stage, micro, chunk, n, _share(experts_ns, halves, hv), compute, task_kind, d, i, c)
+        n_e = _edge(src, dst, n_e, ahead + hv, xid)
+        n = _task(dur, res, kind, stage, micro, chunk, n, _share(after_ns, halves, hv), ep_res, K_EP, d, i, c)
+        n_e = _edge(src, dst, n_e, xid, n - 1)
+    return n, n_e
 
 
 @jit

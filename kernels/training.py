@@ -125,15 +125,19 @@ N_OUT = len(OUTPUTS)
 #: backward B) with activations and weights offloaded (OFF) and with only the
 #: weights (WOFF, the layers whose activations are recomputed instead). An MoE
 #: layer's recompute added to the backward: compute, and EP communication.
+#: One MoE layer's raw EP traffic per micro-batch (dispatch, combine; nothing
+#: overlapped) and its expert compute (routed + shared experts) forward,
+#: backward, and the weight-gradient GEMMs inside that backward: the event tier
+#: runs the traffic as tasks between the compute (``kernels.event_tier``).
 (
     C_LAYER_FWD, C_LAYER_BWD, C_TP_LAYER, C_CP_F, C_CP_B, C_RC_COMPUTE, C_RC_COMM, C_EMB_F, C_EMB_B, C_EMB_COMM,
     C_HEAD_F, C_HEAD_B, C_HEAD_COMM, C_P2P, C_DP_GRAD, C_DP_PARAM, C_OPT, C_LOGITS, C_PARAMS_MAX,
     C_LAYER_WGRAD, C_HEAD_WGRAD, C_MOE_FWD, C_MOE_BWD, C_MOE_WGRAD, C_EP_F, C_EP_B, C_MOE_BUFFER,
     C_MTP_F, C_MTP_B, C_MTP_W, C_DISPATCH, C_EROWS, C_EEFF,
     C_OFF_DF, C_OFF_DB, C_OFF_MF, C_OFF_MB, C_WOFF_DF, C_WOFF_DB, C_WOFF_MF, C_WOFF_MB,
-    C_RC_MOE, C_RC_EP,
-) = range(43)
-N_COST = 43
+    C_RC_MOE, C_RC_EP, C_EP_DISP, C_EP_COMB, C_EXPERT_F, C_EXPERT_B, C_EXPERT_W,
+) = range(48)
+N_COST = 48
 
 #: bytes per parameter touched by one Adam step on its shard: read fp32 master,
 #: m, v and gradient (16), write master, m, v (12), write the 16-bit weight (2),
@@ -771,6 +775,11 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     one_dispatch = 0.0
     m_e = 0.0
     e_eff = 0.0
+    disp = 0.0
+    comb = 0.0
+    experts_f = 0.0
+    experts_b = 0.0
+    experts_w = 0.0
     if model.experts > 0:
         n_exp = model.experts
         k = model.top_k
@@ -822,6 +831,9 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
         moe_f = attn_part_f + rf + router + 2.0 * local + expert_f + sh_f
         moe_b = attn_part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b
         moe_w = w1 + w2 + rw + g1w + g2w + sh_w
+        experts_f = expert_f + sh_f
+        experts_b = expert_b + sh_b
+        experts_w = g1w + g2w + sh_w
         buffers = staging_bytes(dispatch, tok_bytes, e, k, imb)
         one_dispatch = disp + local
         e_eff = gemm_efficiency(m_e, 2.0 * fe / et, h, dev, tiles)
@@ -967,6 +979,11 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     costs[C_DISPATCH] = one_dispatch
     costs[C_EROWS] = m_e
     costs[C_EEFF] = e_eff
+    costs[C_EP_DISP] = disp
+    costs[C_EP_COMB] = comb
+    costs[C_EXPERT_F] = experts_f
+    costs[C_EXPERT_B] = experts_b
+    costs[C_EXPERT_W] = experts_w
 
 
 @jit

@@ -228,16 +228,24 @@ def test_hierarchical_beats_flat_all_to_all_across_nodes(h800, mixtral, make_wor
     assert hier["moe_dispatch_s"] < gather["moe_dispatch_s"]
 
 
-def test_moe_row_simulates_like_its_closed_form_with_one_stage(make_workload):
+@pytest.mark.parametrize("tbo", [0, 1])
+def test_moe_row_simulates_like_its_closed_form_with_one_stage(make_workload, tbo):
     """One stage, one micro-batch, no data parallelism (EP over the 8 TP ranks):
-    the event engine's step equals the analytic tier's (nothing to schedule or
-    overlap), MoE costs included."""
-    from kernels.event_tier import SIM_OUTPUTS, simulate_rows
+    the event engine's step equals the analytic tier's, MoE costs included.
+    The engine runs the EP traffic as tasks (forward: compute -> dispatch ->
+    experts -> combine; backward: combine's gradient -> experts -> dispatch's
+    gradient -> the rest), so without TBO the step is the closed form's sum of
+    the parts (nothing else to overlap with), and with TBO the engine's two
+    halves expose d + max(0, d - x) + max(0, c - x) + c per pass (halves' d, c,
+    x), which is ``two_batch_exposed_s`` the analytic tier adds per layer, times
+    the layers (the super-layer is exact for identical layers)."""
+    from kernels.engine import K_EP
+    from kernels.event_tier import SIM_OUTPUTS, row_graph, simulate_rows
 
     device, tiers, tiles = pack_hardware(load_hardware("h800-sxm5-80gb"), "bf16")
     model = pack_model(load_model("mixtral-8x7b"))
     work = make_workload(global_batch=1.0, seq_len=4096.0)
-    s = {**BASE, "tp": 8, "sp": 1, "dp": 1, "n_micro": 1}
+    s = {**BASE, "tp": 8, "sp": 1, "dp": 1, "n_micro": 1, "tbo": tbo}
     cols = columns([s], BASE)
     out = evaluate_rows(*cols, model, device, tiers, tiles, work)
     analytic = dict(zip(OUTPUTS, out[0]))
@@ -249,6 +257,10 @@ def test_moe_row_simulates_like_its_closed_form_with_one_stage(make_workload):
     got = dict(zip(SIM_OUTPUTS, sim[0]))
     assert got["simulated"] == 1.0
     assert got["step_time_s"] == pytest.approx(analytic["step_time_analytic_s"], rel=1e-6)
+    g = row_graph(*[int(c[0]) for c in cols], model[0], device[0], tiers, tiles, work[0], 4)
+    kind = g[2]
+    # dispatch and combine, forward and backward, in (1 + tbo) halves each
+    assert int((kind == K_EP).sum()) == 4 * (1 + tbo)
 
 
 def test_bench_moe_runs(capsys):

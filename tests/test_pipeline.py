@@ -25,20 +25,24 @@ SCHEDULES = (SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED)
 
 
 def step(schedule, p, v, m, fwd, bwd, *, wgrad=0, send_ns=0, pp_tier=0, dp_tier=1, n_tiers=2, zero=0, dp_grad_ns=0,
-         dp_param_ns=0, n_buckets=1, z3_gather_ns=0, z3_scatter_ns=0, optimizer_ns=0, zero_comm=False):
+         dp_param_ns=0, n_buckets=1, z3_gather_ns=0, z3_scatter_ns=0, optimizer_ns=0, zero_comm=False, ep=0,
+         ep_tier=0, tbo=0):
     """Build one step with ``build_step`` and simulate it.
 
     fwd, bwd: one micro-batch of a device's chunk, a scalar for equal stages or
-    an int64 [p, v] array. ``zero_comm`` sets every communication task's
+    an int64 [p, v] array; ep: ``build_step``'s ep_ns (expert compute forward,
+    backward, dispatch, combine), a 4-sequence for every chunk or [p, v, 4]. ``zero_comm`` sets every communication task's
     duration to 0 after building (infinite bandwidth, same graph).
     """
     fwd_ns = np.broadcast_to(np.asarray(fwd, dtype=np.int64), (p, v)).copy()
     bwd_ns = np.broadcast_to(np.asarray(bwd, dtype=np.int64), (p, v)).copy()
     wgrad_ns = np.broadcast_to(np.asarray(wgrad, dtype=np.int64), (p, v)).copy()
+    ep_ns = np.broadcast_to(np.asarray(ep, dtype=np.int64), (p, v, 4)).copy()
     (dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx,
      n_res) = pipeline.build_step(schedule, p, v, m, fwd_ns, bwd_ns, wgrad_ns, send_ns, pp_tier, dp_tier, n_tiers,
                                   zero,
-                                  dp_grad_ns, dp_param_ns, n_buckets, z3_gather_ns, z3_scatter_ns, optimizer_ns)
+                                  dp_grad_ns, dp_param_ns, n_buckets, z3_gather_ns, z3_scatter_ns, optimizer_ns,
+                                  ep_ns, ep_tier, tbo)
     if zero_comm:
         dur = np.where(kind >= engine.K_FIRST_COMM, 0, dur)
     start = np.empty(dur.shape[0], dtype=np.int64)
@@ -124,7 +128,9 @@ def check_valid(s):
 
 
 def random_config(rng: np.random.Generator) -> dict:
-    """A valid random step: uneven stages, sends, tiers shared or not, any ZeRO stage."""
+    """A valid random step: uneven stages, sends, tiers shared or not, any ZeRO stage,
+    MoE traffic (expert compute forward / backward, dispatch, combine) on a tier
+    of its own or shared, with or without two-batch overlap."""
     schedule = int(rng.choice(SCHEDULES))
     p = int(rng.integers(1, 5))
     v = int(rng.integers(1, 4)) if schedule == SCHEDULE_INTERLEAVED else 1
@@ -134,7 +140,9 @@ def random_config(rng: np.random.Generator) -> dict:
                 pp_tier=int(rng.integers(0, 2)), dp_tier=int(rng.integers(0, 2)), zero=int(rng.integers(0, 4)),
                 dp_grad_ns=int(rng.choice([0, rng.integers(1, 400)])), dp_param_ns=int(rng.integers(0, 100)),
                 n_buckets=int(rng.integers(1, 6)), z3_gather_ns=int(rng.integers(0, 20)),
-                z3_scatter_ns=int(rng.integers(0, 20)), optimizer_ns=int(rng.integers(0, 50)))
+                z3_scatter_ns=int(rng.integers(0, 20)), optimizer_ns=int(rng.integers(0, 50)),
+                ep=[int(x) for x in rng.integers(0, [30, 60, 20, 20])] if rng.random() < 0.5 else 0,
+                ep_tier=int(rng.integers(0, 2)), tbo=int(rng.integers(0, 2)))
 
 
 # --------------------------------------------------------------------------- closed forms
@@ -331,7 +339,7 @@ def test_infinite_bandwidth_removes_comm():
     rng = np.random.default_rng(5)
     for _ in range(100):
         cfg = random_config(rng)
-        bare = {**cfg, "send_ns": 0, "zero": 0, "dp_grad_ns": 0, "dp_param_ns": 0}
+        bare = {**cfg, "send_ns": 0, "zero": 0, "dp_grad_ns": 0, "dp_param_ns": 0, "ep": 0}
         assert step(**cfg, zero_comm=True).makespan == step(**bare).makespan
 
 
@@ -411,7 +419,7 @@ def test_shared_tier_never_faster_than_separate():
     slower = 0
     for _ in range(150):
         cfg = random_config(rng)
-        cfg.update(send_ns=int(rng.integers(1, 30)), pp_tier=0)
+        cfg.update(send_ns=int(rng.integers(1, 30)), pp_tier=0, n_tiers=3, ep_tier=2)  # EP apart from both
         a = step(**{**cfg, "dp_tier": 0})
         b = step(**{**cfg, "dp_tier": 1})
         check_valid(a)
@@ -434,7 +442,9 @@ def test_shared_tier_matches_reference_engine():
         bwd_ns = np.broadcast_to(np.asarray(cfg["bwd"], dtype=np.int64), (cfg["p"], cfg["v"])).copy()
         g = pipeline.build_step(cfg["schedule"], cfg["p"], cfg["v"], cfg["m"], fwd_ns, bwd_ns, np.zeros_like(fwd_ns),
                                 cfg["send_ns"], 0, 0, 2, cfg["zero"], cfg["dp_grad_ns"], cfg["dp_param_ns"],
-                                cfg["n_buckets"], cfg["z3_gather_ns"], cfg["z3_scatter_ns"], cfg["optimizer_ns"])
+                                cfg["n_buckets"], cfg["z3_gather_ns"], cfg["z3_scatter_ns"], cfg["optimizer_ns"],
+                                np.broadcast_to(np.asarray(cfg.get("ep", 0), dtype=np.int64), (cfg["p"], cfg["v"], 4)).copy(),
+                                cfg.get("ep_tier", 0), cfg.get("tbo", 0))
         dur, res, kind, _, _, _, sync, succ_ptr, succ_idx, _, order_ptr, order_idx, n_res = g
         edges = [(a, int(succ_idx[e])) for a in range(dur.shape[0]) for e in range(succ_ptr[a], succ_ptr[a + 1])]
         orders = [order_idx[order_ptr[r]:order_ptr[r + 1]].tolist() for r in range(n_res)]
@@ -532,6 +542,54 @@ def test_zero3_short_transfers_are_hidden():
     pass (100), only the first gather and the last scatter are exposed:
     5 + 4 * (100 + 200) + 5 = 1210 (the builder gives 1240, see the hand example)."""
     assert step(SCHEDULE_GPIPE, 1, 1, 4, 100, 200, zero=3, z3_gather_ns=5, z3_scatter_ns=5).makespan == 1210
+
+
+# --------------------------------------------------------------------------- expert-parallel traffic
+
+
+def test_ep_tasks_hand_example():
+    """p = 1, m = 1, a MoE chunk: forward 10 (experts 4 of it), backward 20
+    (experts 8), dispatch 4, combine 2 on the EP tier. Without overlap the step
+    is the sum of the parts: F 6 + 4 + 4 + 2 = 16, B 2 + 8 + 4 + 12 = 26, 42 =
+    10 + 20 + 2 (4 + 2). Two-batch overlap (halves d = 2, c = 1, x = 2 forward,
+    c = 1, x = 4, d = 2 backward): F: A [0, 6), D1 [6, 8), D2 [8, 10), E1 [8, 10),
+    E2 [10, 12), C1 [10, 11), C2 [12, 13) = 6 + d + max(d, x) + max(x, c) + c = 13;
+    B: C1 [13, 14), C2 [14, 15), E1 [14, 18), D1 [18, 20), E2 [18, 22), D2
+    [22, 24), the rest [24, 36): 36."""
+    s = step(SCHEDULE_1F1B, 1, 1, 1, 10, 20, ep=[4, 8, 4, 2])
+    check_valid(s)
+    assert s.makespan == 42
+    assert int(s.dur[s.kind == engine.K_EP].sum()) == 12
+    t = step(SCHEDULE_1F1B, 1, 1, 1, 10, 20, ep=[4, 8, 4, 2], tbo=1)
+    check_valid(t)
+    assert t.makespan == 36
+    ep = sorted((int(t.start[k]), int(t.end[k])) for k in np.flatnonzero(t.kind == engine.K_EP))
+    assert ep == [(6, 8), (8, 10), (10, 11), (12, 13), (13, 14), (14, 15), (18, 20), (22, 24)]
+
+
+def test_ep_traffic_shares_the_pipeline_tier():
+    """p = 2, 1F1B, m = 1, t_f = 10 (experts 4), t_b = 20 (experts 8), send 3,
+    dispatch 4, combine 2. EP on its own tier: d0 F [0, 16) with its combine
+    ending at 16, send [16, 19); d1 F [19, 35), B [35, 61) (its first
+    transfer at 35, the experts [37, 45), the rest [49, 61)), send [61, 64);
+    d0 B [64, 90): 90. On the pipeline's tier the sends queue behind the EP
+    traffic created before them, which here has always ended (the send follows
+    its own pass's last transfer), so the step is 90 too; with ZeRO-0
+    reduction G = 30 on that tier as well, d1's bucket (released with the
+    pass, queued behind the send) and then d0's: 90 + 30 = 120 both ways."""
+    for tier in (0, 1):
+        s = step(SCHEDULE_1F1B, 2, 1, 1, 10, 20, send_ns=3, ep=[4, 8, 4, 2], ep_tier=tier)
+        check_valid(s)
+        assert s.makespan == 90
+        g = step(SCHEDULE_1F1B, 2, 1, 1, 10, 20, send_ns=3, ep=[4, 8, 4, 2], ep_tier=tier, dp_grad_ns=30,
+                 dp_tier=0)
+        assert g.makespan == 120
+    # interleaving makes EP traffic of one chunk queue ahead of another chunk's send
+    a = step(SCHEDULE_INTERLEAVED, 2, 2, 4, 10, 20, send_ns=3, ep=[4, 8, 30, 30], ep_tier=0, tbo=1)
+    b = step(SCHEDULE_INTERLEAVED, 2, 2, 4, 10, 20, send_ns=3, ep=[4, 8, 30, 30], ep_tier=1, tbo=1)
+    check_valid(a)
+    check_valid(b)
+    assert a.makespan > b.makespan
 
 
 # --------------------------------------------------------------------------- zero bubble (ZB-H1)

@@ -174,7 +174,8 @@ def test_dualpipe_deadlock_free_and_valid(p, m):
 
 
 def test_dualpipe_random_steps_finish():
-    """ZeRO 0-3, buckets, shared or separate tiers, sends, uneven stages: 150
+    """ZeRO 0-3, buckets, shared or separate tiers, sends, uneven stages, EP
+    traffic as tasks (with or without two-batch overlap, on any tier): 150
     random DualPipe steps finish, run every chunk pass once and end each device
     with its optimizer step."""
     rng = np.random.default_rng(2025)
@@ -187,12 +188,35 @@ def test_dualpipe_random_steps_finish():
                  dp_tier=int(rng.integers(0, 2)), zero=int(rng.integers(0, 4)),
                  dp_grad_ns=int(rng.integers(0, 400)), dp_param_ns=int(rng.integers(0, 100)),
                  n_buckets=int(rng.integers(1, 6)), z3_gather_ns=int(rng.integers(0, 20)),
-                 z3_scatter_ns=int(rng.integers(0, 20)), optimizer_ns=int(rng.integers(0, 50)))
+                 z3_scatter_ns=int(rng.integers(0, 20)), optimizer_ns=int(rng.integers(0, 50)),
+                 ep=[int(x) for x in rng.integers(0, [20, 20, 20, 20])] if rng.random() < 0.5 else 0,
+                 ep_tier=int(rng.integers(0, 2)), tbo=int(rng.integers(0, 2)))
         assert s.status == OK and (s.end >= 0).all()
         assert int((s.kind <= K_WEIGHT_GRAD).sum()) >= 3 * p * m
         for d in range(p):
             r = d * pipeline.streams_per_device(s.n_tiers)
             assert s.kind[s.order_idx[s.order_ptr[r + 1] - 1]] == K_OPTIMIZER
+
+
+def test_zb_h1_and_pipedream_random_steps_with_ep_finish():
+    """ZB-H1 and PipeDream with EP traffic as tasks on the tier of the sends
+    and of DP (one shared NIC stream) or apart, two-batch overlap or not: 100
+    random steps each finish and run every pass."""
+    rng = np.random.default_rng(2026)
+    for schedule in (SCHEDULE_ZB_H1, SCHEDULE_PIPEDREAM):
+        for _ in range(100):
+            p = int(rng.integers(1, 6))
+            m = int(rng.integers(1, 10))
+            w = rng.integers(0, 30, size=(p, 1))
+            s = step(schedule, p, 1, m, rng.integers(0, 60, size=(p, 1)), w + rng.integers(0, 90, size=(p, 1)),
+                     wgrad=w, send_ns=int(rng.integers(0, 20)), pp_tier=0, dp_tier=int(rng.integers(0, 2)),
+                     zero=int(rng.integers(0, 4)), dp_grad_ns=int(rng.integers(0, 400)),
+                     dp_param_ns=int(rng.integers(0, 100)), n_buckets=int(rng.integers(1, 6)),
+                     z3_gather_ns=int(rng.integers(0, 20)), z3_scatter_ns=int(rng.integers(0, 20)),
+                     ep=[int(x) for x in rng.integers(0, [20, 20, 20, 20])], ep_tier=int(rng.integers(0, 2)),
+                     tbo=int(rng.integers(0, 2)))
+            assert s.status == OK and (s.end >= 0).all(), (schedule, p, m)
+            assert int(((s.kind == K_FORWARD) | (s.kind == K_BACKWARD)).sum()) >= 2 * p * m
 
 
 def test_dualpipe_closed_form_p2_and_p4():
