@@ -4,9 +4,12 @@ Each row's task graph is built from the same costs as the analytic tier
 (``kernels.training.row_costs``): every device's chunk of layers per
 micro-batch, forward and backward (TP traffic and exposed CP time inside the
 pass, as in the analytic tier), the embedding on the first virtual stage, the
-LM head and loss on the last, pipeline sends on the link tier between stages,
-bucketed data-parallel reduction and ZeRO gathers on the DP tier, and the
-optimizer step (``kernels.pipeline.build_step``). The simulation replaces the
+LM head and loss on the last, MoE dispatch/combine as tasks on the EP group's
+tier between a pass's compute and its experts (two-batch overlap produced by
+the engine; DualPipe keeps its credited EP time inside the passes), pipeline
+sends on the link tier between stages, bucketed data-parallel reduction and
+ZeRO gathers on the DP tier, every device's traffic on one tier sharing one
+NIC stream, and the optimizer step (``kernels.pipeline.build_step``). The simulation replaces the
 closed-form pipeline and overlap formulas: unequal stages, send latency on the
 critical path, the NIC shared by pipeline and data-parallel traffic and the
 overlap of reductions with the remaining backward come out of the run.
@@ -19,7 +22,7 @@ from numba import prange
 
 from kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
 from kernels.collectives import group_tier
-from kernels.engine import K_BACKWARD, K_DP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
+from kernels.engine import K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
 from kernels.jit import jit
 from kernels.pipeline import build_step, split_backward, steady_in_flight, steady_span_ns, streams_per_device
 from kernels.training import (
@@ -59,11 +62,12 @@ SIM_OUTPUTS = (
     "bubble_sim_s",
     "pp_exposed_sim_s",
     "dp_exposed_sim_s",
+    "ep_exposed_sim_s",
     "inflight_peak_stage0",
     "n_tasks",
 )
 N_SIM = len(SIM_OUTPUTS)
-S_STEP, S_SIMULATED, S_BUBBLE, S_PP, S_DP, S_INFLIGHT, S_TASKS = range(N_SIM)
+S_STEP, S_SIMULATED, S_BUBBLE, S_PP, S_DP, S_EP, S_INFLIGHT, S_TASKS = range(N_SIM)
 
 #: default number of gradient buckets (Megatron-LM's default bucket is 40M
 #: parameters; a handful per device is typical)
@@ -151,7 +155,7 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
 
 @jit
 def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, p: int, v: int, n_tiers: int, out):
-    """Step time, bubble, exposed PP/DP communication and stage 0's peak in-flight
+    """Step time, bubble, exposed PP/DP/EP communication and stage 0's peak in-flight
     micro-batches of a simulated graph, into ``out`` (SIM_OUTPUTS order)."""
     step = 0
     for i in range(end.shape[0]):
@@ -160,6 +164,7 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
     worst_busy = -1
     pp_exposed = 0
     dp_exposed = 0
+    ep_exposed = 0
     per_dev = streams_per_device(n_tiers)
     for d in range(p):
         r = d * per_dev
@@ -174,13 +179,16 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
         # device's exposed time per class sums its streams (they rarely overlap idly)
         dev_pp = 0
         dev_dp = 0
+        dev_ep = 0
         for rr in range(r + 1, r + per_dev):
             if order_ptr[rr + 1] == order_ptr[rr]:
                 continue
             dev_pp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_PP, lo, hi, kind, start, end)
             dev_dp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_DP, lo, hi, kind, start, end)
+            dev_ep += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_EP, lo, hi, kind, start, end)
         pp_exposed = max(pp_exposed, dev_pp)
         dp_exposed = max(dp_exposed, dev_dp)
+        ep_exposed = max(ep_exposed, dev_ep)
     # stage 0: forward passes begun minus backward passes begun (weight-gradient
     # passes where the backward is split: they still need the activations)
     release = K_BACKWARD
@@ -208,6 +216,7 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
     out[S_BUBBLE] = (step - worst_busy) / NS
     out[S_PP] = pp_exposed / NS
     out[S_DP] = dp_exposed / NS
+    out[S_EP] = ep_exposed / NS
     out[S_INFLIGHT] = peak / v
     out[S_TASKS] = dur.shape[0]
 

@@ -257,6 +257,8 @@ def test_moe_row_simulates_like_its_closed_form_with_one_stage(make_workload, tb
     got = dict(zip(SIM_OUTPUTS, sim[0]))
     assert got["simulated"] == 1.0
     assert got["step_time_s"] == pytest.approx(analytic["step_time_analytic_s"], rel=1e-6)
+    # one device and one stream of traffic: whatever EP time compute does not cover is exposed
+    assert got["ep_exposed_sim_s"] == pytest.approx(analytic["ep_comm_s"], rel=1e-6)
     g = row_graph(*[int(c[0]) for c in cols], model[0], device[0], tiers, tiles, work[0], 4)
     kind = g[2]
     # dispatch and combine, forward and backward, in (1 + tbo) halves each
