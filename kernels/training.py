@@ -885,9 +885,18 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     params_max = -1.0
     dense_max = 0.0
     expert_max = 0.0
+    one_max = -1.0
+    pass_dense = 0.0  # ZeRO-3 gathers per pass: one stage's parameters (DualPipe's chunk runs one stage)
     parts = param_parts(model, t, e, et)
     for stage in range(pp):
         sd, se = stage_params_from(stage, pp, parts, model)
+        if sd + se > one_max:
+            one_max = sd + se
+            pass_dense = sd
+        if schedule == SCHEDULE_DUALPIPE:  # the device also holds stage p - 1 - stage (the other direction's):
+            td, te = stage_params_from(pp - 1 - stage, pp, parts, model)  # its gradients are reduced and
+            sd += td  # updated too (the memory model's two copies, evaluate_one)
+            se += te
         if sd + se > params_max:
             params_max = sd + se
             dense_max = sd
@@ -902,7 +911,7 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     dc = d * c
     _, _, edp_stride = ep_strides(t, c, d, e, et, placement)
     if zero >= 3:  # ZeRO-3 / FSDP gathers and scatters layer by layer: one collective per layer
-        rest = max(0.0, dense_max - layers_max * layer_dense)  # embedding / head / final norm, as one unit
+        rest = max(0.0, pass_dense - layers_max * layer_dense)  # embedding / head / final norm, as one unit
         costs[C_DP_GRAD] = layers_max * (
             collective_time_s(REDUCE_SCATTER, dc, t, layer_dense * work.grad_bytes, tiers)
             + collective_time_s(REDUCE_SCATTER, edp, edp_stride, layer_expert * work.grad_bytes, tiers)) + \

@@ -454,3 +454,41 @@ def test_event_tier_dualpipe_and_pipedream(tmp_path):
     assert dual["step_time_s"][0] < one["step_time_s"][0]
     assert pd["bubble_s"][0] == 0.0
     assert abs(pd["step_time_s"][0] - pd["step_time_analytic_s"][0]) <= 8 * 2 * pd["pp_comm_s"][0] + 1e-6
+
+
+def test_dualpipe_reduces_and_updates_both_stage_copies(make_device, toy_tiles, make_workload):
+    """DualPipe's device d holds stages d and p - 1 - d, so its gradient
+    reduction, parameter gather and optimizer step cover both (as its memory
+    does). Toy model, 4 layers of L = 41,088 parameters (h 64, 4 heads of 16,
+    GLU MLP 128: 64 (64 + 2 64) + 64^2 + 3 64 128 + 2 64), vocabulary 1000
+    untied, p = 2, dp = 2, one tier of 100 GB/s with no latency, fp32
+    gradients (4 B), bf16 weights (2 B):
+      1F1B: the larger stage, 2 L + V h + h = 82,176 + 64,000 + 64 = 146,240;
+      DualPipe: both stages = the whole model, 4 L + 2 V h + h = 292,416.
+    ZeRO-0 all-reduce over 2 ranks, 2 (n - 1)/n S / bw = S / bw:
+      1F1B 146,240 x 4 / 1e11 = 5.8496 us; DualPipe 292,416 x 4 / 1e11 = 11.69664 us.
+    ZeRO-1 reduce-scatter (n - 1)/n S / bw: 5.84832 us, all-gather of the bf16
+    weights 292,416 x 2 / 2 / 1e11 = 2.92416 us; the optimizer step (34 B per
+    parameter of the shard, no launch cost on the toy device) 292,416 / 146,240
+    times 1F1B's, halved by ZeRO-1's shard over dp = 2."""
+    from kernels.training import C_DP_GRAD, C_DP_PARAM, C_OPT, N_COST, layer_params, row_costs
+
+    model = _model(layers=4.0, hidden=64.0, heads=4.0, kv_heads=4.0, head_dim=16.0, ffn=128.0, vocab=1000.0)
+    assert layer_params(model[0], 1.0) == 41_088
+    dev, tiers, work = make_device(), _tiers((8.0, 100e9, 0.0)), make_workload(global_batch=8.0)
+
+    def costs(schedule, zero):
+        c = np.empty(N_COST)
+        row_costs(1, 2, 2, 1, 1, 0, 0, 0, zero, 0, schedule, 1, 1, 0, 1, 0, 0, 0, model[0], dev[0], tiers, toy_tiles,
+                  work[0], c)
+        return c
+
+    one, dual = costs(SCHEDULE_1F1B, 0), costs(SCHEDULE_DUALPIPE, 0)
+    assert one[C_DP_GRAD] == pytest.approx(146_240 * 4 / 1e11, rel=1e-12)
+    assert dual[C_DP_GRAD] == pytest.approx(292_416 * 4 / 1e11, rel=1e-12)
+    assert dual[C_OPT] == pytest.approx(one[C_OPT] * 292_416 / 146_240, rel=1e-12)
+    one1, dual1 = costs(SCHEDULE_1F1B, 1), costs(SCHEDULE_DUALPIPE, 1)
+    assert dual1[C_DP_GRAD] == pytest.approx(5.84832e-6, rel=1e-12)
+    assert dual1[C_DP_PARAM] == pytest.approx(2.92416e-6, rel=1e-12)
+    assert dual1[C_OPT] == pytest.approx(dual[C_OPT] / 2, rel=1e-12)
+    assert one1[C_OPT] == pytest.approx(one[C_OPT] / 2, rel=1e-12)
