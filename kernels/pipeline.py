@@ -243,8 +243,9 @@ def _dualpipe_order(p: int, m: int, d: int, passes, chunks, micros) -> int:
     the compute stream, F&B = F + B: their compute is not overlapped, their
     pipeline sends go on the pipeline stream (hidden unless late) and, as in the
     reference, leave after both passes. EP dispatch/combine stays inside the
-    pass durations as in the other schedules (its overlap with the other
-    micro-batch's compute is not credited). A pass waits only for its own
+    pass durations (``kernels.event_tier`` gives DualPipe no EP tasks), with
+    ``row_costs``' credit for hiding it behind the paired chunk's expert
+    compute, which these back-to-back passes would not produce. A pass waits only for its own
     input, where the reference's batched send/recv makes a chunk wait for every
     receive posted before it, and its middle-rank special cases (unoverlapped
     first F0 B1, a held F1 send) are not reproduced. Measured effect, equal
