@@ -18,8 +18,9 @@ NS = 1e9
 
 
 def stream_names(hw: Hardware) -> tuple[str, ...]:
-    """Per device: the compute stream, then one stream per link tier (shared by every traffic class)."""
-    return ("compute", *(link.name for link in hw.links))
+    """Per device: the compute stream, then per link tier the critical stream (pipeline
+    sends, EP traffic), then per link tier the data-parallel stream (``kernels.pipeline``)."""
+    return ("compute", *(link.name for link in hw.links), *(f"{link.name} dp" for link in hw.links))
 
 
 def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:

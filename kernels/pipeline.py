@@ -9,17 +9,22 @@ dependencies are the same for all of them:
   F(vs, i) after send_f(vs-1, i), which follows F(vs-1, i);
   B(vs, i) after F(vs, i) and after send_b(vs+1, i), which follows B(vs+1, i).
 
-Every device has a compute stream and one communication stream per link tier
-(``comm_stream``): pipeline sends, data-parallel reductions and gathers (and
-EP traffic) of one device that use the same tier share its NIC, so their
-transfers are serialised on that stream, first in, first out, in the device's
-program order (the order the tasks are created in). A pass's pipeline sends
-are issued before the data-parallel traffic that the same pass releases (the
-gradient bucket its last piece completes, ZeRO-3's gather and scatter): the
-send is short and on the critical path, and running it first is what a
-bandwidth-sharing link does to a short transfer beside a long one (it ends
-after about its own time); a bucket released by an earlier piece is already
-queued and delays the send. Traffic of different tiers does not contend.
+Every device has a compute stream and, per link tier, two communication
+streams (``comm_stream``, ``bulk_stream``): the latency-critical traffic
+(pipeline sends and EP dispatch/combine, first in, first out in the device's
+program order) and the bulk data-parallel traffic (gradient reductions,
+parameter gathers). They share the tier's NIC: NCCL runs the two on their own
+communicators at once, each flow getting part of the link, so a short send is
+not queued behind a long gradient bucket (head-of-line blocking would add a
+whole bucket to every stage of the pipeline's cool-down) but the bytes it
+moves still take the link's time. That time is charged to the data-parallel
+transfer it shares the link with: critical traffic a device puts on a tier
+while one of its data-parallel transfers there is open (created and not yet
+consumed by a pass, nor followed by the next data-parallel transfer) lengthens
+that transfer by the critical transfer's own duration, so the tier moves both
+flows' bytes at its bandwidth. The critical transfer itself runs at the full
+rate (a fair-share link would give it between half and all of it: at most its
+own duration of optimism). Traffic of different tiers does not contend.
 Deadlock-free: every stream runs its tasks in creation order, and every
 dependency inside a device points from an earlier-created task to a later
 one; a communication task waits only for tasks of its own pass or of passes
@@ -116,14 +121,20 @@ def micro_ids(schedule: int, p: int, m: int) -> int:
 
 @jit
 def streams_per_device(n_tiers: int) -> int:
-    """Compute stream + one communication stream per link tier."""
-    return 1 + n_tiers
+    """Compute stream + per link tier a critical and a bulk communication stream."""
+    return 1 + 2 * n_tiers
 
 
 @jit
 def comm_stream(device: int, n_tiers: int, tier: int) -> int:
-    """The device's stream on link tier ``tier``, shared by all of its traffic classes."""
+    """The device's stream of latency-critical traffic (PP sends, EP) on link tier ``tier``."""
     return device * streams_per_device(n_tiers) + 1 + tier
+
+
+@jit
+def bulk_stream(device: int, n_tiers: int, tier: int) -> int:
+    """The device's stream of data-parallel traffic on link tier ``tier``."""
+    return device * streams_per_device(n_tiers) + 1 + n_tiers + tier
 
 
 @jit
@@ -467,9 +478,11 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     n_e = 0
     for d in range(p):
         compute = d * streams_per_device(n_tiers)
-        dp_res = comm_stream(d, n_tiers, dp_tier)
+        dp_res = bulk_stream(d, n_tiers, dp_tier)
         send_res = comm_stream(d, n_tiers, pp_tier)
         ep_res = comm_stream(d, n_tiers, ep_tier)
+        shared_res = comm_stream(d, n_tiers, dp_tier)  # critical traffic that shares the DP tier's NIC
+        open_dp = -1  # the data-parallel transfer whose window is open (see the module docstring)
         length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
         reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
         gathers = n
@@ -478,12 +491,13 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
         n_held = 0  # sends waiting for the end of a later pass (DualPipe)
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
+                open_dp = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_param_ns, nb, k), dp_res, K_DP, d, -1, -1)
         if z3:  # ZeRO-3: the first two passes' gathers start the step
             for o in range(min(2, length)):
                 if passes[o] == W_PASS:
                     continue
-                z3_gathers[o] = n
+                z3_gathers[o] = open_dp = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o], chunks[o])
         split = split_backward(schedule)
         for o in range(length):
@@ -516,8 +530,10 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             first = n
             prev = -1
             if ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
+                made = n
                 n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, -1, ep_ns[sd, sc, 3],
                                    experts, ep_ns[sd, sc, 2], halves, ep_res, compute, task_kind, d, i, c)
+                _share_link(dur, res, made, n, shared_res, open_dp)
                 prev = n - 1
             for k in range(pieces):
                 piece = n
@@ -526,16 +542,22 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     n_e = _edge(src, dst, n_e, prev, piece)
                 if gather_here:
                     n_e = _edge(src, dst, n_e, gathers + k, piece)
+                    if open_dp == gathers + k:  # consumed
+                        open_dp = -1
                 if z3 and k == 0 and z3_gathers[o] >= 0:
                     n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
+                    if open_dp == z3_gathers[o]:
+                        open_dp = -1
                 if reduce_here and k < pieces - 1:  # bucket k of the gradients is final: reduce it
-                    rid = n
+                    rid = open_dp = n
                     n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
             if ep_here and is_f:  # then dispatch -> experts -> combine
+                made = n
                 n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, prev, ep_ns[sd, sc, 2],
                                    experts, ep_ns[sd, sc, 3], halves, ep_res, compute, task_kind, d, i, c)
+                _share_link(dur, res, made, n, shared_res, open_dp)
                 prev = n - 1
             out = prev
             if is_b:
@@ -556,25 +578,26 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                         n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
                                   held[h, 4])
                         n_e = _edge(src, dst, n_e, prev, sid)
+                        _share_link(dur, res, sid, n, shared_res, open_dp)
                     if held[h, 2] == 1:
                         f_out[held[h, 0], held[h, 1]] = sid
                     else:
                         b_out[held[h, 0], held[h, 1]] = sid
                 n_held = 0
-            # the data-parallel traffic this pass releases queues behind its sends
+            # the data-parallel traffic this pass releases
             if reduce_here:  # the last bucket
-                rid = n
+                rid = open_dp = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, nb - 1), dp_res, K_DP, d, -1,
                           -1)
                 n_e = _edge(src, dst, n_e, prev, rid)
             if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
-                gid = n
+                gid = open_dp = n
                 z3_gathers[o + 2] = gid
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
                           chunks[o + 2])
                 n_e = _edge(src, dst, n_e, prev, gid)
             if z3 and ((is_b and not split) or is_w):  # this pass's weight gradients are final
-                rid = n
+                rid = open_dp = n
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
                 n_e = _edge(src, dst, n_e, prev, rid)
         # the optimizer step closes the device's step, after all of its reductions
@@ -598,6 +621,18 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     sync = np.full(n, -1, dtype=np.int32)
     return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
             order_ptr, order_idx, n_res)
+
+
+@jit
+def _share_link(dur, res, lo: int, hi: int, shared_res: int, open_dp: int) -> None:
+    """Tasks lo..hi-1 just created: those on ``shared_res`` (critical traffic on
+    the data-parallel tier) lengthen the open data-parallel transfer by their
+    own duration (the link moves both flows' bytes; module docstring)."""
+    if open_dp < 0:
+        return
+    for t in range(lo, hi):
+        if res[t] == shared_res:
+            dur[open_dp] += dur[t]
 
 
 @jit

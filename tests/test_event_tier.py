@@ -98,7 +98,7 @@ def test_timeline_capture_and_chrome_trace(tmp_path):
     forwards = [e for e in complete if e["args"]["kind"] == "forward" and e["pid"] == 0]
     assert sorted({e["args"]["micro_batch"] for e in forwards}) == list(range(row["n_microbatches"]))
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert "compute" in names and "ib" in names  # one stream per link tier, every traffic class on it
+    assert "compute" in names and "ib" in names and "ib dp" in names  # per tier: critical (PP, EP) and DP streams
 
 
 def test_trace_command_writes_json_and_png(tmp_path):
