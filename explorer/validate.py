@@ -420,7 +420,8 @@ def run(path: str | Path) -> tuple[str, list[RowResult]]:
 
 
 def summary(results: list[RowResult]) -> dict[str, Any]:
-    """Mean/median absolute percentage error and worst rows, for ok and uncertain rows and per source."""
+    """Mean/median absolute percentage error and worst rows, for ok and uncertain rows, and per
+    source and per GPU (ok rows under the name, uncertain ones under "NAME (uncertain)")."""
     def stats(rows: list[RowResult]) -> dict[str, Any]:
         errs = [r.error for r in rows if r.error is not None and r.status == "ok"]
         if not errs:
@@ -431,8 +432,14 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
                 "mean_signed": float(np.mean(errs)), "worst": [(r.id, round(r.error, 4)) for r in worst[:5]]}
 
     out: dict[str, Any] = {q: stats([r for r in results if r.quality == q]) for q in ("ok", "uncertain")}
-    out["by_source"] = {s: stats([r for r in results if r.source == s]) for s in sorted({r.source for r in results})}
-    out["by_gpu"] = {g: stats([r for r in results if r.gpu == g]) for g in sorted({r.gpu for r in results})}
+    # per source and per GPU, ok and uncertain rows apart (the targets are on ok rows)
+    for key, attr in (("by_source", "source"), ("by_gpu", "gpu")):
+        out[key] = {}
+        for name in sorted({getattr(r, attr) for r in results}):
+            for q, suffix in (("ok", ""), ("uncertain", " (uncertain)")):
+                st = stats([r for r in results if getattr(r, attr) == name and r.quality == q])
+                if st["n"]:
+                    out[key][name + suffix] = st
     out["status"] = {s: sum(r.status == s for r in results) for s in ("ok", "oom", "no-candidate", "unsupported")}
     return out
 
