@@ -100,11 +100,11 @@ from kernels.collectives import collective_time_s
 from kernels.jit import jit
 from kernels.moe import combine_s, dispatch_s, grouped_gemm_s
 from kernels.ops import (
+    attention_peak,
     attention_qkv_fwd_bwd_s,
     causal_kv_len,
     gemm_time_s,
     memory_bound_s,
-    peak_16bit,
 )
 from kernels.training import (
     device_dense_layers,
@@ -300,7 +300,7 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
         else:  # decode with absorbed up-projections: every head reads the shared latent
             flops = 2.0 * br * heads * s * (latent + model.kv_lora_rank)
             traffic = br * s * latent * kvb
-            attn = max(flops / (peak_16bit(dev) * dev.attention_efficiency),
+            attn = max(flops / (attention_peak(dev, kvb) * dev.attention_efficiency),
                        traffic / (dev.hbm_bytes_per_s * dev.memory_efficiency)) + dev.launch_s
         rope_width = heads * rope + rope
         cache_write = tokens * latent * kvb

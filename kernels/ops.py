@@ -154,6 +154,15 @@ def causal_kv_len(s: float, window: float) -> float:
 
 
 @jit
+def attention_peak(dev, dtype_bytes: float) -> float:
+    """Peak FLOP/s of the attention core on ``dtype_bytes`` operands: 8-bit ones (an FP8
+    KV cache under TensorRT-LLM's FP8 context FMHA / FlashAttention-3) run at the
+    device's 8-bit peak; otherwise the 16-bit peak, as FlashAttention and cuDNN fused
+    attention do inside FP8 training recipes (only their GEMMs are 8-bit)."""
+    return dev.peak_flops_per_s if dtype_bytes <= 1.0 else peak_16bit(dev)
+
+
+@jit
 def attention_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_heads: float, head_dim: float,
                         causal: bool, flash: bool, dev, dtype_bytes: float):
     """FlashAttention-2 style core attention on one device (heads already split by TP).
@@ -180,7 +189,7 @@ def attention_qkv_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_
     if not flash:
         traffic += 4.0 * b * heads * s_q * s_kv * dtype_bytes
     bw = dev.hbm_bytes_per_s * dev.memory_efficiency
-    peak = peak_16bit(dev) * dev.attention_efficiency
+    peak = attention_peak(dev, dtype_bytes) * dev.attention_efficiency
     fwd = max(flops / peak, traffic / bw) + dev.launch_s
     bwd = max(2.5 * flops / peak, 2.0 * traffic / bw) + 2.0 * dev.launch_s
     return fwd, bwd, flops

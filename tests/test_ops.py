@@ -119,13 +119,18 @@ def test_attention_flash_causal(toy_dev):
 
 
 def test_attention_core_runs_at_the_16_bit_peak(make_device):
-    """An FP8 device record (GEMM peak 200 TFLOP/s, 16-bit peak 100) times the
-    core at 100 TFLOP/s: the same 1.37438953472 ms as the bf16 toy device above
-    (FlashAttention and cuDNN fused attention stay in 16 bits under FP8 recipes)."""
+    """An FP8 device record (GEMM peak 200 TFLOP/s, 16-bit peak 100) times a core on
+    16-bit operands at 100 TFLOP/s: the same 1.37438953472 ms as the bf16 toy device
+    above (FlashAttention and cuDNN fused attention stay in 16 bits under FP8
+    training recipes, whose activations are 16-bit)."""
     fp8 = make_device(peak_flops_per_s=200e12, peak_16bit_flops_per_s=100e12)
     fwd, bwd, _ = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, fp8[0], 2.0)
     assert fwd == pytest.approx(1.37438953472e-3, rel=1e-14)
     assert bwd == pytest.approx(3.4359738368e-3, rel=1e-14)
+    # 8-bit operands (an FP8 KV cache, FP8 context FMHA) run at the 200 TFLOP/s peak: half
+    fwd, bwd, _ = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, fp8[0], 1.0)
+    assert fwd == pytest.approx(1.37438953472e-3 / 2, rel=1e-14)
+    assert bwd == pytest.approx(3.4359738368e-3 / 2, rel=1e-14)
 
 
 def test_attention_kernel_picks_its_efficiency():

@@ -20,8 +20,13 @@ TRAINING = VALIDATION / "training.csv"
 #: mean absolute error of the `ok` training rows may not exceed this; it only
 #: moves down (24.5% with the datasheet profiles, 16.1% once gemm_max_efficiency
 #: was calibrated on the MosaicML rows: see explorer/calibrate.py; 16.0% with
-#: the FP8 cast passes, 15.3% once tp_overlap is searched as an unknown field)
-MAPE_OK_THRESHOLD = 0.154
+#: the FP8 cast passes, 15.3% once tp_overlap is searched as an unknown field,
+#: 8.3% with the attention core at the 16-bit peak, llm-foundry's FA1-class
+#: kernel and GEMM + FA1 efficiency fitted per family, and the NIC shared
+#: without head-of-line blocking)
+MAPE_OK_THRESHOLD = 0.084
+#: the issue's per-source target: no source's ok rows above this mean error
+SOURCE_MAPE_OK_TARGET = 0.15
 
 needs_data = pytest.mark.skipif(not TRAINING.is_file(), reason=f"{TRAINING} not present (shared/ beside the checkout)")
 
@@ -53,6 +58,9 @@ def test_published_training_rows_within_threshold():
     stats = validate.summary(results)
     assert stats["ok"]["n"] >= 180
     assert stats["ok"]["mape"] <= MAPE_OK_THRESHOLD, stats["ok"]
+    ok_sources = {k: v for k, v in stats["by_source"].items() if not k.endswith("(uncertain)")}
+    assert len(ok_sources) >= 6
+    assert all(v["mape"] <= SOURCE_MAPE_OK_TARGET for v in ok_sources.values()), ok_sources
     # every row is accounted for: predicted, predicted out of memory or no candidate (MoE rows included)
     assert sum(stats["status"].values()) == 202
     assert stats["status"]["unsupported"] == 0
@@ -109,8 +117,9 @@ def test_cli_json_and_table(tmp_path):
     assert "MAPE" in result.output and "t-1" in result.output
 
 
-#: mean absolute error of the DeepEP ok rows (committed; only moves down)
-COMM_MAPE_OK_THRESHOLD = 0.21
+#: mean absolute error of the DeepEP ok rows (committed; only moves down): 20.6%,
+#: then 13.9% once internode bandwidth counts the own node as DeepEP's test does
+COMM_MAPE_OK_THRESHOLD = 0.14
 
 
 @needs_data
