@@ -136,22 +136,31 @@ def test_deepep_rows_are_predicted_by_the_dispatch_kernels():
     assert by_id["deepep-v1-ll-dispatch-ep64"].chosen["algorithm"] == "low-latency"
 
 
-def test_comm_rows_by_hand(tmp_path):
-    """Low-latency dispatch on 2 nodes x 8 H800, 128 tokens x 7168 fp8 = 917,504 B:
-    every copy over the NIC to the ranks hosting a token's experts, 15 x (1 -
-    C(240, 8) / C(256, 8)) of them, at 50 GB/s x 0.9, plus one 6 us latency."""
-    import math
+#: a DeepEP row's fixed columns (H800 nodes of 8, DeepSeek-V3's hidden size and routing)
+COMM_ROW = {"source": "s", "quality": "ok", "op": "dispatch", "gpus_per_node": "8", "gpu": "h800-sxm5-80gb",
+            "hidden": "7168", "topk": "8", "n_experts": "256", "dispatch_dtype": "fp8", "combine_dtype": "bf16"}
 
-    row = {"id": "c", "source": "s", "quality": "ok", "op": "dispatch", "mode": "low_latency", "ep": "16",
-           "n_nodes": "2", "gpus_per_node": "8", "gpu": "h800-sxm5-80gb", "tokens_per_rank": "128", "hidden": "7168",
-           "topk": "8", "n_experts": "256", "dispatch_dtype": "fp8", "combine_dtype": "bf16", "metric": "latency_us",
-           "value": "118"}
+
+def predict_comm_row(tmp_path: Path, row: dict) -> validate.RowResult:
+    """``row`` written as a one-row comm.csv and predicted."""
     path = tmp_path / "comm.csv"
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(row))
         writer.writeheader()
         writer.writerow(row)
     (result,) = validate.run(path)[1]
+    return result
+
+
+def test_comm_rows_by_hand(tmp_path):
+    """Low-latency dispatch on 2 nodes x 8 H800, 128 tokens x 7168 fp8 = 917,504 B:
+    every copy over the NIC to the ranks hosting a token's experts, 15 x (1 -
+    C(240, 8) / C(256, 8)) of them, at 50 GB/s x 0.9, plus one 6 us latency."""
+    import math
+
+    row = {**COMM_ROW, "id": "c", "mode": "low_latency", "ep": "16", "n_nodes": "2", "tokens_per_rank": "128",
+           "metric": "latency_us", "value": "118"}
+    result = predict_comm_row(tmp_path, row)
     ranks = 15 * (1 - math.comb(240, 8) / math.comb(256, 8))
     assert result.predicted == pytest.approx((ranks * 917_504 / 45e9 + 6e-6) * 1e6, rel=1e-12)
     bad = tmp_path / "bad.csv"
@@ -179,15 +188,7 @@ def test_internode_normal_bandwidth_counts_the_own_node_as_deepep_does(tmp_path)
     t_rdma = 3 * p_n * b / 45e9 + 3 * 6e-6
     t_nvl = 4 * 7 * p_r * b / 160e9 + 7 * 3e-6
     seconds = max(t_rdma, t_nvl) + min(t_rdma, t_nvl) / 4
-    row = {"id": "n", "source": "s", "quality": "ok", "op": "dispatch", "mode": "normal", "ep": "32",
-           "n_nodes": "4", "gpus_per_node": "8", "gpu": "h800-sxm5-80gb", "tokens_per_rank": "4096", "hidden": "7168",
-           "topk": "8", "n_experts": "256", "dispatch_dtype": "fp8", "combine_dtype": "bf16",
-           "metric": "bandwidth_GBps", "value": "58"}
-    path = tmp_path / "comm.csv"
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(row))
-        writer.writeheader()
-        writer.writerow(row)
-    (result,) = validate.run(path)[1]
+    result = predict_comm_row(tmp_path, {**COMM_ROW, "id": "n", "mode": "normal", "ep": "32", "n_nodes": "4",
+                                         "tokens_per_rank": "4096", "metric": "bandwidth_GBps", "value": "58"})
     assert t_rdma > t_nvl  # RDMA-bound, as DeepEP reports for EP32
     assert result.predicted == pytest.approx(4 * p_n * b / seconds / 1e9, rel=1e-12)
