@@ -31,7 +31,10 @@ one; a communication task waits only for tasks of its own pass or of passes
 before it in the compute order (a backward's first EP transfer for the
 pass's inputs, like the pass itself), so a stream's head never waits for a
 task queued behind it on any of the device's streams (checked on random
-steps against the plain-Python engine and for every schedule).
+steps against the plain-Python engine and for every schedule). In a DualPipe
+EP pair the forward's tasks also wait behind the backward's first transfer,
+and so for the backward's inputs, which never depend on that forward: its
+output leaves only after the pair.
 Sends run on the sender's pipeline stream of the tier between the stages;
 data-parallel traffic on the DP group's tier. Gradient reduction is bucketed:
 the device's last backward is split into ``n_buckets`` pieces and bucket k's
@@ -47,7 +50,10 @@ DualPipe (``_dualpipe_order``) puts two chunks on every device, stage d of the
 downward direction and stage p - 1 - d of the upward one: a micro-batch's
 pipeline positions are then stages, ``chain_position`` maps (device, chunk) to
 them and a chunk's durations are its stage's. An overlapped F&B chunk and a
-backward computed with its W send their outputs after both passes.
+backward computed with its W send their outputs after both passes; in an F&B
+chunk whose passes both have EP traffic, each pass's dispatch and combine run
+beside the other pass's compute (``build_step``), so the overlap of one
+micro-batch's EP traffic with another's compute comes out of the run.
 PipeDream (``_pipedream_order``) is simulated in steady state: the graph is one
 period of a pipeline that never drains, its micro-batches numbered from the
 period's first backward; dependencies on passes outside the period are dropped
@@ -250,13 +256,14 @@ def _dualpipe_order(p: int, m: int, d: int, passes, chunks, micros) -> int:
     W's run first in, first out. Each phase's micro-batches run in order.
 
     Engine approximations. The overlapped F&B chunks of steps 4 and 5 (a
-    forward followed by a backward of the other direction) run back to back on
-    the compute stream, F&B = F + B: their compute is not overlapped, their
-    pipeline sends go on the pipeline stream (hidden unless late) and, as in the
-    reference, leave after both passes. EP dispatch/combine stays inside the
-    pass durations (``kernels.event_tier`` gives DualPipe no EP tasks), with
-    ``row_costs``' credit for hiding it behind the paired chunk's expert
-    compute, which these back-to-back passes would not produce. A pass waits only for its own
+    forward followed by a backward of the other direction) run on one compute
+    stream, F&B = F + B: their compute is not overlapped, their pipeline sends
+    go on the pipeline stream (hidden unless late) and, as in the reference,
+    leave after both passes. Their EP dispatch/combine does overlap: where
+    both passes have EP traffic ``build_step`` interleaves the pair's compute
+    and transfers so that each pass's traffic runs beside the other's compute
+    (DeepSeek-V3 Figure 4; the unpaired warm-up and cool-down passes expose
+    theirs as in the other schedules). A pass waits only for its own
     input, where the reference's batched send/recv makes a chunk wait for every
     receive posted before it, and its middle-rank special cases (unoverlapped
     first F0 B1, a held F1 send) are not reproduced. Measured effect, equal
@@ -400,7 +407,8 @@ def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> 
 def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, pp_tier: int,
                dp_tier: int,
                n_tiers: int, zero: int, dp_grad_ns: int, dp_param_ns: int, n_buckets: int,
-               z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, ep_ns, ep_tier: int, tbo: int):
+               z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, ep_ns, ep_tier: int, tbo: int,
+               ep_pairs: bool = True):
     """Arrays of one training step's task graph (see the module docstring).
 
     fwd_ns, bwd_ns: int64[p, v], one micro-batch of each device's chunk;
@@ -428,6 +436,23 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     time is homogeneous in d, c, x, so L layers expose L times one layer's);
     it gives up only the interleaving of the layers' traffic with the pass's
     other compute, which runs before (forward) or after (backward) it.
+    DualPipe with ``ep_pairs``: an overlapped F&B chunk (``_dualpipe_holds``)
+    whose two passes both have EP traffic runs jointly, as DeepSeek-V3's
+    Figure 4 pairs a layer's forward with another's backward: compute F_pre
+    (the forward's compute before its experts), B_exp, F_exp, B_rest; EP
+    stream C_B (combine's gradient, on the backward's inputs), D_F (after
+    F_pre), D_B (after B_exp), C_F (after F_exp); B_exp after C_B, F_exp after
+    D_F, B_rest after D_B. One pass's traffic so hides behind the other's
+    compute: the pair exposes max(0, c_B - pre_F) + max(0, d_F - x_B) +
+    max(0, d_B - x_F) (+ max(0, c_F - rest_B) where nothing follows) instead
+    of all four transfers, and the forward's experts wait for the backward's
+    inputs (the reference's overlapped chunk waits for both receives before
+    it starts), which can make a pair end later than the two passes run one
+    after the other where the backward's input comes late (uneven stages;
+    tests/test_schedules_extra.py). With ``tbo`` a pair runs so only where
+    ``_ep_pair_next`` finds it exposes no more than the passes' halves.
+    Without ``ep_pairs``, and for unpaired passes (warm-up, cool-down), each
+    pass runs its EP part alone, as in the other schedules.
     Returns (dur_ns, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx,
     n_pred, order_ptr, order_idx, n_resources).
     """
@@ -473,6 +498,9 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     passes = np.zeros(per_dev, dtype=np.int32)
     chunks = np.zeros(per_dev, dtype=np.int32)
     micros = np.zeros(per_dev, dtype=np.int32)
+    # DualPipe's EP pair (see above): the forward's pre-expert compute (its last task), experts,
+    # dispatch, combine, position, id, label and chunk, kept from the forward to the backward
+    pend = np.full(8, -1, dtype=np.int64)
     n_res = p * streams_per_device(n_tiers)
     n = 0
     n_e = 0
@@ -489,6 +517,8 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
         first_forward = _first_forward(passes, length)
         last_backward = _last_backward(passes, length)
         n_held = 0  # sends waiting for the end of a later pass (DualPipe)
+        tail = -1  # a held send also waits for this task (a paired forward's combine, DualPipe)
+        pend[0] = -1
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
                 open_dp = n
@@ -527,9 +557,37 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             if ep_here:  # the pass's compute before its EP traffic; the experts run between the transfers
                 experts = min(ep_ns[sd, sc, 0 if is_f else 1], total)
                 total -= experts
+            # a forward opening a DualPipe EP pair leaves its MoE part to the backward after it
+            pair_f = (ep_pairs and dual and ep_here and is_f and pieces == 1
+                      and _ep_pair_next(passes, chunks, o, length, p, d, fwd_ns, bwd_ns, wgrad_ns, ep_ns, tbo,
+                                        reduce_grads, last_backward))
             first = n
             prev = -1
-            if ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
+            if ep_here and is_b and pend[0] >= 0:  # the pair's MoE parts, interleaved (see the docstring)
+                made = n
+                cb = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, ep_ns[sd, sc, 3], ep_res, K_EP, d, i, c)
+                bx = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, experts, compute, task_kind, d, i, c)
+                n_e = _edge(src, dst, n_e, cb, bx)
+                df = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, pend[3], ep_res, K_EP, d, pend[6], pend[7])
+                n_e = _edge(src, dst, n_e, pend[0], df)
+                fx = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, pend[1], compute, K_FORWARD, d, pend[6], pend[7])
+                n_e = _edge(src, dst, n_e, df, fx)
+                db = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, ep_ns[sd, sc, 2], ep_res, K_EP, d, i, c)
+                n_e = _edge(src, dst, n_e, bx, db)
+                tail = n  # C_F: the forward's output; its held send waits for it too
+                n = _task(dur, res, kind, stage, micro, chunk, n, pend[2], ep_res, K_EP, d, pend[6], pend[7])
+                n_e = _edge(src, dst, n_e, fx, tail)
+                _share_link(dur, res, made, n, shared_res, open_dp)
+                f_out[pend[4], pend[5]] = tail
+                f_last[pend[4], pend[5]] = tail
+                pend[0] = -1
+                prev = db
+            elif ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
                 made = n
                 n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, -1, ep_ns[sd, sc, 3],
                                    experts, ep_ns[sd, sc, 2], halves, ep_res, compute, task_kind, d, i, c)
@@ -553,7 +611,16 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
-            if ep_here and is_f:  # then dispatch -> experts -> combine
+            if pair_f:  # the MoE part runs with the backward's (above, next pass)
+                pend[0] = prev
+                pend[1] = experts
+                pend[2] = ep_ns[sd, sc, 3]
+                pend[3] = ep_ns[sd, sc, 2]
+                pend[4] = vs
+                pend[5] = key
+                pend[6] = i
+                pend[7] = c
+            elif ep_here and is_f:  # then dispatch -> experts -> combine
                 made = n
                 n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, prev, ep_ns[sd, sc, 2],
                                    experts, ep_ns[sd, sc, 3], halves, ep_res, compute, task_kind, d, i, c)
@@ -573,17 +640,20 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             if not (dual and _dualpipe_holds(passes, chunks, micros, o, length)):
                 for h in range(n_held):  # the outputs held so far leave after this pass, in pass order
                     sid = prev
-                    if send_ns > 0:
+                    if send_ns > 0 or tail >= 0:  # (a send of 0 ns joins the pair's two ends)
                         sid = n
                         n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
                                   held[h, 4])
                         n_e = _edge(src, dst, n_e, prev, sid)
+                        if tail >= 0:
+                            n_e = _edge(src, dst, n_e, tail, sid)
                         _share_link(dur, res, sid, n, shared_res, open_dp)
                     if held[h, 2] == 1:
                         f_out[held[h, 0], held[h, 1]] = sid
                     else:
                         b_out[held[h, 0], held[h, 1]] = sid
                 n_held = 0
+                tail = -1
             # the data-parallel traffic this pass releases
             if reduce_here:  # the last bucket
                 rid = open_dp = n
@@ -655,6 +725,45 @@ def _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n: int, n_e: int, a
         n = _task(dur, res, kind, stage, micro, chunk, n, _share(after_ns, halves, hv), ep_res, K_EP, d, i, c)
         n_e = _edge(src, dst, n_e, xid, n - 1)
     return n, n_e
+
+
+@jit
+def _ep_pair_next(passes, chunks, o: int, length: int, p: int, d: int, fwd_ns, bwd_ns, wgrad_ns, ep_ns, tbo: int,
+                  reduce_grads: bool, last_backward: int) -> bool:
+    """Whether DualPipe's forward o (with EP traffic) and the backward after it
+    run as an EP pair (``build_step``): an overlapped F&B chunk
+    (``_dualpipe_holds``) whose backward has EP traffic too and runs in one
+    piece (not the device's last backward, whose gradient reduction is
+    bucketed). With two-batch overlap, only where the pair would expose no more
+    than the two passes' halves on their own, inputs ready and nothing else
+    running (the analytic tier's min of the two credits): with the forward's
+    pre-expert compute a, experts x, dispatch d and combine c, and the
+    backward's experts y, rest r, combine's gradient c' and dispatch's d', the
+    pair exposes max(0, c' - a) + max(0, d - y) + max(0, d' - x) + max(0, c - r),
+    the halves (d + max(0, d - x) + max(0, c - x) + c) / 2 and the same of the
+    backward's (c', d', y)."""
+    if o + 1 >= length or passes[o + 1] != B_PASS or chunks[o + 1] == chunks[o]:
+        return False
+    if reduce_grads and o + 1 == last_backward:
+        return False
+    sf = chain_position(SCHEDULE_DUALPIPE, p, d, chunks[o])
+    sb = chain_position(SCHEDULE_DUALPIPE, p, d, chunks[o + 1])
+    d_b = ep_ns[sb, 0, 2]
+    c_b = ep_ns[sb, 0, 3]
+    if d_b + c_b <= 0:
+        return False
+    if tbo == 0:
+        return True
+    x_f = min(ep_ns[sf, 0, 0], fwd_ns[sf, 0])
+    a_f = fwd_ns[sf, 0] - x_f
+    d_f = ep_ns[sf, 0, 2]
+    c_f = ep_ns[sf, 0, 3]
+    b_in = bwd_ns[sb, 0] - wgrad_ns[sb, 0]
+    y_b = min(ep_ns[sb, 0, 1], b_in)
+    r_b = b_in - y_b
+    pair = max(0, c_b - a_f) + max(0, d_f - y_b) + max(0, d_b - x_f) + max(0, c_f - r_b)
+    halves = (d_f + max(0, d_f - x_f) + max(0, c_f - x_f) + c_f) + (c_b + max(0, c_b - y_b) + max(0, d_b - y_b) + d_b)
+    return 2 * pair <= halves
 
 
 @jit

@@ -26,12 +26,13 @@ SCHEDULES = (SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED)
 
 def step(schedule, p, v, m, fwd, bwd, *, wgrad=0, send_ns=0, pp_tier=0, dp_tier=1, n_tiers=2, zero=0, dp_grad_ns=0,
          dp_param_ns=0, n_buckets=1, z3_gather_ns=0, z3_scatter_ns=0, optimizer_ns=0, zero_comm=False, ep=0,
-         ep_tier=0, tbo=0):
+         ep_tier=0, tbo=0, ep_pairs=True):
     """Build one step with ``build_step`` and simulate it.
 
     fwd, bwd: one micro-batch of a device's chunk, a scalar for equal stages or
     an int64 [p, v] array; ep: ``build_step``'s ep_ns (expert compute forward,
-    backward, dispatch, combine), a 4-sequence for every chunk or [p, v, 4]. ``zero_comm`` sets every communication task's
+    backward, dispatch, combine), a 4-sequence for every chunk or [p, v, 4]; ``ep_pairs``: DualPipe's
+    F&B pairs overlap their EP traffic (``build_step``). ``zero_comm`` sets every communication task's
     duration to 0 after building (infinite bandwidth, same graph).
     """
     fwd_ns = np.broadcast_to(np.asarray(fwd, dtype=np.int64), (p, v)).copy()
@@ -42,7 +43,7 @@ def step(schedule, p, v, m, fwd, bwd, *, wgrad=0, send_ns=0, pp_tier=0, dp_tier=
      n_res) = pipeline.build_step(schedule, p, v, m, fwd_ns, bwd_ns, wgrad_ns, send_ns, pp_tier, dp_tier, n_tiers,
                                   zero,
                                   dp_grad_ns, dp_param_ns, n_buckets, z3_gather_ns, z3_scatter_ns, optimizer_ns,
-                                  ep_ns, ep_tier, tbo)
+                                  ep_ns, ep_tier, tbo, ep_pairs)
     if zero_comm:
         dur = np.where(kind >= engine.K_FIRST_COMM, 0, dur)
     start = np.empty(dur.shape[0], dtype=np.int64)
