@@ -1031,6 +1031,27 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
 
 
 @jit
+def stage_pass_s(stage, pp, model, costs, recompute, rc_layers):
+    """One micro-batch through pipeline stage ``stage`` of ``pp`` (its layers, the
+    embedding on the first, LM head, loss and MTP on the last): (forward, backward,
+    weight-gradient part, recompute, TP, EP, offload, CP seconds)."""
+    n = device_layers(stage, pp, model.layers)
+    nd = device_dense_layers(stage, pp, model)
+    fwd, bwd, wgrad, rc, tp_time, ep_time, off_time = layers_pass_s(costs, nd, n - nd, recompute, float(rc_layers))
+    cp_time = n * (costs[C_CP_F] + costs[C_CP_B])
+    if stage == 0:
+        fwd += costs[C_EMB_F] + costs[C_EMB_COMM]
+        bwd += costs[C_EMB_B]
+        tp_time += costs[C_EMB_COMM]
+    if stage == pp - 1:
+        fwd += costs[C_HEAD_F] + costs[C_HEAD_COMM] + costs[C_MTP_F]
+        bwd += costs[C_HEAD_B] + costs[C_MTP_B]
+        tp_time += costs[C_HEAD_COMM]
+        wgrad += costs[C_HEAD_WGRAD] + costs[C_MTP_W]
+    return fwd, bwd, wgrad, rc, tp_time, ep_time, off_time, cp_time
+
+
+@jit
 def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp,
                  placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, out):
     """Fill ``out`` (length N_OUT) for one candidate."""
@@ -1062,20 +1083,8 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     best_rc = 0.0
     best_w = 0.0
     for stage in range(pp):
-        n = device_layers(stage, pp, model.layers)
-        nd = device_dense_layers(stage, pp, model)
-        fwd, bwd, wgrad, rc, tp_time, ep_time, off_time = layers_pass_s(costs, nd, n - nd, recompute,
-                                                                         float(rc_layers))
-        cp_time = n * (costs[C_CP_F] + costs[C_CP_B])
-        if stage == 0:
-            fwd += costs[C_EMB_F] + costs[C_EMB_COMM]
-            bwd += costs[C_EMB_B]
-            tp_time += costs[C_EMB_COMM]
-        if stage == pp - 1:
-            fwd += costs[C_HEAD_F] + costs[C_HEAD_COMM] + costs[C_MTP_F]
-            bwd += costs[C_HEAD_B] + costs[C_MTP_B]
-            tp_time += costs[C_HEAD_COMM]
-            wgrad += costs[C_HEAD_WGRAD] + costs[C_MTP_W]
+        fwd, bwd, wgrad, rc, tp_time, ep_time, off_time, cp_time = stage_pass_s(stage, pp, model, costs, recompute,
+                                                                               rc_layers)
         total = fwd + bwd
         t_sum += total
         if total > t_max:
@@ -1091,6 +1100,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
             best_w = wgrad
 
     # ---- pipeline schedule (closed form over unequal stages)
+    t_steady = t_max  # the busiest device's work per micro-batch
     if schedule == SCHEDULE_INTERLEAVED:
         pipe = m * t_max + (t_sum - t_max) / v
     elif schedule == SCHEDULE_ZB_H1:  # W passes fill the cool-down: (p-1)(F+B-W) instead of (p-1)(F+B+W)
@@ -1098,13 +1108,20 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     elif schedule == SCHEDULE_DUALPIPE:  # DeepSeek-V3 Table 2: (p/2-1)(F&B + B - 3W), B the full backward, here
         # F&B = F + B (not overlapped); (p/2-1) t generalised as (t_sum - 2 t_max)/2. Published for m >= 2p:
         # never below one micro-batch's round trip through every stage (t_sum)
-        pipe = m * t_max + max(0.0, t_sum - 2.0 * t_max) / 2.0 * max(0.0, t_max + best_b - 3.0 * best_w) / t_max
+        # Every device runs m/2 micro-batches through each of its two stages, so its steady work is
+        # m (t_d + t_(p-1-d)) / 2: the heavy first and last stages share device 0, not m t_max each
+        t_steady = 0.0
+        for dd in range(pp // 2):
+            f0, b0, _, _, _, _, _, _ = stage_pass_s(dd, pp, model, costs, recompute, rc_layers)
+            f1, b1, _, _, _, _, _, _ = stage_pass_s(pp - 1 - dd, pp, model, costs, recompute, rc_layers)
+            t_steady = max(t_steady, 0.5 * (f0 + b0 + f1 + b1))
+        pipe = m * t_steady + max(0.0, t_sum - 2.0 * t_max) / 2.0 * max(0.0, t_max + best_b - 3.0 * best_w) / t_max
         pipe = max(pipe, t_sum)
     elif schedule == SCHEDULE_PIPEDREAM:  # asynchronous, no flush: the fill and drain happen once per run
         pipe = m * t_max
     else:
         pipe = m * t_max + (t_sum - t_max)
-    bubble = pipe - m * t_max
+    bubble = pipe - m * t_steady
     t_p2p = costs[C_P2P]
     pp_comm = 2.0 * (p - 1.0) * t_p2p * (v if schedule == SCHEDULE_INTERLEAVED else 1.0)
 
