@@ -5,8 +5,9 @@ Each row's task graph is built from the same costs as the analytic tier
 micro-batch, forward and backward (TP traffic and exposed CP time inside the
 pass, as in the analytic tier), the embedding on the first virtual stage, the
 LM head and loss on the last, MoE dispatch/combine as tasks on the EP group's
-tier between a pass's compute and its experts (two-batch overlap produced by
-the engine; DualPipe keeps its credited EP time inside the passes), pipeline
+tier between a pass's compute and its experts (two-batch overlap and
+DualPipe's overlap of a forward's traffic with the paired backward's compute
+and the other way round produced by the engine), pipeline
 sends on the link tier between stages, bucketed data-parallel reduction and
 ZeRO gathers on the DP tier, every device's traffic on one tier sharing one
 NIC stream, and the optimizer step (``kernels.pipeline.build_step``). The simulation replaces the
@@ -101,12 +102,11 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
     wgrad_ns = np.empty((p, v), dtype=np.int64)
     ep_ns = np.zeros((p, v, 4), dtype=np.int64)
     # MoE traffic as EP tasks (kernels.pipeline.build_step): the pass durations lose the
-    # exposed EP time row_costs put in them (TBO's overlap included; the engine makes its
-    # own). DualPipe keeps row_costs' credit for overlapping a chunk's traffic with the
-    # paired chunk's compute inside its pass durations (the engine runs a pair's passes
-    # back to back and would not produce that overlap). Recompute's EP traffic and the
-    # MTP modules' layer stay inside the backward / last-stage passes, as exposed time.
-    engine_ep = model.experts > 0 and schedule != SCHEDULE_DUALPIPE and costs[C_EP_DISP] + costs[C_EP_COMB] > 0
+    # exposed EP time row_costs put in them (TBO's overlap and DualPipe's pairing credit
+    # included; the engine makes its own, DualPipe's from its F&B pairs) and the EP tasks
+    # carry the whole dispatch and combine. Recompute's EP traffic and the MTP modules'
+    # layer stay inside the backward / last-stage passes, as exposed time (row_costs').
+    engine_ep = model.experts > 0 and costs[C_EP_DISP] + costs[C_EP_COMB] > 0
     expert_b = costs[C_EXPERT_B] - (costs[C_EXPERT_W] if split_backward(schedule) else 0.0)
     for d in range(p):
         for c in range(v):

@@ -300,3 +300,37 @@ def test_dualpipe_overlaps_expert_traffic_with_the_paired_chunk(h800, mixtral, m
     one = run(deepseek, h800, work, schedule=SCHEDULE_1F1B, **slow)
     dual = run(deepseek, h800, work, schedule=SCHEDULE_DUALPIPE, **slow)
     assert 0 < dual["ep_comm_s"] < one["ep_comm_s"]
+
+
+@pytest.mark.parametrize("tbo", [0, 1])
+def test_dualpipe_row_runs_its_ep_traffic_as_tasks(h800, mixtral, make_workload, tbo):
+    """The event tier gives a DualPipe row the whole dispatch/combine as EP
+    tasks, like 1F1B's (``kernels.event_tier.row_graph``): the pass durations
+    lose the analytic pairing credit's exposed time, so the compute tasks of
+    both schedules add up to the same (every stage runs F and B of m
+    micro-batches either way, DualPipe's W being part of B), and so does the
+    traffic; the engine makes the overlap (``kernels.pipeline.build_step``),
+    so the simulated EP exposure is below 1F1B's. The analytic tier keeps its
+    credit (``test_dualpipe_overlaps_expert_traffic_with_the_paired_chunk``)."""
+    from kernels.codes import SCHEDULE_1F1B, SCHEDULE_DUALPIPE
+    from kernels.engine import K_EP, K_FIRST_COMM, K_OPTIMIZER
+    from kernels.event_tier import SIM_OUTPUTS, row_graph, simulate_rows
+
+    work = make_workload(global_batch=64.0, seq_len=4096.0)
+    graphs = {}
+    sims = {}
+    for schedule in (SCHEDULE_1F1B, SCHEDULE_DUALPIPE):
+        s = {**BASE, "pp": 2, "dp": 8, "ep": 8, "n_micro": 8, "tbo": tbo, "schedule": schedule}
+        cols = columns([s], BASE)
+        graphs[schedule] = row_graph(*[int(c[0]) for c in cols], mixtral[0], h800[0][0], h800[1], h800[2], work[0], 4)
+        out = evaluate_rows(*cols, mixtral, *h800, work)
+        analytic = dict(zip(OUTPUTS, out[0]))
+        sim = simulate_rows(*cols, mixtral, *h800, work, np.ones(1, bool),
+                            np.array([analytic["step_time_analytic_s"]]), np.array([1.0]), np.array([1.0]), 4)
+        sims[schedule] = dict(zip(SIM_OUTPUTS, sim[0]))
+        assert sims[schedule]["simulated"] == 1.0
+    one, dual = graphs[SCHEDULE_1F1B], graphs[SCHEDULE_DUALPIPE]
+    assert int(one[0][one[2] == K_EP].sum()) == int(dual[0][dual[2] == K_EP].sum()) > 0
+    compute = [int(g[0][(g[2] < K_FIRST_COMM) & (g[2] != K_OPTIMIZER)].sum()) for g in (one, dual)]
+    assert abs(compute[0] - compute[1]) <= 2 * 8 * 2 * 2  # ns rounding of each pass
+    assert sims[SCHEDULE_DUALPIPE]["ep_exposed_sim_s"] < sims[SCHEDULE_1F1B]["ep_exposed_sim_s"]
