@@ -824,8 +824,10 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
             # DualPipe pairs one micro-batch's forward chunk with another's backward chunk
             # and overlaps each one's dispatch/combine with the other's compute (DeepSeek-V3,
             # section 3.2.1): the forward's traffic hides behind the paired backward's expert
-            # and shared-expert compute, and the other way round (steady-state pairs; the
-            # unpaired warm-up and cool-down passes are credited the same)
+            # and shared-expert compute, and the other way round. This credit is the analytic
+            # tier's (the unpaired warm-up and cool-down passes are credited the same); the
+            # event tier receives the raw traffic instead and pairs the passes itself
+            # (kernels.pipeline: an F&B pair's EP transfers against the other pass's compute)
             ep_f = min(ep_f, max(0.0, disp + comb - (expert_b + sh_b)))
             ep_b = min(ep_b, max(0.0, comb + disp - (expert_f + sh_f)))
         moe_f = attn_part_f + rf + router + 2.0 * local + expert_f + sh_f
