@@ -128,6 +128,15 @@ def check_valid(s):
         assert int(s.dur[tasks].sum()) + idle == s.makespan
 
 
+def reference_times(g) -> tuple:
+    """The plain-Python reference engine (``naive_engine.simulate``) on a ``build_step``
+    tuple: (status, starts, ends), as ``step`` reports them."""
+    dur, res, kind, _, _, _, sync, succ_ptr, succ_idx, _, order_ptr, order_idx, n_res = g
+    edges = [(a, int(succ_idx[e])) for a in range(dur.shape[0]) for e in range(succ_ptr[a], succ_ptr[a + 1])]
+    orders = [order_idx[order_ptr[r]:order_ptr[r + 1]].tolist() for r in range(n_res)]
+    return naive_engine.simulate(dur.tolist(), res.tolist(), kind.tolist(), sync.tolist(), edges, orders)
+
+
 def random_config(rng: np.random.Generator) -> dict:
     """A valid random step: uneven stages, sends, tiers shared or not, any ZeRO stage,
     MoE traffic (expert compute forward / backward, dispatch, combine) on a tier
@@ -451,10 +460,7 @@ def test_shared_tier_matches_reference_engine():
                                 cfg["n_buckets"], cfg["z3_gather_ns"], cfg["z3_scatter_ns"], cfg["optimizer_ns"],
                                 np.broadcast_to(np.asarray(cfg.get("ep", 0), dtype=np.int64), (cfg["p"], cfg["v"], 4)).copy(),
                                 cfg.get("ep_tier", 0), cfg.get("tbo", 0))
-        dur, res, kind, _, _, _, sync, succ_ptr, succ_idx, _, order_ptr, order_idx, n_res = g
-        edges = [(a, int(succ_idx[e])) for a in range(dur.shape[0]) for e in range(succ_ptr[a], succ_ptr[a + 1])]
-        orders = [order_idx[order_ptr[r]:order_ptr[r + 1]].tolist() for r in range(n_res)]
-        expected = naive_engine.simulate(dur.tolist(), res.tolist(), kind.tolist(), sync.tolist(), edges, orders)
+        expected = reference_times(g)
         s = step(**cfg)
         assert (s.status, s.start.tolist(), s.end.tolist()) == expected
 

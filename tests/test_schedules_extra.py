@@ -9,7 +9,7 @@ from __future__ import annotations
 import naive_engine
 import numpy as np
 import pytest
-from test_pipeline import kernel_order, step
+from test_pipeline import kernel_order, reference_times, step
 from test_training_kernel import _model, _tiers, run
 
 from explorer.evaluate import evaluate, pack
@@ -266,10 +266,7 @@ def test_dualpipe_ep_matches_reference_engine():
                                 cfg["pp_tier"], cfg["dp_tier"], 2, cfg["zero"], cfg["dp_grad_ns"], cfg["dp_param_ns"],
                                 cfg["n_buckets"], cfg["z3_gather_ns"], cfg["z3_scatter_ns"], cfg["optimizer_ns"],
                                 cfg["ep"].astype(np.int64), cfg["ep_tier"], cfg["tbo"], cfg["ep_pairs"])
-        dur, res, kind, _, _, _, sync, succ_ptr, succ_idx, _, order_ptr, order_idx, n_res = g
-        edges = [(a, int(succ_idx[e])) for a in range(dur.shape[0]) for e in range(succ_ptr[a], succ_ptr[a + 1])]
-        orders = [order_idx[order_ptr[r]:order_ptr[r + 1]].tolist() for r in range(n_res)]
-        expected = naive_engine.simulate(dur.tolist(), res.tolist(), kind.tolist(), sync.tolist(), edges, orders)
+        expected = reference_times(g)
         s = step(**cfg)
         assert (s.status, s.start.tolist(), s.end.tolist()) == expected
 
