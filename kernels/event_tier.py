@@ -9,11 +9,13 @@ tier between a pass's compute and its experts (two-batch overlap and
 DualPipe's overlap of a forward's traffic with the paired backward's compute
 and the other way round produced by the engine), pipeline
 sends on the link tier between stages, bucketed data-parallel reduction and
-ZeRO gathers on the DP tier, every device's traffic on one tier sharing one
-NIC stream, and the optimizer step (``kernels.pipeline.build_step``). The simulation replaces the
-closed-form pipeline and overlap formulas: unequal stages, send latency on the
-critical path, the NIC shared by pipeline and data-parallel traffic and the
-overlap of reductions with the remaining backward come out of the run.
+ZeRO gathers on the DP tier, a device's traffic on one tier sharing its NIC
+(a critical stream for sends and EP transfers, a data-parallel stream that
+carries their time beside it), and the optimizer step
+(``kernels.pipeline.build_step``). The simulation replaces the closed-form
+pipeline and overlap formulas: unequal stages, send latency on the critical
+path, the NIC shared by pipeline, EP and data-parallel traffic and the overlap
+of reductions with the remaining backward come out of the run.
 """
 
 from __future__ import annotations
