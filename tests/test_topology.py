@@ -338,40 +338,36 @@ def test_asymmetric_peer(tmp_path):
     assert "ranks.1.peers = [2, 3]: expected to include 0" in msg and "rank 0 lists 1 as a peer" in msg
 
 
-def test_asymmetric_mate(tmp_path):
-    path = mutated(tmp_path, "{ rank =  8, peers = [ 9, 10, 11], mates = { blink = [13], ib = [ 0] }",
-                   "{ rank =  8, peers = [ 9, 10, 11], mates = { blink = [13] }")
-    assert "ranks.8.mates.ib = []: expected to include 0" in load_error(path)
+#: one line of the shipped table changed (old, new) and the error that names it
+BAD_TABLES = {
+    "asymmetric_mate": ("{ rank =  8, peers = [ 9, 10, 11], mates = { blink = [13], ib = [ 0] }",
+                        "{ rank =  8, peers = [ 9, 10, 11], mates = { blink = [13] }",
+                        "ranks.8.mates.ib = []: expected to include 0"),
+    "mate_tier_mismatch": ("mates = { blink = [13], ib = [ 0] }",
+                           "mates = { blink = [13, 0] }",
+                           "ranks.8.mates.blink = 0: expected the tier 'ib'"),
+    "duplicate_rank": ("{ rank =  1, peers",
+                       "{ rank =  0, peers",
+                       "ranks.1.rank = 0: expected each rank 0..15 exactly once (rank 0 is also ranks.0)"),
+    "rank_out_of_range": ("{ rank = 15, peers",
+                          "{ rank = 16, peers",
+                          "ranks.15.rank = 16: expected a rank in 0..15"),
+    "self_link": ("{ rank =  0, peers = [ 1,  2,  3]",
+                  "{ rank =  0, peers = [ 0,  1,  2,  3]",
+                  "ranks.0.peers = 0: expected another rank than 0"),
+    "repeated_link": ("mates = { blink = [ 5], ib = [ 8] }",
+                      "mates = { blink = [ 5], ib = [ 8, 5] }",
+                      "ranks.0.mates.ib = 5: expected a rank not already listed in ranks.0.mates.blink"),
+    "unknown_tier": ("mates = { blink = [ 5], ib = [ 8] }",
+                     "mates = { blink = [ 5], ib = [ 8], nvlink = [12] }",
+                     "ranks.0.mates = 'nvlink': expected a tier named in tiers ['peer', 'blink', 'ib']"),
+}
 
 
-def test_mate_tier_mismatch(tmp_path):
-    path = mutated(tmp_path, "mates = { blink = [13], ib = [ 0] }", "mates = { blink = [13, 0] }")
-    assert "ranks.8.mates.blink = 0: expected the tier 'ib'" in load_error(path)
-
-
-def test_duplicate_rank(tmp_path):
-    path = mutated(tmp_path, "{ rank =  1, peers", "{ rank =  0, peers")
-    assert "ranks.1.rank = 0: expected each rank 0..15 exactly once (rank 0 is also ranks.0)" in load_error(path)
-
-
-def test_rank_out_of_range(tmp_path):
-    path = mutated(tmp_path, "{ rank = 15, peers", "{ rank = 16, peers")
-    assert "ranks.15.rank = 16: expected a rank in 0..15" in load_error(path)
-
-
-def test_self_link(tmp_path):
-    path = mutated(tmp_path, "{ rank =  0, peers = [ 1,  2,  3]", "{ rank =  0, peers = [ 0,  1,  2,  3]")
-    assert "ranks.0.peers = 0: expected another rank than 0" in load_error(path)
-
-
-def test_repeated_link(tmp_path):
-    path = mutated(tmp_path, "mates = { blink = [ 5], ib = [ 8] }", "mates = { blink = [ 5], ib = [ 8, 5] }")
-    assert "ranks.0.mates.ib = 5: expected a rank not already listed in ranks.0.mates.blink" in load_error(path)
-
-
-def test_unknown_tier(tmp_path):
-    path = mutated(tmp_path, "mates = { blink = [ 5], ib = [ 8] }", "mates = { blink = [ 5], ib = [ 8], nvlink = [12] }")
-    assert "ranks.0.mates = 'nvlink': expected a tier named in tiers ['peer', 'blink', 'ib']" in load_error(path)
+@pytest.mark.parametrize("case", BAD_TABLES)
+def test_bad_table_is_named(tmp_path, case):
+    old, new, message = BAD_TABLES[case]
+    assert message in load_error(mutated(tmp_path, old, new))
 
 
 def test_peers_not_a_virtual_node(tmp_path):
