@@ -23,10 +23,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.evaluate import KERNEL_ARGS, pack  # noqa: E402
-from spaces.enums import Dispatch  # noqa: E402
-from kernels.event_tier import S_STEP, S_TASKS, row_graph, simulate_rows  # noqa: E402
-from spaces.catalog import load_space  # noqa: E402
+from paraspace.explorer.evaluate import KERNEL_ARGS, pack  # noqa: E402
+from paraspace.spaces.enums import Dispatch  # noqa: E402
+from paraspace.kernels.event_tier import S_STEP, S_TASKS, row_graph, simulate_rows  # noqa: E402
+from paraspace.spaces.catalog import load_space  # noqa: E402
 from tests import naive_engine  # noqa: E402
 
 

@@ -43,10 +43,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.evaluate import ACT_BYTES, pack_hardware  # noqa: E402
-from kernels.codes import ALLREDUCE_AUTO, COLLECTIVES  # noqa: E402
-from kernels.batch import collective_rows, gemm_rows  # noqa: E402
-from spaces.catalog import load_hardware  # noqa: E402
+from paraspace.explorer.evaluate import ACT_BYTES, pack_hardware  # noqa: E402
+from paraspace.kernels.codes import ALLREDUCE_AUTO, COLLECTIVES  # noqa: E402
+from paraspace.kernels.batch import collective_rows, gemm_rows  # noqa: E402
+from paraspace.spaces.catalog import load_hardware  # noqa: E402
 from tests import naive  # noqa: E402
 
 HARDWARE = "h100-sxm5-80gb"

@@ -23,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.evaluate import evaluate, pack  # noqa: E402
-from spaces.catalog import load_space  # noqa: E402
-from spaces.encode import Encoder  # noqa: E402
+from paraspace.explorer.evaluate import evaluate, pack  # noqa: E402
+from paraspace.spaces.catalog import load_space  # noqa: E402
+from paraspace.spaces.encode import Encoder  # noqa: E402
 
 SPACES = (("dense", "llama3-70b-h100-1024"), ("moe", "deepseek-v3-br166"))
 

@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.distributed import run_on_dask  # noqa: E402
-from explorer.sweep import run_sweep  # noqa: E402
-from spaces.catalog import load_space  # noqa: E402
+from paraspace.explorer.distributed import run_on_dask  # noqa: E402
+from paraspace.explorer.sweep import run_sweep  # noqa: E402
+from paraspace.spaces.catalog import load_space  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
         rows = summary.n_rows
 
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "explorer.cli", "sweep", args.space, "--shard",
+        procs = [subprocess.Popen([sys.executable, "-m", "paraspace.explorer.cli", "sweep", args.space, "--shard",
                                    f"{i}/2", "--out", str(out / f"two-{i}.parquet"), "--no-progress", "-n", "0"],
                                   cwd=ROOT, stdout=subprocess.DEVNULL) for i in range(2)]
         assert all(p.wait() == 0 for p in procs)

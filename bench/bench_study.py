@@ -22,9 +22,9 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.study import run_study  # noqa: E402
-from explorer.sweep import run_sweep  # noqa: E402
-from spaces.catalog import load_space  # noqa: E402
+from paraspace.explorer.study import run_study  # noqa: E402
+from paraspace.explorer.sweep import run_sweep  # noqa: E402
+from paraspace.spaces.catalog import load_space  # noqa: E402
 
 
 def main() -> None:

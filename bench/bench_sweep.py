@@ -24,11 +24,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.evaluate import DEFAULT_MAX_TASKS, evaluate, pack  # noqa: E402
-from explorer.sweep import DEFAULT_SIMULATE_TOP, best_analytic, run_sweep  # noqa: E402
-from kernels.training import OUTPUTS  # noqa: E402
-from spaces.catalog import load_space  # noqa: E402
-from spaces.encode import Encoder  # noqa: E402
+from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, evaluate, pack  # noqa: E402
+from paraspace.explorer.sweep import DEFAULT_SIMULATE_TOP, best_analytic, run_sweep  # noqa: E402
+from paraspace.kernels.training import OUTPUTS  # noqa: E402
+from paraspace.spaces.catalog import load_space  # noqa: E402
+from paraspace.spaces.encode import Encoder  # noqa: E402
 from tests import naive  # noqa: E402
 
 DEFAULT_SPACE = ROOT / "bench" / "spaces" / "gpt3-175b-a100-18432-wide.toml"

@@ -1,6 +1,6 @@
 """Fit the hardware profiles' efficiency knobs to published training runs.
 
-    python -m explorer.calibrate ../shared/validation/training.csv
+    python -m paraspace.explorer.calibrate ../shared/validation/training.csv
 
 For each device family (a100: a100-sxm4-40gb/80gb; h100: h100/h800/h200, which
 extend it), two knobs are fitted by coordinate descent over grids (two rounds),
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from explorer import validate
-from spaces import catalog
-from spaces.schema import Hardware
+from paraspace.explorer import validate
+from paraspace.spaces import catalog
+from paraspace.spaces.schema import Hardware
 
 FAMILIES = {"a100": ("a100-sxm4-40gb", "a100-sxm4-80gb"), "h100": ("h100-sxm5-80gb", "h800-sxm5-80gb",
                                                                   "h200-sxm-141gb")}

@@ -12,8 +12,8 @@ import click
 import numpy as np
 import polars as pl
 
-from explorer.evaluate import DEFAULT_MAX_TASKS, pack
-from explorer.sweep import (
+from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack
+from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
     DEFAULT_SIMULATE_TOP,
     enum_labels,
@@ -22,14 +22,14 @@ from explorer.sweep import (
     run_sweep,
     shard_range,
 )
-from results.rank import ResultsError, compare, pareto, top
-from results.writer import to_arrow
-from spaces import catalog
-from spaces.catalog import LoadedSpace
-from spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
-from spaces.enums import Reason
-from spaces.errors import CatalogError
-from spaces.schema import Dimensions
+from paraspace.results.rank import ResultsError, compare, pareto, top
+from paraspace.results.writer import to_arrow
+from paraspace.spaces import catalog
+from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
+from paraspace.spaces.enums import Reason
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import Dimensions
 
 DEFAULT_SPACE = "llama3-70b-h100-1024"
 GIB = 1024**3
@@ -68,7 +68,7 @@ def main() -> None:
 @main.command("catalog")
 def catalog_cmd() -> None:
     """List the shipped hardware profiles, models, strategy spaces and die topologies."""
-    from spaces.topology import load_topology, topology_names
+    from paraspace.spaces.topology import load_topology, topology_names
 
     entries_by_kind = catalog.describe()
     entries_by_kind["topology"] = [(n, load_topology(n).spec.description) for n in topology_names()]
@@ -88,7 +88,7 @@ def catalog_cmd() -> None:
 def topology_cmd(name: str, src: int, mib: float) -> None:
     """Routes of a die-level topology (peers, mates, strangers via mates) and the
     time bound of a uniform all-to-all over it."""
-    from spaces.topology import hop_counts, load_topology, route, uniform_all_to_all
+    from paraspace.spaces.topology import hop_counts, load_topology, route, uniform_all_to_all
 
     topo = load_topology(name)
     if src >= topo.n:
@@ -216,7 +216,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         click.echo(explain_table(enc.first_reason, enc.breaks, enc.n_combinations))
         return
     if dask_address is not None:
-        from explorer.distributed import run_on_dask
+        from paraspace.explorer.distributed import run_on_dask
 
         folder = out or Path("results") / loaded.spec.name
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows)
@@ -293,7 +293,7 @@ def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
 @_guard
 def report_cmd(results: Path, out: Path, n_top: int) -> None:
     """A self-contained HTML page: best rows, Pareto front, breakdown and sensitivity."""
-    from results.report import write
+    from paraspace.results.report import write
 
     click.echo(f"wrote {write(results, out, list(DIMENSION_NAMES), n_top)}")
 
@@ -330,7 +330,7 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
     """Search a space with Optuna; resumes the named study if it exists."""
     import optuna
 
-    from explorer.study import run_study
+    from paraspace.explorer.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = catalog.load_space(space or DEFAULT_SPACE)
@@ -446,8 +446,8 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
               global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
               prefix: Path) -> None:
     """Simulate one configuration with timeline capture and export it (open the JSON in ui.perfetto.dev)."""
-    from explorer.timeline import capture
-    from results.trace import write_chrome_trace, write_gantt_png
+    from paraspace.explorer.timeline import capture
+    from paraspace.results.trace import write_chrome_trace, write_gantt_png
 
     loaded, enc = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
     row = {k: int(v[0]) for k, v in enc.columns.items()}
@@ -463,7 +463,7 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
 @_guard
 def validate_cmd(file: Path, as_json: bool) -> None:
     """Predict every row of a published-measurement CSV and report the errors."""
-    from explorer import validate
+    from paraspace.explorer import validate
 
     kind, results = validate.run(file)
     stats = validate.summary(results)
@@ -517,7 +517,7 @@ def _calibrate_options(fn):  # noqa: ANN001, ANN201 - decorator
 @_guard
 def calibrate_gemm_cmd(measurements: Path, hardware: str, out: Path, name: str | None) -> None:
     """Fit device.gemm_efficiency to a CSV of m, n, k, dtype and seconds or tflops (TFLOP/s = 2mnk/s/1e12)."""
-    from explorer.profile_fit import calibrate_gemm
+    from paraspace.explorer.profile_fit import calibrate_gemm
 
     click.echo(calibrate_gemm(measurements, hardware, out, name).summary)
 
@@ -530,7 +530,7 @@ def calibrate_comm_cmd(measurements: Path, hardware: str, out: Path, name: str |
     """Fit one link tier to a CSV of op, ranks, bytes and seconds or gbps (nccl-tests busbw, decimal GB/s).
 
     Fits the tier's latency, each measured op's bandwidth and its bandwidth-vs-size curve."""
-    from explorer.profile_fit import calibrate_comm
+    from paraspace.explorer.profile_fit import calibrate_comm
 
     click.echo(calibrate_comm(measurements, hardware, tier, out, name).summary)
 

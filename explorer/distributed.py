@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_range
-from spaces.catalog import LoadedSpace
+from paraspace.explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_range
+from paraspace.spaces.catalog import LoadedSpace
 
 
 def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows: int) -> dict[str, Any]:
     """On a worker: evaluate shard ``index`` of ``count`` and write it."""
-    from spaces.encode import Encoder
+    from paraspace.spaces.encode import Encoder
 
     n = Encoder(space).n_combinations
     start, stop = shard_range(n, index, count)

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels import params
-from kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
-from kernels.training import OUTPUTS, evaluate_rows
-from spaces.catalog import LoadedSpace
-from spaces.enums import AllReduceAlgorithm, Collective, parse
-from spaces.errors import CatalogError
-from spaces.schema import GB, Hardware, Model
+from paraspace.kernels import params
+from paraspace.kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
+from paraspace.kernels.training import OUTPUTS, evaluate_rows
+from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.enums import AllReduceAlgorithm, Collective, parse
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import GB, Hardware, Model
 
 #: bytes per element of the 16-bit activations/weights, fp32 main gradients and
 #: fp32 master + Adam m + v (Megatron distributed optimizer: 2 + 4 + 12 = 18 bytes/param)

@@ -89,14 +89,14 @@ from typing import Any
 
 import numpy as np
 
-from explorer.evaluate import MIB, pack_hardware
-from kernels import params
-from kernels.collectives import flat_time_s, link_bytes_per_s, size_fraction
-from kernels.ops import gemm_time_s
-from spaces import catalog
-from spaces.enums import Collective, Dtype, labels, parse
-from spaces.errors import CatalogError
-from spaces.schema import GB, TFLOP, Hardware, LinkTier
+from paraspace.explorer.evaluate import MIB, pack_hardware
+from paraspace.kernels import params
+from paraspace.kernels.collectives import flat_time_s, link_bytes_per_s, size_fraction
+from paraspace.kernels.ops import gemm_time_s
+from paraspace.spaces import catalog
+from paraspace.spaces.enums import Collective, Dtype, labels, parse
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import GB, TFLOP, Hardware, LinkTier
 
 #: messages up to this size fit the latency (nccl-tests' latency-bound regime)
 SMALL_MESSAGE_BYTES = 64 * 1024

@@ -63,18 +63,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from optuna.trial import TrialState
 
-from explorer.evaluate import pack
-from explorer.sweep import (
+from paraspace.explorer.evaluate import pack
+from paraspace.explorer.sweep import (
     column_docs,
     enum_labels,
     evaluate_encoded,
     provenance,
     result_schema,
 )
-from results.writer import ResultWriter, read_metadata, to_arrow
-from spaces.catalog import LoadedSpace
-from spaces.encode import DIMENSIONS, Encoder
-from spaces.enums import labels
+from paraspace.results.writer import ResultWriter, read_metadata, to_arrow
+from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.encode import DIMENSIONS, Encoder
+from paraspace.spaces.enums import labels
 
 try:
     import fcntl

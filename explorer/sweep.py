@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from explorer.evaluate import DEFAULT_MAX_TASKS, Packed, analytic, evaluate, pack, simulable
-from results import schema
-from results.writer import ResultWriter, arrow_schema, to_arrow
-from spaces.catalog import LoadedSpace, catalog_hash
-from spaces.encode import DIMENSIONS, Encoded, Encoder
-from spaces.enums import Feasibility, Reason, labels
+from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, Packed, analytic, evaluate, pack, simulable
+from paraspace.results import schema
+from paraspace.results.writer import ResultWriter, arrow_schema, to_arrow
+from paraspace.spaces.catalog import LoadedSpace, catalog_hash
+from paraspace.spaces.encode import DIMENSIONS, Encoded, Encoder
+from paraspace.spaces.enums import Feasibility, Reason, labels
 
 #: combinations encoded and evaluated per chunk: bounds memory whatever the space size
 DEFAULT_CHUNK = 1 << 20

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from explorer.evaluate import KERNEL_ARGS, Packed, ScheduleError
-from kernels.codes import SCHEDULE_PIPEDREAM
-from kernels.engine import KIND_NAMES, OK, simulate
-from kernels.event_tier import DEFAULT_BUCKETS, row_graph
-from kernels.pipeline import steady_span_ns, streams_per_device
-from results.trace import Timeline
-from spaces.catalog import LoadedSpace
-from spaces.enums import Schedule, label
-from spaces.schema import Hardware
+from paraspace.explorer.evaluate import KERNEL_ARGS, Packed, ScheduleError
+from paraspace.kernels.codes import SCHEDULE_PIPEDREAM
+from paraspace.kernels.engine import KIND_NAMES, OK, simulate
+from paraspace.kernels.event_tier import DEFAULT_BUCKETS, row_graph
+from paraspace.kernels.pipeline import steady_span_ns, streams_per_device
+from paraspace.results.trace import Timeline
+from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.enums import Schedule, label
+from paraspace.spaces.schema import Hardware
 
 NS = 1e9
 

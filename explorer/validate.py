@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from explorer.evaluate import evaluate, pack, pack_hardware, pack_model
-from kernels import inference
-from kernels.codes import DISPATCH_HIERARCHICAL, DISPATCH_LOW_LATENCY
-from kernels.moe import dispatch_s
-from spaces.catalog import LoadedSpace, load_hardware, names
-from spaces.encode import Encoder
-from spaces.enums import Dispatch, Recompute, Schedule, label, labels
-from spaces.errors import CatalogError
-from spaces.schema import Model, SpaceSpec, validate
+from paraspace.explorer.evaluate import evaluate, pack, pack_hardware, pack_model
+from paraspace.kernels import inference
+from paraspace.kernels.codes import DISPATCH_HIERARCHICAL, DISPATCH_LOW_LATENCY
+from paraspace.kernels.moe import dispatch_s
+from paraspace.spaces.catalog import LoadedSpace, load_hardware, names
+from paraspace.spaces.encode import Encoder
+from paraspace.spaces.enums import Dispatch, Recompute, Schedule, label, labels
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import Model, SpaceSpec, validate
 
 TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "glu",
                      "gpu", "n_gpus", "tp", "pp", "dp", "cp", "global_batch", "dtype", "metric", "value", "step_time_s")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from kernels.collectives import collective_time_s
-from kernels.jit import jit
-from kernels.ops import gemm_time_s
+from paraspace.kernels.collectives import collective_time_s
+from paraspace.kernels.jit import jit
+from paraspace.kernels.ops import gemm_time_s
 
 
 @jit(parallel=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from kernels.codes import (
+from paraspace.kernels.codes import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -36,7 +36,7 @@ from kernels.codes import (
     REDUCE_SCATTER,
     SEND_RECV,
 )
-from kernels.jit import jit
+from paraspace.kernels.jit import jit
 
 
 @jit

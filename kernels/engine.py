@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.jit import jit
+from paraspace.kernels.jit import jit
 
 #: task kinds; the first are compute (priority 0), the rest communication (priority 1)
 K_FORWARD = 0

@@ -23,12 +23,12 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
-from kernels.collectives import group_tier
-from kernels.engine import K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
-from kernels.jit import jit
-from kernels.pipeline import build_step, split_backward, steady_in_flight, steady_span_ns, streams_per_device
-from kernels.training import (
+from paraspace.kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
+from paraspace.kernels.collectives import group_tier
+from paraspace.kernels.engine import K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
+from paraspace.kernels.jit import jit
+from paraspace.kernels.pipeline import build_step, split_backward, steady_in_flight, steady_span_ns, streams_per_device
+from paraspace.kernels.training import (
     C_DP_GRAD,
     C_DP_PARAM,
     C_EMB_B,

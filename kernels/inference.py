@@ -88,25 +88,25 @@ import math
 
 import numpy as np
 
-from kernels import params
-from kernels.codes import (
+from paraspace.kernels import params
+from paraspace.kernels.codes import (
     ALL_GATHER,
     ALL_REDUCE,
     DISPATCH_ALLTOALL,
     REDUCE_SCATTER,
     SEND_RECV,
 )
-from kernels.collectives import collective_time_s
-from kernels.jit import jit
-from kernels.moe import combine_s, dispatch_s, grouped_gemm_s
-from kernels.ops import (
+from paraspace.kernels.collectives import collective_time_s
+from paraspace.kernels.jit import jit
+from paraspace.kernels.moe import combine_s, dispatch_s, grouped_gemm_s
+from paraspace.kernels.ops import (
     attention_peak,
     attention_qkv_fwd_bwd_s,
     causal_kv_len,
     gemm_time_s,
     memory_bound_s,
 )
-from kernels.training import (
+from paraspace.kernels.training import (
     device_dense_layers,
     device_layers,
     layer_params,

@@ -35,7 +35,7 @@ same volumes. All results are seconds or bytes.
 
 from __future__ import annotations
 
-from kernels.codes import (
+from paraspace.kernels.codes import (
     ALL_GATHER,
     ALL_TO_ALL,
     DISPATCH_ALLGATHER,
@@ -47,9 +47,9 @@ from kernels.codes import (
     REDUCE_SCATTER,
     SEND_RECV,
 )
-from kernels.collectives import collective_time_s, link_bytes_per_s, members_within, size_fraction
-from kernels.jit import jit
-from kernels.ops import gemm_time_s, memory_bound_s
+from paraspace.kernels.collectives import collective_time_s, link_bytes_per_s, members_within, size_fraction
+from paraspace.kernels.jit import jit
+from paraspace.kernels.ops import gemm_time_s, memory_bound_s
 
 #: chunks a pipelined (hierarchical) dispatch is cut into: its fill is one chunk
 #: of the faster stage (DeepEP's normal kernels stream chunks of tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from kernels.jit import jit
+from paraspace.kernels.jit import jit
 
 
 @jit

@@ -68,14 +68,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.codes import (
+from paraspace.kernels.codes import (
     SCHEDULE_DUALPIPE,
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
     SCHEDULE_PIPEDREAM,
     SCHEDULE_ZB_H1,
 )
-from kernels.engine import (
+from paraspace.kernels.engine import (
     K_BACKWARD,
     K_DP,
     K_EP,
@@ -86,7 +86,7 @@ from kernels.engine import (
     csr_from_edges,
     order_by_id,
 )
-from kernels.jit import jit
+from paraspace.kernels.jit import jit
 
 #: compute order entries: (pass, chunk, micro-batch); W only in zero-bubble schedules
 F_PASS = 0

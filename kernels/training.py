@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from kernels.codes import (
+from paraspace.kernels.codes import (
     ALL_GATHER,
     ALL_REDUCE,
     FEASIBLE_OK,
@@ -46,9 +46,9 @@ from kernels.codes import (
     SCHEDULE_ZB_H1,
     SEND_RECV,
 )
-from kernels.collectives import collective_time_s
-from kernels.jit import jit
-from kernels.moe import (
+from paraspace.kernels.collectives import collective_time_s
+from paraspace.kernels.jit import jit
+from paraspace.kernels.moe import (
     combine_s,
     dispatch_s,
     grouped_gemm_fwd_bwd_s,
@@ -56,7 +56,7 @@ from kernels.moe import (
     staging_bytes,
     two_batch_exposed_s,
 )
-from kernels.ops import (
+from paraspace.kernels.ops import (
     attention_qkv_fwd_bwd_s,
     causal_kv_len,
     gemm_efficiency,

@@ -16,8 +16,8 @@ and meanings are in ``results.schema.METRICS`` and in each file's metadata
 
 from __future__ import annotations
 
-from results.rank import ResultsError, compare, pareto, ranked, top
-from results.rank import scan as load
-from results.writer import read_metadata
+from paraspace.results.rank import ResultsError, compare, pareto, ranked, top
+from paraspace.results.rank import scan as load
+from paraspace.results.writer import read_metadata
 
 __all__ = ["ResultsError", "compare", "load", "pareto", "ranked", "read_metadata", "top"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from results.schema import META_VERSION, RANK_BY
+from paraspace.results.schema import META_VERSION, RANK_BY
 
 
 class ResultsError(ValueError):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from results.rank import pareto, ranked, scan
+from paraspace.results.rank import pareto, ranked, scan
 
 BREAKDOWN = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
 GIB = 1024**3

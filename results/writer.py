@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from results.schema import BY_NAME, META_COLUMNS, Column
+from paraspace.results.schema import BY_NAME, META_COLUMNS, Column
 
 PARTIAL_SUFFIX = ".partial"
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from spaces.errors import CatalogError
-from spaces.schema import Hardware, Model, Record, SpaceSpec, validate
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import Hardware, Model, Record, SpaceSpec, validate
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 

@@ -14,9 +14,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from spaces.catalog import LoadedSpace
-from spaces.enums import Dispatch, Dtype, Optimizer, Placement, Recompute, Reason, Schedule, labels, parse
-from spaces.errors import CatalogError
+from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.enums import Dispatch, Dtype, Optimizer, Placement, Recompute, Reason, Schedule, labels, parse
+from paraspace.spaces.errors import CatalogError
 
 
 @dataclass(frozen=True)

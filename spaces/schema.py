@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spaces.enums import AllReduceAlgorithm, Collective, Dtype, labels
-from spaces.errors import MISSING, CatalogError
+from paraspace.spaces.enums import AllReduceAlgorithm, Collective, Dtype, labels
+from paraspace.spaces.errors import MISSING, CatalogError
 
 GIB = 1024**3  #: bytes in a GiB (binary: capacities)
 MIB = 1024**2  #: bytes in a MiB

@@ -39,9 +39,9 @@ from typing import Annotated, NamedTuple
 import numpy as np
 from pydantic import Field
 
-from spaces.catalog import CATALOG_DIR, read_toml
-from spaces.errors import CatalogError
-from spaces.schema import Link, Record, Text, validate
+from paraspace.spaces.catalog import CATALOG_DIR, read_toml
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import Link, Record, Text, validate
 
 TOPOLOGY_DIR = CATALOG_DIR / "topologies"
 

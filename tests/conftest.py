@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from explorer.evaluate import pack_hardware, pack_model
-from kernels import params
-from spaces.catalog import load_hardware, load_model
+from paraspace.explorer.evaluate import pack_hardware, pack_model
+from paraspace.kernels import params
+from paraspace.spaces.catalog import load_hardware, load_model
 
 GIB = 2.0**30
 

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from explorer.cli import main
-from results.rank import ResultsError, compare, pareto, top
+from paraspace.explorer.cli import main
+from paraspace.results.rank import ResultsError, compare, pareto, top
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_bad_shard_spec(spec, tmp_path):
 
 
 def test_notebook_api_types(results):
-    import results as api
+    from paraspace import results as api
 
     frame = api.load(results)
     schema = frame.collect_schema()

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from spaces import catalog
-from spaces.catalog import load_hardware, load_model, load_space, space_from_raw
-from spaces.encode import Encoder, check_space
-from spaces.enums import Reason
-from spaces.errors import CatalogError
-from spaces.schema import GIB, Hardware, Model, SpaceSpec
+from paraspace.spaces import catalog
+from paraspace.spaces.catalog import load_hardware, load_model, load_space, space_from_raw
+from paraspace.spaces.encode import Encoder, check_space
+from paraspace.spaces.enums import Reason
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import GIB, Hardware, Model, SpaceSpec
 
 HARDWARE = catalog.names("hardware")
 MODELS = catalog.names("model")

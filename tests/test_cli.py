@@ -13,11 +13,11 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from explorer.cli import main
-from explorer.sweep import result_schema
-from results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
-from results.writer import read_metadata
-from spaces.catalog import names
+from paraspace.explorer.cli import main
+from paraspace.explorer.sweep import result_schema
+from paraspace.results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
+from paraspace.results.writer import read_metadata
+from paraspace.spaces.catalog import names
 
 SMALL = "llama3-8b-h100-64"
 
@@ -41,7 +41,7 @@ def test_catalog_lists_everything():
     for kind in ("hardware", "model", "space"):
         for name in names(kind):
             assert name in result.output
-    from spaces.topology import topology_names
+    from paraspace.spaces.topology import topology_names
 
     assert "topology:" in result.output
     assert all(name in result.output for name in topology_names())
@@ -206,7 +206,7 @@ def test_sweep_with_no_valid_row_fails_clearly(tmp_path):
 def test_default_sweep_through_the_console_script(tmp_path):
     """`paraspace sweep` with no arguments, as README's first command runs it."""
     exe = shutil.which("paraspace")
-    cmd = [exe] if exe else [sys.executable, "-m", "explorer.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "paraspace.explorer.cli"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     proc = subprocess.run([*cmd, "sweep", "--no-progress"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env=env)

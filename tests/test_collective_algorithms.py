@@ -25,9 +25,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explorer.evaluate import pack_hardware
-from kernels import collectives as coll
-from kernels.codes import (
+from paraspace.explorer.evaluate import pack_hardware
+from paraspace.kernels import collectives as coll
+from paraspace.kernels.codes import (
     ALL_GATHER,
     ALL_REDUCE,
     ALLREDUCE_AUTO,
@@ -37,10 +37,10 @@ from kernels.codes import (
     COLLECTIVES,
     REDUCE,
 )
-from kernels.params import N_COLLECTIVES, tier_table
-from spaces import catalog
-from spaces.catalog import load_hardware
-from spaces.errors import CatalogError
+from paraspace.kernels.params import N_COLLECTIVES, tier_table
+from paraspace.spaces import catalog
+from paraspace.spaces.catalog import load_hardware
+from paraspace.spaces.errors import CatalogError
 
 GIB = 2.0**30
 MIB = 2.0**20

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import tier_stacks
 
-from kernels import collectives as coll
-from kernels.codes import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, REDUCE_SCATTER, SEND_RECV
-from kernels.params import tier_table
+from paraspace.kernels import collectives as coll
+from paraspace.kernels.codes import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, REDUCE_SCATTER, SEND_RECV
+from paraspace.kernels.params import tier_table
 
 GIB = 2.0**30
 MIB = 2.0**20
@@ -288,7 +288,7 @@ def test_two_step_all_to_all_seed_numbers():
     S/2 to the four direct neighbours, step 2 forwards S/8 through one of them:
     t = (1/2 + 1/8) S / B = 5 S / (8 B), effective S / t = 8 B / 5 = 102.4 GB/s;
     forwarding last overlaps step 2: t = S / (2 B), effective 2 B = 128 GB/s."""
-    from kernels.collectives import two_step_all_to_all_s
+    from paraspace.kernels.collectives import two_step_all_to_all_s
 
     size, link = 1e9, 64e9
     assert size / two_step_all_to_all_s(size, link, 0.5, 0.125, False) == pytest.approx(102.4e9, rel=1e-12)
@@ -311,7 +311,7 @@ def test_size_curve_and_op_bandwidth():
     operation only, and the size curve scales it by message size: with points
     (1 MiB, 0.25) and (4 MiB, 1.0), a 2 MiB message runs at 0.25 + (log 2 / log 4)
     * 0.75 = 0.625 of it; below 1 MiB at 0.25, above 4 MiB at 1."""
-    from kernels.collectives import link_bytes_per_s
+    from paraspace.kernels.collectives import link_bytes_per_s
 
     tiers = tier_table([(0.0, 100e9, 0.0)])
     tiers.op_scale[0, ALL_GATHER] = 0.5

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from explorer.cli import main
-from explorer.evaluate import evaluate, pack
-from spaces.catalog import load_space
-from spaces.encode import Encoder
-from spaces.enums import Dispatch, label
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import evaluate, pack
+from paraspace.spaces.catalog import load_space
+from paraspace.spaces.encode import Encoder
+from paraspace.spaces.enums import Dispatch, label
 
 GIB = 2**30
 

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spaces.catalog import space_from_raw
-from spaces.encode import Encoder
-from spaces.enums import Reason
+from paraspace.spaces.catalog import space_from_raw
+from paraspace.spaces.encode import Encoder
+from paraspace.spaces.enums import Reason
 
 HERE = Path(__file__).parent
 

@@ -19,8 +19,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import engine
-from kernels.engine import DEADLOCK, OK
+from paraspace.kernels import engine
+from paraspace.kernels.engine import DEADLOCK, OK
 
 PROPS = settings(max_examples=150, deadline=None)
 TESTS_DIR = Path(__file__).resolve().parent

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import codes
-from spaces.enums import (
+from paraspace.kernels import codes
+from paraspace.spaces.enums import (
     AllReduceAlgorithm,
     Collective,
     Dispatch,

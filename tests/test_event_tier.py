@@ -10,13 +10,13 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from explorer.cli import main
-from explorer.evaluate import evaluate, pack
-from explorer.timeline import capture
-from kernels.engine import KIND_NAMES
-from results.trace import chrome_trace
-from spaces.catalog import load_space, space_from_raw
-from spaces.encode import Encoder
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import evaluate, pack
+from paraspace.explorer.timeline import capture
+from paraspace.kernels.engine import KIND_NAMES
+from paraspace.results.trace import chrome_trace
+from paraspace.spaces.catalog import load_space, space_from_raw
+from paraspace.spaces.encode import Encoder
 
 SMALL = "llama3-8b-h100-64"
 

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explorer import validate
-from explorer.cli import main
-from kernels import inference as inf
-from kernels import params
+from paraspace.explorer import validate
+from paraspace.explorer.cli import main
+from paraspace.kernels import inference as inf
+from paraspace.kernels import params
 
 GIB = 2.0**30
 PROPS = settings(max_examples=40, deadline=None)

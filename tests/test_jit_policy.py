@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numba.core.registry
 
-import kernels
-from kernels.jit import OPTIONS
+from paraspace import kernels
+from paraspace.kernels.jit import OPTIONS
 
 KERNEL_DIR = Path(kernels.__file__).parent
 
@@ -29,7 +29,7 @@ def test_no_direct_numba_decorators():
 def test_every_dispatcher_caches():
     dispatchers = []
     for info in pkgutil.iter_modules([str(KERNEL_DIR)]):
-        module = importlib.import_module(f"kernels.{info.name}")
+        module = importlib.import_module(f"paraspace.kernels.{info.name}")
         for name, obj in vars(module).items():
             if isinstance(obj, numba.core.registry.CPUDispatcher) and obj.__module__ == module.__name__:
                 dispatchers.append((module.__name__, name, obj))

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from rows import DEFAULTS, columns
 from hypothesis import strategies as st
 
-from explorer.evaluate import evaluate, pack
-from kernels.codes import OPTIMIZER_ADAM, OPTIMIZER_CPU_ADAM, RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
-from kernels.training import OUTPUTS, activation_bytes_per_layer, evaluate_rows, layer_params
-from spaces.catalog import load_space
-from spaces.encode import Encoder
+from paraspace.explorer.evaluate import evaluate, pack
+from paraspace.kernels.codes import OPTIMIZER_ADAM, OPTIMIZER_CPU_ADAM, RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
+from paraspace.kernels.training import OUTPUTS, activation_bytes_per_layer, evaluate_rows, layer_params
+from paraspace.spaces.catalog import load_space
+from paraspace.spaces.encode import Encoder
 
 PROPS = settings(max_examples=40, deadline=None)
 BASE = dict(DEFAULTS, pp=4, dp=2, zero=1, opt=OPTIMIZER_ADAM, n_micro=8)

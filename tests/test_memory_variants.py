@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from rows import DEFAULTS, columns
 
-from explorer.evaluate import evaluate, pack, pack_hardware, pack_model
-from kernels.codes import (
+from paraspace.explorer.evaluate import evaluate, pack, pack_hardware, pack_model
+from paraspace.kernels.codes import (
     DISPATCH_ALLTOALL,
     OPTIMIZER_ADAM,
     OPTIMIZER_ADAM_8BIT,
@@ -31,18 +31,18 @@ from kernels.codes import (
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
 )
-from kernels.moe import dispatch_s, local_pass_s
-from kernels.training import (
+from paraspace.kernels.moe import dispatch_s, local_pass_s
+from paraspace.kernels.training import (
     OUTPUTS,
     activation_bytes_per_layer,
     comm_groups,
     evaluate_rows,
     moe_activation_bytes_per_layer,
 )
-from spaces.catalog import load_hardware, load_model, load_space
-from spaces.encode import Encoder
-from spaces.enums import Reason
-from spaces.schema import Device
+from paraspace.spaces.catalog import load_hardware, load_model, load_space
+from paraspace.spaces.encode import Encoder
+from paraspace.spaces.enums import Reason
+from paraspace.spaces.schema import Device
 
 PROPS = settings(max_examples=40, deadline=None)
 P_8B = 8_030_261_248  # Llama 3 8B parameters (tests/test_training_kernel.py)

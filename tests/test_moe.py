@@ -14,8 +14,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import tier_stacks
 
-from kernels import moe
-from kernels.codes import (
+from paraspace.kernels import moe
+from paraspace.kernels.codes import (
     ALL_GATHER,
     ALL_TO_ALL,
     DISPATCH_ALLGATHER,
@@ -27,8 +27,8 @@ from kernels.codes import (
     REDUCE_SCATTER,
     SEND_RECV,
 )
-from kernels.ops import gemm_time_s
-from kernels.params import tier_table
+from paraspace.kernels.ops import gemm_time_s
+from paraspace.kernels.params import tier_table
 
 GIB = 2.0**30
 MIB = 2.0**20

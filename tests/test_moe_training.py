@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from rows import DEFAULTS, columns
 from hypothesis import strategies as st
 
-from explorer.evaluate import pack_hardware, pack_model
-from kernels import params
-from kernels.codes import (
+from paraspace.explorer.evaluate import pack_hardware, pack_model
+from paraspace.kernels import params
+from paraspace.kernels.codes import (
     DISPATCH_ALLGATHER,
     DISPATCH_ALLTOALL,
     DISPATCH_HIERARCHICAL,
@@ -20,7 +20,7 @@ from kernels.codes import (
     PLACEMENT_OUTER,
     RECOMPUTE_FULL,
 )
-from kernels.training import (
+from paraspace.kernels.training import (
     OUTPUTS,
     evaluate_rows,
     model_flop_per_sequence,
@@ -28,7 +28,7 @@ from kernels.training import (
     moe_layer_params,
     stage_params,
 )
-from spaces.catalog import load_hardware, load_model
+from paraspace.spaces.catalog import load_hardware, load_model
 
 GIB = 2.0**30
 PROPS = settings(max_examples=40, deadline=None)
@@ -239,8 +239,8 @@ def test_moe_row_simulates_like_its_closed_form_with_one_stage(make_workload, tb
     halves expose d + max(0, d - x) + max(0, c - x) + c per pass (halves' d, c,
     x), which is ``two_batch_exposed_s`` the analytic tier adds per layer, times
     the layers (the super-layer is exact for identical layers)."""
-    from kernels.engine import K_EP
-    from kernels.event_tier import SIM_OUTPUTS, row_graph, simulate_rows
+    from paraspace.kernels.engine import K_EP
+    from paraspace.kernels.event_tier import SIM_OUTPUTS, row_graph, simulate_rows
 
     device, tiers, tiles = pack_hardware(load_hardware("h800-sxm5-80gb"), "bf16")
     model = pack_model(load_model("mixtral-8x7b"))
@@ -283,7 +283,7 @@ def test_dualpipe_overlaps_expert_traffic_with_the_paired_chunk(h800, mixtral, m
     """DualPipe hides one micro-batch's dispatch/combine behind the paired chunk's
     expert compute: its exposed EP time is at most 1F1B's (and at most TBO's),
     and zero when the expert compute outlasts the traffic."""
-    from kernels.codes import SCHEDULE_1F1B, SCHEDULE_DUALPIPE
+    from paraspace.kernels.codes import SCHEDULE_1F1B, SCHEDULE_DUALPIPE
 
     work = make_workload(global_batch=64.0, seq_len=4096.0)
     for tbo in (0, 1):
@@ -312,9 +312,9 @@ def test_dualpipe_row_runs_its_ep_traffic_as_tasks(h800, mixtral, make_workload,
     traffic; the engine makes the overlap (``kernels.pipeline.build_step``),
     so the simulated EP exposure is below 1F1B's. The analytic tier keeps its
     credit (``test_dualpipe_overlaps_expert_traffic_with_the_paired_chunk``)."""
-    from kernels.codes import SCHEDULE_1F1B, SCHEDULE_DUALPIPE
-    from kernels.engine import K_EP, K_FIRST_COMM, K_OPTIMIZER
-    from kernels.event_tier import SIM_OUTPUTS, row_graph, simulate_rows
+    from paraspace.kernels.codes import SCHEDULE_1F1B, SCHEDULE_DUALPIPE
+    from paraspace.kernels.engine import K_EP, K_FIRST_COMM, K_OPTIMIZER
+    from paraspace.kernels.event_tier import SIM_OUTPUTS, row_graph, simulate_rows
 
     work = make_workload(global_batch=64.0, seq_len=4096.0)
     graphs = {}

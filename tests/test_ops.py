@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import ops
-from kernels.params import DEVICE, record
+from paraspace.kernels import ops
+from paraspace.kernels.params import DEVICE, record
 
 TILES_H100 = np.array([[128.0, 128.0], [128.0, 256.0], [256.0, 128.0], [64.0, 128.0], [128.0, 64.0], [64.0, 64.0]])
 PROPS = settings(max_examples=60, deadline=None)
@@ -137,8 +137,8 @@ def test_attention_kernel_picks_its_efficiency():
     """``SpaceSpec.attention_kernel`` = flash1 packs ``attention_efficiency_flash1``
     (A100: 0.34) instead of the FA2 value (0.60); a profile without a flash1 value
     (BR166) falls back to its one attention efficiency."""
-    from explorer.evaluate import pack_hardware
-    from spaces.catalog import load_hardware
+    from paraspace.explorer.evaluate import pack_hardware
+    from paraspace.spaces.catalog import load_hardware
 
     a100 = load_hardware("a100-sxm4-40gb")  # extends the 80 GB profile
     assert pack_hardware(a100, "bf16")[0][0].attention_efficiency == 0.60
@@ -325,7 +325,7 @@ def test_sliding_window_key_length_by_hand():
     """s = 8 keys, window 4: queries 0..3 see 0..3 keys... (the continuous mean)
     w - w^2 / (2 s) = 4 - 16 / 16 = 3 keys; the causal formulas halve the key
     length, so it is 2 x 3 = 6. No window, or one at least s long: s itself."""
-    from kernels.ops import causal_kv_len
+    from paraspace.kernels.ops import causal_kv_len
 
     assert causal_kv_len(8.0, 4.0) == 6.0
     assert causal_kv_len(8.0, 0.0) == causal_kv_len(8.0, 8.0) == causal_kv_len(8.0, 100.0) == 8.0
@@ -336,9 +336,9 @@ def test_sliding_window_key_length_by_hand():
 def test_windowed_model_attends_less(h100, make_workload):
     """A model with a 4K sliding window over 32K tokens costs less forward
     attention FLOP than the same model with full attention; nothing else moves."""
-    from explorer.evaluate import pack_model
-    from kernels.training import model_flop_per_sequence
-    from spaces.catalog import load_model
+    from paraspace.explorer.evaluate import pack_model
+    from paraspace.kernels.training import model_flop_per_sequence
+    from paraspace.spaces.catalog import load_model
 
     full = pack_model(load_model("llama3-8b"))[0]
     windowed = full.copy()
@@ -354,7 +354,7 @@ def test_kernel_fusion_removes_launches_and_round_trips(h100, llama3_8b, make_wo
     the compute column falls and nothing else about the row changes."""
     import numpy as np
 
-    from kernels.training import N_COST, C_LAYER_FWD, C_LAYER_BWD, row_costs
+    from paraspace.kernels.training import N_COST, C_LAYER_FWD, C_LAYER_BWD, row_costs
 
     work = make_workload(global_batch=8.0)
     fused = h100.device.copy()
@@ -382,10 +382,10 @@ def test_attention_gemms_can_stay_in_16_bits_under_fp8(h100, llama3_8b, make_wor
     weights (4096 x 6144 + 4096 x 4096) at 3 bytes each (read 2, write 1)."""
     import numpy as np
 
-    from explorer.evaluate import pack_hardware
-    from kernels.ops import gemm_time_peak_s
-    from kernels.training import C_LAYER_FWD, N_COST, row_costs
-    from spaces.catalog import load_hardware
+    from paraspace.explorer.evaluate import pack_hardware
+    from paraspace.kernels.ops import gemm_time_peak_s
+    from paraspace.kernels.training import C_LAYER_FWD, N_COST, row_costs
+    from paraspace.spaces.catalog import load_hardware
 
     dev, tiers, tiles = pack_hardware(load_hardware("h100-sxm5-80gb"), "fp8")
     assert dev[0].peak_16bit_flops_per_s == 989.4e12 and dev[0].peak_flops_per_s == 1978.9e12
@@ -406,9 +406,9 @@ def test_attention_gemms_can_stay_in_16_bits_under_fp8(h100, llama3_8b, make_wor
 
 def test_quantized_gemms_is_a_no_op_in_16_bits(tmp_path):
     """In a BF16 space there is nothing to keep out of 8 bits: "mlp" and "all" agree."""
-    from explorer.evaluate import evaluate, pack
-    from spaces.catalog import load_space
-    from spaces.encode import Encoder
+    from paraspace.explorer.evaluate import evaluate, pack
+    from paraspace.spaces.catalog import load_space
+    from paraspace.spaces.encode import Encoder
 
     results = []
     for scope in ("all", "mlp"):

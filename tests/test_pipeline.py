@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import engine, pipeline
-from kernels.codes import SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
-from kernels.engine import K_WEIGHT_GRAD, K_BACKWARD, K_DP, K_FORWARD, K_OPTIMIZER, K_PP, OK
+from paraspace.kernels import engine, pipeline
+from paraspace.kernels.codes import SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
+from paraspace.kernels.engine import K_WEIGHT_GRAD, K_BACKWARD, K_DP, K_FORWARD, K_OPTIMIZER, K_PP, OK
 
 PROPS = settings(max_examples=60, deadline=None)
 SCHEDULES = (SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED)

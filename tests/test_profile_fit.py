@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from explorer import profile_fit
-from explorer.cli import main
-from explorer.evaluate import pack_hardware
-from kernels import params
-from kernels.codes import SEND_RECV
-from kernels.collectives import collective_time_s
-from kernels.ops import gemm_efficiency, gemm_time_s
-from spaces.catalog import CATALOG_DIR, load_hardware, read_toml
-from spaces.errors import CatalogError
+from paraspace.explorer import profile_fit
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import pack_hardware
+from paraspace.kernels import params
+from paraspace.kernels.codes import SEND_RECV
+from paraspace.kernels.collectives import collective_time_s
+from paraspace.kernels.ops import gemm_efficiency, gemm_time_s
+from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, read_toml
+from paraspace.spaces.errors import CatalogError
 
 MIB = 2**20
 GIB_PER_S_IN_GB_PER_S = 1.073741824  # 1 GiB/s = 2**30 / 1e9 GB/s

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from explorer.cli import main
+from paraspace.explorer.cli import main
 
 
 @pytest.fixture(scope="module")

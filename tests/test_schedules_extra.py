@@ -12,18 +12,18 @@ import pytest
 from test_pipeline import kernel_order, reference_times, step
 from test_training_kernel import _model, _tiers, run
 
-from explorer.evaluate import evaluate, pack
-from kernels import pipeline
-from kernels.codes import (
+from paraspace.explorer.evaluate import evaluate, pack
+from paraspace.kernels import pipeline
+from paraspace.kernels.codes import (
     SCHEDULE_1F1B,
     SCHEDULE_DUALPIPE,
     SCHEDULE_PIPEDREAM,
     SCHEDULE_ZB_H1,
 )
-from kernels.engine import K_BACKWARD, K_EP, K_FORWARD, K_OPTIMIZER, K_PP, K_WEIGHT_GRAD, OK
-from kernels.event_tier import N_SIM, S_INFLIGHT, step_metrics
-from spaces.catalog import space_from_raw
-from spaces.encode import Encoder
+from paraspace.kernels.engine import K_BACKWARD, K_EP, K_FORWARD, K_OPTIMIZER, K_PP, K_WEIGHT_GRAD, OK
+from paraspace.kernels.event_tier import N_SIM, S_INFLIGHT, step_metrics
+from paraspace.spaces.catalog import space_from_raw
+from paraspace.spaces.encode import Encoder
 
 F, B, W = pipeline.F_PASS, pipeline.B_PASS, pipeline.W_PASS
 GRID = [(p, m) for p in (2, 4, 8) for m in (2, 4, 8, 16)]
@@ -637,7 +637,7 @@ def test_dualpipe_reduces_and_updates_both_stage_copies(make_device, toy_tiles, 
     weights 292,416 x 2 / 2 / 1e11 = 2.92416 us; the optimizer step (34 B per
     parameter of the shard, no launch cost on the toy device) 292,416 / 146,240
     times 1F1B's, halved by ZeRO-1's shard over dp = 2."""
-    from kernels.training import C_DP_GRAD, C_DP_PARAM, C_OPT, N_COST, layer_params, row_costs
+    from paraspace.kernels.training import C_DP_GRAD, C_DP_PARAM, C_OPT, N_COST, layer_params, row_costs
 
     model = _model(layers=4.0, hidden=64.0, heads=4.0, kv_heads=4.0, head_dim=16.0, ffn=128.0, vocab=1000.0)
     assert layer_params(model[0], 1.0) == 41_088

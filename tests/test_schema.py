@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from explorer.sweep import result_schema, strategy_columns
-from kernels.event_tier import SIM_OUTPUTS
-from kernels.training import OUTPUTS
-from results import schema
-from spaces.encode import DIMENSION_NAMES
+from paraspace.explorer.sweep import result_schema, strategy_columns
+from paraspace.kernels.event_tier import SIM_OUTPUTS
+from paraspace.kernels.training import OUTPUTS
+from paraspace.results import schema
+from paraspace.spaces.encode import DIMENSION_NAMES
 
 SUFFIX_UNITS = {"_s": "s", "_bytes": "bytes", "_per_s_per_gpu": "tokens/s", "_per_step": "FLOP"}
 
@@ -49,7 +49,7 @@ def test_every_breakdown_column_names_the_kernels_that_produce_it():
     import importlib
     import re
 
-    from results import schema
+    from paraspace.results import schema
 
     breakdown = [c for c in schema.METRICS if c.unit in ("s", "bytes") and c.name not in ("mem_overhead_bytes",)]
     assert breakdown
@@ -59,7 +59,7 @@ def test_every_breakdown_column_names_the_kernels_that_produce_it():
         for ref in re.findall(r"kernels\.\w+(?:\.\w+)?|\b\w+_s\b|\b\w+_bytes\w*\b", col.kernel):
             if ref.startswith("kernels."):
                 parts = ref.split(".")
-                module = importlib.import_module(".".join(parts[:2]))
+                module = importlib.import_module("paraspace." + ".".join(parts[:2]))
                 if len(parts) == 3:
                     assert hasattr(module, parts[2]), (col.name, ref)
             elif module is not None and ref in dir(module):

@@ -7,11 +7,11 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from explorer.cli import main
-from explorer.study import run_study, search_space
-from explorer.sweep import result_schema
-from spaces.catalog import load_space
-from spaces.encode import Encoder
+from paraspace.explorer.cli import main
+from paraspace.explorer.study import run_study, search_space
+from paraspace.explorer.sweep import result_schema
+from paraspace.spaces.catalog import load_space
+from paraspace.spaces.encode import Encoder
 
 SMALL = "llama3-8b-h100-64"
 
@@ -61,7 +61,7 @@ def test_cli_study_with_a_memory_cap(tmp_path):
     assert result.exit_code == 0, result.output
     assert "30 new trials" in result.output
     df = pl.read_parquet(tmp_path / SMALL / "*.parquet")
-    from explorer.study import default_storage
+    from paraspace.explorer.study import default_storage
 
     study = optuna.load_study(study_name=SMALL, storage=default_storage(tmp_path, SMALL))
     assert len(study.trials) == 30

@@ -16,9 +16,9 @@ from wsgiref.util import setup_testing_defaults
 import optuna
 import pytest
 
-from explorer.study import run_study, search_space
-from spaces.catalog import load_space
-from spaces.encode import Encoder
+from paraspace.explorer.study import run_study, search_space
+from paraspace.spaces.catalog import load_space
+from paraspace.spaces.encode import Encoder
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard", reason="optuna-dashboard (the test extra) is not installed")
 

@@ -90,7 +90,7 @@ def postgres_url():
 def test_two_processes_share_one_study(postgres_url, tmp_path):
     import optuna
 
-    cmd = [sys.executable, "-m", "explorer.cli", "study", SMALL, "--trials", "24", "--batch", "8", "--storage",
+    cmd = [sys.executable, "-m", "paraspace.explorer.cli", "study", SMALL, "--trials", "24", "--batch", "8", "--storage",
            postgres_url, "--study-name", "shared", "--out", str(tmp_path), "--sampler", "random"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     procs = [subprocess.Popen([*cmd, "--seed", str(seed)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -21,11 +21,11 @@ import optuna
 import polars as pl
 import pytest
 
-from explorer import study as study_mod
-from explorer.study import PENALTY, default_storage, run_study, search_space
-from results.writer import read_metadata
-from spaces.catalog import load_space
-from spaces.encode import Encoder
+from paraspace.explorer import study as study_mod
+from paraspace.explorer.study import PENALTY, default_storage, run_study, search_space
+from paraspace.results.writer import read_metadata
+from paraspace.spaces.catalog import load_space
+from paraspace.spaces.encode import Encoder
 
 SMALL = "llama3-8b-h100-64"
 RUNNING, COMPLETE, FAIL, WAITING = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE,
@@ -85,7 +85,7 @@ def workers_left(out: Path) -> list[str]:
 def test_sigkilled_study_resumes_with_no_trial_lost(tmp_path, loaded):
     """A real `paraspace study` process, SIGKILLed mid-batch, then resumed."""
     part_dir = tmp_path / SMALL
-    cmd = [sys.executable, "-m", "explorer.cli", "study", SMALL, "--trials", "100000", "--batch", "200",
+    cmd = [sys.executable, "-m", "paraspace.explorer.cli", "study", SMALL, "--trials", "100000", "--batch", "200",
            "--sampler", "random", "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     for attempt in range(3):  # a kill landing exactly between two batches leaves nothing RUNNING: kill again

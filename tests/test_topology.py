@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from spaces.errors import CatalogError
-from spaces.topology import (
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.topology import (
     TOPOLOGY_DIR,
     Hop,
     equal_routes,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import params
-from kernels.codes import (
+from paraspace.kernels import params
+from paraspace.kernels.codes import (
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
@@ -23,7 +23,7 @@ from kernels.codes import (
     SCHEDULE_INTERLEAVED,
     SCHEDULE_ZB_H1,
 )
-from kernels.training import (
+from paraspace.kernels.training import (
     N_OUT,
     OUTPUTS,
     activation_bytes_per_layer,
@@ -589,7 +589,7 @@ def test_tp_overlap_never_slower_and_hides_at_most_three_quarters(setup, name, w
 def test_tp_overlap_hand_example():
     """kernels.training.overlapped_s: a 4 ms all-gather chunked in 4 behind a 10 ms GEMM
     exposes its first 1 ms chunk only; behind a 2 ms GEMM, 1 + (3 - 2) = 2 ms."""
-    from kernels.training import overlapped_s
+    from paraspace.kernels.training import overlapped_s
 
     assert overlapped_s(4e-3, 10e-3) == pytest.approx(1e-3, rel=1e-15)
     assert overlapped_s(4e-3, 2e-3) == pytest.approx(2e-3, rel=1e-15)
@@ -630,7 +630,7 @@ def test_optimizer_offload_never_raises_device_memory(setup, name, work, s):
 def test_uneven_layer_split():
     """30 layers on 4 stages: 30 // 4 = 7 each and the first 30 mod 4 = 2 stages
     one more: 8, 8, 7, 7; in 2 chunks per device: (4, 4), (4, 4), (4, 3), (4, 3)."""
-    from kernels.training import chunk_layers, device_layers
+    from paraspace.kernels.training import chunk_layers, device_layers
 
     assert [device_layers(s, 4, 30.0) for s in range(4)] == [8.0, 8.0, 7.0, 7.0]
     assert [[chunk_layers(s, c, 4, 2, 30.0) for c in range(2)] for s in range(4)] == [[4, 4], [4, 4], [4, 3], [4, 3]]

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from explorer import validate
-from explorer.cli import main
-from explorer.evaluate import evaluate, pack
-from spaces.encode import Encoder
+from paraspace.explorer import validate
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import evaluate, pack
+from paraspace.spaces.encode import Encoder
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 TRAINING = VALIDATION / "training.csv"

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import explorer.sweep as sweep_mod
-from results.writer import PARTIAL_SUFFIX, ResultWriter, read_metadata
-from spaces.catalog import load_space
+import paraspace.explorer.sweep as sweep_mod
+from paraspace.results.writer import PARTIAL_SUFFIX, ResultWriter, read_metadata
+from paraspace.spaces.catalog import load_space
 
 SCHEMA = pa.schema([("a", pa.int64())])
 
@@ -71,7 +71,7 @@ def test_killed_process_leaves_only_an_unreadable_partial(tmp_path):
     out = tmp_path / "k.parquet"
     script = textwrap.dedent(f"""
         import os, pyarrow as pa
-        from results.writer import ResultWriter
+        from paraspace.results.writer import ResultWriter
         w = ResultWriter({str(out)!r}, pa.schema([("a", pa.int64())]), {{}}, {{}}).__enter__()
         for _ in range(50):
             w.write(pa.table({{"a": list(range(10000))}}))

@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 import polars as pl  # noqa: E402
 
-from explorer.sweep import run_sweep  # noqa: E402
-from spaces.catalog import load_space  # noqa: E402
+from paraspace.explorer.sweep import run_sweep  # noqa: E402
+from paraspace.spaces.catalog import load_space  # noqa: E402
 
 GIB = 2**30
 SPACE = "deepseek-v3-br166"
