@@ -457,6 +457,17 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
     click.echo(f"{tl.title}\n{tl.start_s.size:,} tasks; wrote {json_path} and {png_path}")
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: JSON has no NaN or infinity."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 @main.command("validate")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: rows and summary.")
@@ -469,9 +480,10 @@ def validate_cmd(file: Path, as_json: bool) -> None:
     stats = validate.summary(results)
     if as_json:
         rows = [{"id": r.id, "metric": r.metric, "measured": r.measured, "predicted": r.predicted,
-                 "error": r.error, "status": r.status, "quality": r.quality, "source": r.source, "chosen": r.chosen}
+                 "error": r.error, "status": r.status, "reason": r.reason, "quality": r.quality, "source": r.source,
+                 "chosen": r.chosen}
                 for r in results]
-        click.echo(json.dumps({"kind": kind, "rows": rows, "summary": stats}))
+        click.echo(json.dumps(_finite({"kind": kind, "rows": rows, "summary": stats}), allow_nan=False))
         return
     click.echo(validate.table(results))
     click.echo(f"\n{kind} rows: " + ", ".join(f"{v} {k}" for k, v in stats["status"].items()))
@@ -479,7 +491,8 @@ def validate_cmd(file: Path, as_json: bool) -> None:
         st = stats[group]
         if st["n"]:
             click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%  median {100 * st['median_ape']:.1f}%"
-                       f"  mean signed {100 * st['mean_signed']:+.1f}%  worst {st['worst']}")
+                       f"  mean signed {100 * st['mean_signed']:+.1f}%")
+            click.echo("  worst: " + ", ".join(f"{rid} {100 * err:+.1f}%" for rid, err in st["worst"]))
     for key in ("by_source", "by_gpu"):
         for name, st in stats[key].items():
             if st["n"]:

@@ -33,7 +33,7 @@ from paraspace.spaces.catalog import LoadedSpace, load_hardware, names
 from paraspace.spaces.encode import Encoder
 from paraspace.spaces.enums import Dispatch, Recompute, Schedule, label, labels
 from paraspace.spaces.errors import CatalogError
-from paraspace.spaces.schema import Model, SpaceSpec, validate
+from paraspace.spaces.schema import Hardware, Model, SpaceSpec, validate
 
 TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "glu",
                      "gpu", "n_gpus", "tp", "pp", "dp", "cp", "global_batch", "dtype", "metric", "value", "step_time_s")
@@ -49,13 +49,17 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
     "ep": [1, 2, 4, 8, 16, 32, 64],
     "dispatch": ["alltoall", "allgather"],
 }
-#: sources that predate FlashAttention (2022): their attention materialised s x s scores
-PRE_FLASH_SOURCES = frozenset({"narayanan2021", "megatron-lm-readme-gpt3-example"})
-#: sources whose fused attention is a first-generation kernel (``SpaceSpec.attention_kernel``):
-#: llm-foundry's benchmark runs set the MPT model's ``attn_impl`` from
-#: ``scripts/train/benchmarking/submit_benchmarks.py``, whose default is "triton" (the
-#: Triton FlashAttention kernel, FlashAttention-1 algorithm); the rest use FA2 / cuDNN
-FLASH1_SOURCES = frozenset({"mosaicml-llm-foundry"})
+#: the row's ``attention`` column (the fused-attention kernel generation it ran) as the
+#: space's (flash_attention, attention_kernel). ``unfused`` materialises the s x s scores
+#: (Megatron-LM before FlashAttention); EMPTY (the source does not let one tell, or a
+#: kernel outside these, e.g. FlexAttention) is taken as the FlashAttention-2 class, what
+#: PyTorch SDPA, cuDNN and Transformer Engine run today
+ATTENTION_KERNELS: dict[str, tuple[bool, str]] = {
+    "unfused": (False, "flash2"), "flash1": (True, "flash1"), "flash2": (True, "flash2"), "flash3": (True, "flash3"),
+}
+UNKNOWN_ATTENTION = "flash2"
+#: 0/1 flag columns of the schema
+FLAGS = ("glu", "mla", "sequence_parallel")
 
 
 @dataclass
@@ -70,6 +74,8 @@ class RowResult:
     predicted: float | None
     status: str  # ok | oom | no-candidate | unsupported
     chosen: dict[str, Any] = field(default_factory=dict)
+    #: why a row is unsupported: the field, its value and what was expected
+    reason: str = ""
 
     @property
     def error(self) -> float | None:
@@ -79,13 +85,32 @@ class RowResult:
 
 
 def _num(row: dict[str, str | None], key: str, source: str, kind: type = int) -> Any:
+    """The cell as a finite number of ``kind`` (EMPTY: None): integers must be whole,
+    non-negative and below 2^53 (the kernels compute in float64), 0/1 flags 0 or 1."""
     text = row.get(key)
     if text is None or text == "":
         return None
+    where = f"row {row.get('id')}: {key}"
     try:
-        value = kind(float(text)) if kind is int and float(text).is_integer() else kind(text)
+        number = float(text)
     except ValueError:
-        raise CatalogError(source, f"row {row.get('id')}: {key}", text, f"a {kind.__name__} number") from None
+        raise CatalogError(source, where, text, f"a {'whole' if kind is int else 'decimal'} number") from None
+    if not math.isfinite(number):
+        raise CatalogError(source, where, text, "a finite number")
+    if kind is float:
+        return number
+    if not number.is_integer() or number < 0 or number >= 2.0**53:
+        raise CatalogError(source, where, text, "a whole number from 0 to 2^53")
+    if key in FLAGS and number not in (0.0, 1.0):
+        raise CatalogError(source, where, text, "0 or 1")
+    return int(number)
+
+
+def _measured(row: dict[str, str | None], key: str, source: str) -> float | None:
+    """A published value: a positive finite number, or EMPTY (None)."""
+    value = _num(row, key, source, float)
+    if value is not None and value <= 0.0:
+        raise CatalogError(source, f"row {row.get('id')}: {key}", row.get(key), "a positive number")
     return value
 
 
@@ -94,7 +119,20 @@ def read(path: str | Path) -> pl.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise CatalogError("command line", "FILE", str(path), "an existing validation CSV")
-    df = pl.read_csv(path, infer_schema_length=0)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CatalogError(path, "contents", type(err).__name__, "a readable UTF-8 CSV file") from None
+    if not text.strip():
+        raise CatalogError(path, "contents", "(empty)", "a header row and one row per measurement")
+    try:
+        df = pl.read_csv(text.encode(), infer_schema_length=0)
+    except (pl.exceptions.PolarsError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CatalogError(path, "contents", first, "a comma-separated file with a header row") from None
+    for required in ("id",):
+        if required not in df.columns:
+            raise CatalogError(path, "header", ",".join(df.columns[:6]), "the validation schema's columns, 'id' among them")
     if kind_of(df) == "training":
         missing = [c for c in TRAINING_REQUIRED if c not in df.columns]
         if missing:
@@ -111,46 +149,98 @@ def kind_of(df: pl.DataFrame) -> str:
     return "training"
 
 
-def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace, dict[str, Any]]:
-    """The row as a space: known fields fixed, EMPTY fields searched. Returns it and the search lists."""
-    rid = row["id"]
-    where = f"{source}: row {rid}"
-    gpu = row.get("gpu") or ""
-    if gpu not in names("hardware"):
-        raise CatalogError(where, "gpu", gpu, f"one of {names('hardware')}")
-    ints = {k: _num(row, k, source) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "glu",
-                                             "n_gpus", "tp", "pp", "dp", "cp", "global_batch")}
+def row_model(row: dict[str, str | None], source: str, where: str) -> Model:
+    """The model a row describes, from its columns only: MHA/GQA with the row's
+    ``head_dim`` (hidden / heads where the column is missing), or MLA from its ranks
+    and per-head dims; dense or MoE. GPT-style (GeLU) models carry biases, dropout
+    and tied embeddings, as Megatron's GPT and MPT do; gated ones none of them."""
+    ints = {k: _num(row, k, source) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "glu")}
     for key, value in ints.items():
-        if value is None:
-            raise CatalogError(where, key, None, "a value (EMPTY is not allowed here)")
-    if ints["tp"] * ints["pp"] * ints["dp"] * ints["cp"] != ints["n_gpus"]:
-        raise CatalogError(where, "dp", ints["dp"], f"tp*pp*dp*cp == n_gpus = {ints['n_gpus']}")
+        if value is None or (value == 0 and key != "glu"):
+            raise CatalogError(where, key, row.get(key), "a positive whole number (EMPTY is not allowed here)")
     glu = ints["glu"] == 1
-    # GPT-style (GeLU) Megatron models carry biases, dropout and tied embeddings; gated ones none of them
-    raw_model: dict[str, Any] = {
-        "name": rid, "description": row.get("model") or rid, "layers": ints["layers"], "hidden": ints["hidden"],
-        "heads": ints["heads"], "kv_heads": ints["kv_heads"], "ffn": ints["ffn"], "vocab": ints["vocab"], "glu": glu,
-        "bias": not glu, "tied_embeddings": not glu, "dropout": not glu,
+    raw: dict[str, Any] = {
+        "name": row.get("id") or "row", "description": row.get("model") or row.get("id") or "row",
+        "layers": ints["layers"], "hidden": ints["hidden"], "heads": ints["heads"], "kv_heads": ints["kv_heads"],
+        "ffn": ints["ffn"], "vocab": ints["vocab"], "glu": glu, "bias": not glu, "tied_embeddings": not glu,
+        "dropout": not glu,
     }
-    searched: dict[str, Any] = {}
-    dims: dict[str, Any] = {"tp": [ints["tp"]], "pp": [ints["pp"]], "dp": [ints["dp"]], "cp": [ints["cp"]]}
+    head_dim = _num(row, "head_dim", source)
+    if head_dim is None:  # files before the head_dim column: README's "hidden / heads unless notes say"
+        noted = _HEAD_DIM.search(row.get("notes") or "")
+        head_dim = int(noted.group(1)) if noted else None
+    if _num(row, "mla", source) == 1:
+        mla = {k: _num(row, col, source) for k, col in (("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
+                                                        ("qk_rope_head_dim", "rope_head_dim"),
+                                                        ("qk_nope_head_dim", "qk_nope_head_dim"),
+                                                        ("v_head_dim", "v_head_dim"))}
+        mla["q_lora_rank"] = mla["q_lora_rank"] or 0  # EMPTY: queries projected directly (V2-Lite)
+        for key, value in mla.items():
+            if value is None:
+                col = "rope_head_dim" if key == "qk_rope_head_dim" else key
+                raise CatalogError(where, col, None, "a value for an MLA row (mla = 1)")
+        raw["mla"] = mla
+        # MLA's attention runs on the MLA dims; head_dim (nope + rope) only names them
+        raw["head_dim"] = mla["v_head_dim"]
+    elif head_dim is not None:
+        raw["head_dim"] = head_dim
     if row.get("n_experts"):
         moe = {k: _num(row, col, source) for k, col in (("experts", "n_experts"), ("top_k", "topk"),
                                                         ("expert_ffn", "expert_ffn"),
                                                         ("shared_experts", "n_shared_experts"),
                                                         ("dense_layers", "first_dense_layers"))}
-        raw_model["moe"] = {k: v for k, v in moe.items() if v is not None}
-        if _num(row, "mla", source) == 1:
-            raise CatalogError(where, "mla", 1, "0: MLA rows need per-head dims the schema does not carry")
+        for key in ("experts", "top_k", "expert_ffn"):
+            if not moe[key]:
+                col = {"experts": "n_experts", "top_k": "topk"}.get(key, key)
+                raise CatalogError(where, col, row.get(col), "a positive number for an MoE row (n_experts given)")
+        raw["moe"] = {k: v for k, v in moe.items() if v is not None}
+    return validate(Model, raw, where)
+
+
+def row_hardware(row: dict[str, str | None], source: str, where: str, gpu: str) -> Hardware:
+    """The catalog profile named by ``gpu``, built from servers of the row's
+    ``gpus_per_node`` (the NVLink domain of HGX-style parts is the server)."""
+    if gpu not in names("hardware"):
+        raise CatalogError(where, "gpu", gpu, f"one of {names('hardware')}")
+    hw = load_hardware(gpu)
+    per_node = _num(row, "gpus_per_node", source)
+    if per_node is None:
+        return hw
+    if per_node < 1:
+        raise CatalogError(where, "gpus_per_node", row.get("gpus_per_node"), "a positive number")
+    return hw.with_node_devices(per_node, f"{where}: gpus_per_node")
+
+
+def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace, dict[str, Any]]:
+    """The row as a space: known fields fixed, EMPTY fields searched. Returns it and the search lists.
+
+    Everything comes from the row's columns: the model (``row_model``), the node size
+    (``gpus_per_node``), the attention kernel (``attention``); nothing from its source."""
+    rid = row.get("id") or ""
+    where = f"{source}: row {rid}"
+    ints = {k: _num(row, k, source) for k in ("layers", "seq", "n_gpus", "tp", "pp", "dp", "cp", "global_batch")}
+    for key, value in ints.items():
+        if not value:
+            raise CatalogError(where, key, row.get(key), "a positive whole number (EMPTY is not allowed here)")
+    if ints["tp"] * ints["pp"] * ints["dp"] * ints["cp"] != ints["n_gpus"]:
+        raise CatalogError(where, "dp", ints["dp"], f"tp*pp*dp*cp == n_gpus = {ints['n_gpus']}")
+    model = row_model(row, source, where)
+    hardware = row_hardware(row, source, where, row.get("gpu") or "")
+    searched: dict[str, Any] = {}
+    dims: dict[str, Any] = {"tp": [ints["tp"]], "pp": [ints["pp"]], "dp": [ints["dp"]], "cp": [ints["cp"]]}
+    if model.moe is not None:
         ep = _num(row, "ep", source)
+        if ep == 0:
+            raise CatalogError(where, "ep", row.get("ep"), "a positive number or EMPTY")
         dims["ep"] = [ep] if ep is not None else UNKNOWN_SEARCH["ep"]
         if ep is None:
             searched["ep"] = dims["ep"]
         # Megatron-Core's MoE token dispatchers: all-to-all(v) or all-gather
         dims["dispatch"] = searched["dispatch"] = UNKNOWN_SEARCH["dispatch"]
-    model = validate(Model, raw_model, where)
     for key in ("micro_batch", "zero"):
         value = _num(row, key, source)
+        if value == 0 and key == "micro_batch" or (value is not None and key == "zero" and value > 3):
+            raise CatalogError(where, key, row.get(key), "a positive number" if key == "micro_batch" else "0, 1, 2 or 3")
         dims[key] = [value] if value is not None else UNKNOWN_SEARCH[key]
         if value is None:
             searched[key] = dims[key]
@@ -167,29 +257,36 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         dims["recompute"] = [recompute]
     else:
         dims["recompute"] = searched["recompute"] = UNKNOWN_SEARCH["recompute"]
+    layers, pp = ints["layers"], ints["pp"]
     vpp = _num(row, "vpp", source)
-    if vpp is None:  # interleaving degree not stated: every degree that divides the layers
-        vpps = [v for v in range(1, 17) if ints["layers"] % (ints["pp"] * v) == 0] if ints["pp"] > 1 else [1]
+    if vpp == 0:
+        raise CatalogError(where, "vpp", row.get("vpp"), "a positive number or EMPTY")
+    if vpp is None:  # interleaving degree not stated: no interleaving, or a degree that divides the layers
+        vpps = [1] + ([v for v in range(2, 17) if layers % (pp * v) == 0] if pp > 1 else [])
         dims["vpp"] = searched["vpp"] = vpps
     else:
         dims["vpp"] = [vpp]
     dims["schedule"] = [label(Schedule.ONE_F_ONE_B)] + ([label(Schedule.INTERLEAVED)] if max(dims["vpp"]) > 1 else [])
+    attention = row.get("attention") or UNKNOWN_ATTENTION
+    if attention not in ATTENTION_KERNELS:
+        raise CatalogError(where, "attention", attention, f"one of {list(ATTENTION_KERNELS)} or EMPTY")
+    flash, kernel = ATTENTION_KERNELS[attention]
     spec = validate(SpaceSpec, {
-        "name": rid, "description": f"{source} row {rid}", "model": rid, "hardware": gpu,
+        "name": rid or "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
         "devices": ints["n_gpus"], "global_batch": ints["global_batch"], "seq_len": ints["seq"],
-        "dtype": row.get("dtype") or "bf16", "flash_attention": row["source"] not in PRE_FLASH_SOURCES,
-        "attention_kernel": "flash1" if row["source"] in FLASH1_SOURCES else "flash2",
+        "dtype": row.get("dtype") or "bf16", "flash_attention": flash, "attention_kernel": kernel,
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
-        "uneven_layers": ints["layers"] % ints["pp"] != 0,
+        "uneven_layers": layers % pp != 0,
         "dimensions": dims,
     }, where)
-    return LoadedSpace(spec=spec, model=model, hardware=load_hardware(gpu), source=where, raw={}), searched
+    return LoadedSpace(spec=spec, model=model, hardware=hardware, source=where, raw={}), searched
 
 
 def predict_training(row: dict[str, str | None], source: str) -> RowResult:
-    base = RowResult(id=row["id"] or "", source=row.get("source") or "", quality=row.get("quality") or "",
-                     gpu=row.get("gpu") or "", metric="step_time_s", measured=_num(row, "step_time_s", source, float),
-                     predicted=None, status="unsupported")
+    base = RowResult(id=row.get("id") or "", source=row.get("source") or "", quality=row.get("quality") or "",
+                     gpu=row.get("gpu") or "", metric="step_time_s", measured=None, predicted=None,
+                     status="unsupported")
+    base.measured = _measured(row, "step_time_s", source)
     space, searched = training_space(row, source)
     enc = Encoder(space).encode_all()
     if enc.n_rows == 0:
@@ -231,7 +328,7 @@ def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
     where = f"{source}: row {rid}"
     metric = row.get("metric") or ""
     base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
-                     gpu=row.get("gpu") or "", metric=metric, measured=_num(row, "value", source, float),
+                     gpu=row.get("gpu") or "", metric=metric, measured=_measured(row, "value", source),
                      predicted=None, status="unsupported")
     gpu = base.gpu = row.get("gpu") or COMM_DEFAULT_GPU  # the assumed GPU groups the row in the summary
     if gpu not in names("hardware"):
@@ -253,10 +350,7 @@ def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
     if dtype not in PAYLOAD_BYTES:
         raise CatalogError(where, f"{op}_dtype", dtype, f"one of {sorted(PAYLOAD_BYTES)}")
     experts = _num(row, "n_experts", source) or COMM_DEFAULT_EXPERTS
-    hw = load_hardware(gpu)
-    if hw.links[0].domain_devices != ints["gpus_per_node"]:
-        raise CatalogError(where, "gpus_per_node", ints["gpus_per_node"],
-                           f"{hw.links[0].domain_devices}, the node size of {gpu}")
+    hw = row_hardware(row, source, where, gpu)
     _, tiers, _ = pack_hardware(hw, "bf16")
     token_bytes = ints["tokens_per_rank"] * ints["hidden"] * PAYLOAD_BYTES[dtype]
     algorithm = DISPATCH_HIERARCHICAL if mode == "normal" else DISPATCH_LOW_LATENCY
@@ -302,30 +396,8 @@ _HEAD_DIM = re.compile(r"\bhead_dim (\d+)")
 
 
 def inference_model(row: dict[str, str | None], source: str) -> Model:
-    """The row's model: dense or MoE (n_experts, topk, expert_ffn), GPT-style
-    (biases, tied embeddings) when not gated as in ``training_space``, with the
-    head dimension the notes give where it is not hidden / heads."""
-    rid = row.get("id")
-    where = f"{source}: row {rid}"
-    ints = {k: _num(row, k, source) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "glu")}
-    glu = ints["glu"] == 1
-    raw: dict[str, Any] = {
-        "name": rid or "row", "description": row.get("model") or rid or "row", "layers": ints["layers"],
-        "hidden": ints["hidden"], "heads": ints["heads"], "kv_heads": ints["kv_heads"], "ffn": ints["ffn"],
-        "vocab": ints["vocab"], "glu": glu, "bias": not glu, "tied_embeddings": not glu,
-    }
-    head_dim = _HEAD_DIM.search(row.get("notes") or "")
-    if head_dim:
-        raw["head_dim"] = int(head_dim.group(1))
-    if row.get("n_experts"):
-        moe = {k: _num(row, col, source) for k, col in (("experts", "n_experts"), ("top_k", "topk"),
-                                                        ("expert_ffn", "expert_ffn"))}
-        for key, value in moe.items():
-            if value is None:
-                raise CatalogError(where, {"experts": "n_experts", "top_k": "topk"}.get(key, key), None,
-                                   "a value for an MoE row (n_experts given)")
-        raw["moe"] = moe
-    return validate(Model, raw, where)
+    """The row's model: ``row_model``, the same reading as training rows."""
+    return row_model(row, source, f"{source}: row {row.get('id')}")
 
 
 def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
@@ -340,7 +412,7 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     where = f"{source}: row {rid}"
     metric = row.get("metric") or ""
     base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
-                     gpu=row.get("gpu") or "", metric=metric, measured=_num(row, "value", source, float),
+                     gpu=row.get("gpu") or "", metric=metric, measured=_measured(row, "value", source),
                      predicted=None, status="unsupported")
     if metric not in INFERENCE_METRICS:
         raise CatalogError(where, "metric", metric, f"one of {list(INFERENCE_METRICS)}")
@@ -412,11 +484,23 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     return base
 
 
+def predict_row(predict: Any, row: dict[str, str | None], source: str) -> RowResult:
+    """``predict`` on one row; a row it cannot take (a field out of the schema, a GPU
+    not in the catalog, a model the schema cannot hold) is ``unsupported`` with the
+    reason, and the rest of the file is still predicted."""
+    try:
+        return predict(row, source)
+    except CatalogError as err:
+        return RowResult(id=row.get("id") or "", source=row.get("source") or "", quality=row.get("quality") or "",
+                         gpu=row.get("gpu") or "", metric=row.get("metric") or "", measured=None, predicted=None,
+                         status="unsupported", reason=str(err).removeprefix(f"{source}: "))
+
+
 def run(path: str | Path) -> tuple[str, list[RowResult]]:
     df = read(path)
     kind = kind_of(df)
     predict = {"comm": predict_comm, "inference": predict_inference}.get(kind, predict_training)
-    return kind, [predict(r, str(path)) for r in df.iter_rows(named=True)]
+    return kind, [predict_row(predict, r, str(path)) for r in df.iter_rows(named=True)]
 
 
 def summary(results: list[RowResult]) -> dict[str, Any]:
@@ -451,7 +535,8 @@ def table(results: list[RowResult]) -> str:
         meas = f"{r.measured:.4g}" if r.measured is not None else "-"
         pred = f"{r.predicted:.4g}" if r.predicted is not None else "-"
         err = f"{100 * r.error:+.1f}%" if r.error is not None and not math.isnan(r.error) else "-"
-        extra = " ".join(f"{k}={v}" for k, v in r.chosen.items()) if r.status == "ok" else r.status
+        extra = (" ".join(f"{k}={v}" for k, v in r.chosen.items()) if r.status == "ok" else
+                 f"unsupported: {r.reason}" if r.reason else r.status)
         lines.append(f"{r.id:<44}{r.quality:<11}{r.metric:<{mw}}{meas:>12}{pred:>13}{err:>9}  {extra}")
     return "\n".join(lines)
 

@@ -126,6 +126,8 @@ def space_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> LoadedSp
     spec = validate(SpaceSpec, raw, source)
     model = load_model(spec.model, relative_to=None if _is_name(spec.model) else base_dir, source=source)
     hardware = load_hardware(spec.hardware, relative_to=None if _is_name(spec.hardware) else base_dir, source=source)
+    if spec.node_devices is not None:
+        hardware = hardware.with_node_devices(spec.node_devices, f"{source}: node_devices")
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=source, raw=raw)
 
 

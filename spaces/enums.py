@@ -90,6 +90,7 @@ class Dtype(IntEnum):
     TF32 = 3
     FP32 = 4
     INT8 = 5
+    FP4 = 6  #: 4-bit floating point (NVFP4 / MXFP4 on Blackwell)
 
 
 class Reason(IntEnum):

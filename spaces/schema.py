@@ -115,6 +115,10 @@ class Device(Record):
     #: FlashAttention kernel): Dao 2023 (FlashAttention-2, abstract) measures FA1 at
     #: 25-40% of the A100's peak against FA2's 50-73%. Unset: ``attention_efficiency``
     attention_efficiency_flash1: Fraction | None = None
+    #: the same for FlashAttention-3 (Hopper's asynchronous wgmma/TMA kernel; Shah et al.
+    #: 2024 measure 1.5-2.0x FA2's speed, up to 75% of the H100 peak forward). Unset:
+    #: ``attention_efficiency`` (FA3 runs on Hopper only; elsewhere the FA2 kernel runs)
+    attention_efficiency_flash3: Fraction | None = None
     #: achieved / peak HBM bandwidth of memory-bound kernels
     memory_efficiency: Fraction
     #: elementwise kernels fused (residual add + norm pairs, rotary embedding inside
@@ -188,9 +192,8 @@ class Device(Record):
 
     def attention_efficiency_of(self, kernel: str) -> float:
         """Achieved / peak FLOP/s of the attention core run by ``kernel`` (``ATTENTION_KERNELS``)."""
-        if kernel == "flash1" and self.attention_efficiency_flash1 is not None:
-            return self.attention_efficiency_flash1
-        return self.attention_efficiency
+        specific = {"flash1": self.attention_efficiency_flash1, "flash3": self.attention_efficiency_flash3}.get(kernel)
+        return specific if specific is not None else self.attention_efficiency
 
 
 class Hardware(Record):
@@ -200,6 +203,38 @@ class Hardware(Record):
     description: Text
     device: Device
     links: tuple[LinkTier, ...]
+    #: devices per server (one host: its CPUs, DRAM and PCIe switches). Omitted: the
+    #: outermost finite tier's domain (the scale-up domain), as in HGX/DGX nodes whose
+    #: NVLink domain is the server; rack-scale parts set it apart (GB200 NVL72: trays of
+    #: 4 in an NVLink domain of 72)
+    node_devices: PositiveInt | None = None
+    #: NVLink generation of the scale-up tier (descriptive: its bandwidth is the tier's)
+    nvlink_generation: PositiveInt | None = None
+    #: scale-out NICs per device (descriptive: the outer tier's bandwidth is per device)
+    nics_per_device: Positive | None = None
+
+    @property
+    def scale_up_tier(self) -> int:
+        """Index of the outermost tier with a finite domain (``kernels.moe.node_tier``)."""
+        return max(0, len(self.links) - 2)
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.node_devices or self.links[self.scale_up_tier].domain_devices or 1
+
+    def with_node_devices(self, n: int, source: str) -> Hardware:
+        """This cluster built from servers of ``n`` devices (``SpaceSpec.node_devices``,
+        a validation row's ``gpus_per_node``). Where the scale-up domain is the server
+        (HGX: NVLink joins the GPUs of one server), the domain becomes ``n`` devices
+        too; a domain that spans servers (NVL72) keeps its size."""
+        if n == self.devices_per_node:
+            return self
+        data = self.model_dump()
+        up = self.scale_up_tier
+        if self.links[up].domain_devices == self.devices_per_node and len(self.links) > 1:
+            data["links"][up]["domain_devices"] = n
+        data["node_devices"] = n
+        return validate(Hardware, data, source)
 
     @model_validator(mode="after")
     def _tiers_nest(self) -> Hardware:
@@ -215,6 +250,9 @@ class Hardware(Record):
         for i, (a, b) in enumerate(zip(inner, inner[1:])):
             if b <= a or b % a:  # type: ignore[operator]
                 raise ValueError(f"links.{i + 1}.domain_devices: a whole multiple (> 1) of the inner tier's {a}")
+        domain = self.links[self.scale_up_tier].domain_devices
+        if self.node_devices is not None and domain is not None and domain % self.node_devices:
+            raise ValueError(f"node_devices: a divisor of the scale-up domain's {domain} devices")
         return self
 
 
@@ -375,9 +413,13 @@ class SpaceSpec(Record):
     dtype: Text = "bf16"
     flash_attention: bool = True
     #: which fused attention kernel runs the core when ``flash_attention``: "flash2"
-    #: (FlashAttention-2, cuDNN / TE fused attention) or "flash1" (FlashAttention 1,
-    #: the Triton kernel); they differ in achieved FLOP/s (``Device.attention_efficiency*``)
-    attention_kernel: Literal["flash2", "flash1"] = "flash2"
+    #: (FlashAttention-2, cuDNN / TE fused attention), "flash1" (FlashAttention 1,
+    #: the Triton kernel) or "flash3" (FlashAttention-3, Hopper); they differ in
+    #: achieved FLOP/s (``Device.attention_efficiency*``)
+    attention_kernel: Literal["flash2", "flash1", "flash3"] = "flash2"
+    #: devices per server, overriding the hardware profile's (``Hardware.with_node_devices``):
+    #: the same GPUs in 4-GPU servers, or part of one server
+    node_devices: PositiveInt | None = None
     #: allow pipelines whose stages hold different numbers of layers (the first
     #: L mod p stages one more); otherwise pp * vpp must divide the layers
     uneven_layers: bool = False
