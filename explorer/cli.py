@@ -12,7 +12,7 @@ import click
 import numpy as np
 import polars as pl
 
-from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack
+from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack, pin
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
     DEFAULT_SIMULATE_TOP,
@@ -357,35 +357,30 @@ def _parse_value(text: str) -> Any:
 
 def _eval_space(space: str | None, model: str | None, hardware: str | None, devices: int | None,
                 global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]) -> LoadedSpace:
-    dims: dict[str, Any] = {}
+    """The one-configuration space of eval and trace: ``--space`` (every setting of it kept) or the
+    workload flags, narrowed to the ``--set`` strategy by ``explorer.evaluate.pin``, the one path
+    from a space and a strategy to an evaluation."""
+    strategy: dict[str, Any] = {}
     for item in sets:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY one of {list(DIMENSION_NAMES)}")
-        dims[key.strip()] = (_parse_value(value),)
-    if space:
-        base = catalog.read_toml(catalog.resolve("space", space))
-        raw = {k: base[k] for k in ("model", "hardware", "devices", "global_batch", "seq_len", "dtype",
-                                    "flash_attention") if k in base}
-        base_dir = catalog.resolve("space", space).parent
-    else:
-        raw, base_dir = {}, Path.cwd()
+        strategy[key.strip()] = _parse_value(value)
     given = {"model": model, "hardware": hardware, "devices": devices, "global_batch": global_batch,
              "seq_len": seq_len, "dtype": dtype}
-    raw.update({k: v for k, v in given.items() if v is not None})
-    for key in ("model", "hardware", "devices", "global_batch", "seq_len"):
-        if key not in raw:
-            raise InputError(f"command line: --{key.replace('_', '-')} = (missing): expected a value (or --space)")
-    if "dp" not in dims and isinstance(raw["devices"], int):
-        others = 1
-        for key in ("tp", "pp", "cp"):
-            value = dims.get(key, (1,))[0]
-            others *= value if isinstance(value, int) and value > 0 else 1
-        if raw["devices"] % others:
-            raise InputError(f"command line: tp*pp*cp = {others}: expected a divisor of devices = {raw['devices']}")
-        dims["dp"] = (raw["devices"] // others,)
-    raw.update(name="eval", description="one configuration from the command line", dimensions=dims)
-    return catalog.space_from_raw(raw, "command line", base_dir)
+    given = {k: v for k, v in given.items() if v is not None}
+    if "devices" in strategy and "devices" in given and strategy["devices"] != given["devices"]:
+        raise InputError(f"command line: --set devices={strategy['devices']}: expected the --devices value "
+                         f"{given['devices']} (or only one of them)")
+    if space:
+        base = catalog.load_space(space, given)
+    else:
+        for key in ("model", "hardware", "devices", "global_batch", "seq_len"):
+            if key not in given:
+                raise InputError(f"command line: --{key.replace('_', '-')} = (missing): expected a value (or --space)")
+        base = catalog.space_from_raw({"name": "eval", "description": "one configuration from the command line",
+                                       **given}, "command line", Path.cwd())
+    return pin(base, strategy)
 
 
 def config_options(fn):  # noqa: ANN001, ANN201 - decorator

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +14,7 @@ from paraspace.kernels.training import OUTPUTS, evaluate_rows
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.enums import AllReduceAlgorithm, Collective, parse
 from paraspace.spaces.errors import CatalogError
-from paraspace.spaces.schema import GB, Hardware, Model
+from paraspace.spaces.schema import GB, Dimensions, Hardware, Model, SpaceSpec, validate
 
 #: bytes per element of the 16-bit activations/weights, fp32 main gradients and
 #: fp32 master + Adam m + v (Megatron distributed optimizer: 2 + 4 + 12 = 18 bytes/param)
@@ -110,6 +112,48 @@ def pack(space: LoadedSpace) -> Packed:
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload)
+
+
+def pin(space: LoadedSpace, strategy: Mapping[str, Any]) -> LoadedSpace:
+    """``space`` narrowed to one strategy: the one way a single configuration is evaluated.
+
+    Every setting of the space is kept (model, hardware, workload, dtype,
+    ``attention_kernel``, ``uneven_layers``, ``moe_imbalance``,
+    ``quantized_gemms``, ...); each dimension is pinned to ``strategy``'s value,
+    else to the space's own value where it has only one, else to its default.
+    ``dp``, unless given or single in the space, stays derived as
+    devices / (tp * pp * cp). ``devices`` in ``strategy`` picks the cluster size
+    (required when the space has several). The result is encoded and evaluated
+    like any space (``Encoder``, ``pack``, ``evaluate``), so ``paraspace eval``
+    and ``trace`` of a sweep or study row reproduce that row exactly.
+
+    Raises ``CatalogError`` for an unknown dimension or value, a cluster size
+    left open, or a derived dp that tp * pp * cp cannot give.
+    """
+    spec = space.spec
+    given = dict(strategy)
+    raw = {k: v for k, v in space.raw.items() if k != "dimensions"}
+    if "devices" in given:
+        raw["devices"] = given.pop("devices")
+    elif len(spec.device_counts) > 1:
+        raise CatalogError(space.source, "devices", list(spec.device_counts),
+                           "one device count for a single configuration (--devices N)")
+    dims: dict[str, Any] = {}
+    for name in Dimensions.model_fields:
+        values = getattr(spec.dimensions, name)
+        if name not in given and values is not None and len(values) == 1:
+            dims[name] = values
+    dims.update({name: (value,) for name, value in given.items()})  # unknown names: the schema's error
+    raw["dimensions"] = dims
+    pinned = validate(SpaceSpec, raw, space.source)
+    if pinned.dimensions.dp is None:
+        others = 1
+        for name in ("tp", "pp", "cp"):
+            others *= getattr(pinned.dimensions, name)[0]
+        devices = pinned.device_counts[0]
+        if devices % others:
+            raise CatalogError(space.source, "tp*pp*cp", others, f"a divisor of devices = {devices}")
+    return LoadedSpace(spec=pinned, model=space.model, hardware=space.hardware, source=space.source, raw=raw)
 
 
 #: rows whose step graph would exceed this many tasks are not simulated (their
