@@ -1,0 +1,283 @@
+"""``paraspace serve``: a serving space -> candidates -> analytic tier -> the
+iteration-level simulation of the best ones -> ranked Parquet.
+
+The bridge between ``spaces.serving`` (records, encoding) and the kernels
+(``kernels.serving`` analytic tier, ``kernels.serving_sim`` simulation): the
+parameters are packed into records once, the candidates cross as columns.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from paraspace.explorer.evaluate import pack_hardware, pack_model
+from paraspace.explorer.sweep import paraspace_version
+from paraspace.kernels import inference, serving_sim
+from paraspace.kernels import serving as ks
+from paraspace.results import serving_schema as schema
+from paraspace.results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
+from paraspace.results.writer import ResultWriter, to_arrow
+from paraspace.spaces.catalog import catalog_hash
+from paraspace.spaces.enums import Dtype, labels, parse
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.serving import (  # noqa: F401 - load_serving re-exported for the CLI
+    DIMENSION_ENUMS,
+    REASON_TEXT,
+    Feasible,
+    Lengths,
+    LoadedServing,
+    ServingReason,
+    dtype_bytes_table,
+    encode,
+    enum_labels,
+    load_serving,
+)
+
+#: activations, collectives, embedding and LM head stay 16-bit (kernels.inference)
+ACT_BYTES = 2.0
+
+
+@dataclass(frozen=True)
+class PackedServing:
+    model: np.ndarray
+    devs: np.ndarray  # one DEVICE record per Dtype code (zeros for precisions the space does not use)
+    tiers: np.ndarray
+    tiles: np.ndarray
+    workload: np.ndarray
+
+
+def pack_serving(space: LoadedServing) -> PackedServing:
+    spec = space.spec
+    devs = None
+    tiers = tiles = None
+    for name in spec.dimensions.dtype:
+        device, tiers, tiles = pack_hardware(space.hardware, name)
+        if devs is None:
+            devs = np.zeros(len(Dtype), dtype=device.dtype)
+        devs[int(parse(Dtype, name))] = device[0]
+    wl = spec.workload
+    sla = spec.sla
+    workload = np.zeros(1, ks.SERVING_WORKLOAD).view(np.recarray)
+    values = dict(input_len=wl.input_len.mean, output_len=wl.output_len.mean, prefix_hit_rate=wl.prefix_hit_rate,
+                  concurrency=wl.concurrency or 0.0, rate_per_s=wl.rate_per_s or 0.0, devices=spec.devices,
+                  host_s=spec.host_overhead_us * 1e-6, kv_fraction=spec.kv_fraction,
+                  sla_ttft_s=sla.ttft_s or 0.0, sla_ttft_p90_s=sla.ttft_p90_s or 0.0, sla_tpot_s=sla.tpot_s or 0.0,
+                  sla_tpot_p90_s=sla.tpot_p90_s or 0.0)
+    for key, value in values.items():
+        workload[key] = value
+    assert devs is not None and tiers is not None and tiles is not None  # the schema requires one dtype
+    return PackedServing(pack_model(space.model), devs.view(np.recarray), tiers, tiles, workload)
+
+
+def serving_records(space: LoadedServing, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """One ``kernels.inference.SERVING`` record per row (built column by column)."""
+    nbytes = dtype_bytes_table()
+    n = cols["tp"].shape[0]
+    rec = np.zeros(n, inference.SERVING)
+    rec["tp"] = cols["tp"]
+    rec["pp"] = cols["pp"]
+    rec["ep"] = cols["ep"]
+    rec["attention_dp"] = cols["attention_dp"]
+    rec["n_gpus"] = space.spec.devices
+    rec["weight_bytes"] = nbytes[cols["dtype"]]
+    rec["act_bytes"] = ACT_BYTES
+    rec["kv_bytes"] = nbytes[cols["kv_dtype"]]
+    rec["kv_fraction"] = space.spec.kv_fraction
+    rec["batch_cap"] = cols["max_batch"]
+    rec["moe_imbalance"] = 1.0
+    return rec.view(np.recarray)
+
+
+def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = ks.analytic_rows(packed.model, packed.devs, packed.tiers, packed.tiles, srv, cols["dtype"],
+                           cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["instances"],
+                           packed.workload)
+    return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(ks.OUTPUTS)}
+
+
+def sample_lengths(lengths: Lengths, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` request lengths: the fixed mean, or lognormal with that mean (mu = ln mean - sigma^2 / 2), rounded, >= 1."""
+    if lengths.distribution == "fixed":
+        return np.full(n, float(round(lengths.mean)))
+    mu = np.log(lengths.mean) - 0.5 * lengths.sigma**2
+    return np.maximum(np.rint(rng.lognormal(mu, lengths.sigma, n)), 1.0)
+
+
+def sample_requests(space: LoadedServing) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt lengths, output lengths, unit exponential gaps) of the simulated requests, from the workload's seed."""
+    wl = space.spec.workload
+    rng = np.random.default_rng(wl.seed)
+    in_len = sample_lengths(wl.input_len, wl.n_requests, rng)
+    out_len = sample_lengths(wl.output_len, wl.n_requests, rng)
+    gaps = rng.exponential(1.0, wl.n_requests)
+    return in_len, out_len, gaps
+
+
+def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
+             metrics: dict[str, np.ndarray], rows: np.ndarray) -> None:
+    """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns."""
+    if rows.size == 0:
+        return
+    pick = {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
+    g, h, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
+                                                   srv[rows].view(np.recarray), pick["dtype"], GRID)
+    wl = space.spec.workload
+    engines = metrics["engines"][rows]
+    clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
+        np.floor(wl.concurrency / engines + 0.5), 1.0)
+    rate = np.zeros(rows.size) if wl.rate_per_s is None else wl.rate_per_s / engines
+    in_len, out_len, gaps = sample_requests(space)
+    sim = serving_sim.simulate_rows(in_len, out_len, gaps, clients, rate, pick["max_batch"].astype(np.float64),
+                                    pick["max_tokens"].astype(np.float64), pick["scheduler"], cap,
+                                    space.spec.host_overhead_us * 1e-6, kv_coef, pair_coef, wl.prefix_hit_rate,
+                                    GRID, g, h)
+    ok = sim[:, serving_sim.S_STUCK] == 0
+    devices = float(space.spec.devices)
+    for target, column in (("ttft_s", serving_sim.S_TTFT), ("ttft_p90_s", serving_sim.S_TTFT_P90),
+                           ("tpot_s", serving_sim.S_TPOT), ("tpot_p90_s", serving_sim.S_TPOT_P90),
+                           ("e2e_latency_s", serving_sim.S_E2E)):
+        metrics[target][rows[ok]] = sim[ok, column]
+    metrics["output_tokens_per_s_per_gpu"][rows[ok]] = sim[ok, serving_sim.S_OTPS] * engines[ok] / devices
+    metrics["requests_per_s"][rows[ok]] = sim[ok, serving_sim.S_SUSTAINED_RPS] * engines[ok]
+    metrics["output_tokens_per_s_per_user"][rows[ok]] = 1.0 / sim[ok, serving_sim.S_TPOT]
+    metrics["simulated"][rows] = 1.0
+    sla = ks.sla_reasons(packed.workload, sim[:, serving_sim.S_TTFT], sim[:, serving_sim.S_TTFT_P90],
+                         sim[:, serving_sim.S_TPOT], sim[:, serving_sim.S_TPOT_P90])
+    reason = np.where(ok, sla, int(Feasible.KV_TOO_SMALL))
+    if wl.rate_per_s is not None:  # the engines fell behind the arrivals: the queue grows
+        behind = ok & (sim[:, serving_sim.S_SUSTAINED_RPS] < SUSTAINED_SHARE * rate)
+        reason = np.where(behind, int(Feasible.OVERLOADED), reason)
+    metrics["reason"][rows] = reason
+
+
+#: a simulated Poisson engine completing fewer than this share of its arrival rate is overloaded
+#: (the estimate's sampling noise at 1,000 requests is a few percent)
+SUSTAINED_SHARE = 0.9
+
+#: token counts of the simulation's cost tables
+GRID = ks.token_grid()
+
+
+@dataclass
+class ServeSummary:
+    path: Path | None
+    n_combinations: int = 0
+    n_rows: int = 0
+    n_feasible: int = 0
+    n_simulated: int = 0
+    seconds: float = 0.0
+    first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
+    breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
+    table: pl.DataFrame | None = None
+
+
+def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> tuple[dict[str, np.ndarray], ServeSummary]:
+    """Every valid candidate's columns (strategy and metrics), ranked: feasible
+    first, then throughput per GPU, then TTFT."""
+    began = time.perf_counter()
+    enc = encode(space)
+    summary = ServeSummary(path=None, n_combinations=enc.n_combinations, n_rows=enc.n_rows,
+                           first_reason=enc.first_reason, breaks=enc.breaks)
+    cols = enc.columns
+    packed = pack_serving(space)
+    srv = serving_records(space, cols)
+    metrics = analytic(packed, srv, cols)
+    n = enc.n_rows
+    metrics["simulated"] = np.zeros(n)
+    metrics["ttft_p90_s"] = np.full(n, np.nan)
+    metrics["tpot_p90_s"] = np.full(n, np.nan)
+    top = space.spec.simulate_top if simulate_top is None else simulate_top
+    runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)])
+    candidates = np.flatnonzero(runnable)
+    order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
+    simulate(space, packed, srv, cols, metrics, np.sort(candidates[order[:top]]))
+    metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
+    both = {**cols, **metrics, "infeasible_reason": metrics["reason"].astype(np.int8)}
+    rank = np.lexsort((cols["row_id"], np.nan_to_num(metrics["ttft_s"], nan=np.inf),
+                       -np.nan_to_num(metrics["output_tokens_per_s_per_gpu"], nan=-np.inf), -metrics["feasible"]))
+    ranked = {k: np.ascontiguousarray(v[rank]) for k, v in both.items()}
+    summary.n_feasible = int(metrics["feasible"].sum())
+    summary.n_simulated = int(metrics["simulated"].sum())
+    summary.seconds = time.perf_counter() - began
+    return ranked, summary
+
+
+def enum_columns() -> dict[str, list[str]]:
+    return {"dtype": labels(Dtype), "kv_dtype": labels(Dtype), **DIMENSION_ENUMS,
+            "infeasible_reason": enum_labels(Feasible)}
+
+
+def run_serve(space: LoadedServing, out: Path, *, simulate_top: int | None = None) -> ServeSummary:
+    """Evaluate ``space`` and write the ranked candidates to ``out`` (atomically)."""
+    ranked, summary = evaluate_space(space, simulate_top=simulate_top)
+    table_schema = schema.arrow_schema()
+    meta = {META_VERSION: paraspace_version(), META_SPACE: space.raw, META_CATALOG: catalog_hash()}
+    with ResultWriter(out, table_schema, meta, schema.column_docs()) as writer:
+        table = to_arrow(ranked, table_schema, enum_columns())
+        writer.write(table)
+        encoding = {"n_combinations": summary.n_combinations,
+                    "first_reason": {r.name.lower(): int(summary.first_reason[r]) for r in ServingReason}}
+        writer.close({META_ENCODING: encoding})
+    summary.path = out
+    summary.table = pl.from_arrow(table)
+    return summary
+
+
+def explain_table(summary: ServeSummary) -> str:
+    lines = [f"{'rule':<20}{'removed':>10}{'breaks':>10}  meaning", "-" * 90]
+    for reason in ServingReason:
+        if reason != ServingReason.VALID:
+            lines.append(f"{reason.name.lower():<20}{int(summary.first_reason[reason]):>10,}"
+                         f"{int(summary.breaks[reason]):>10,}  {REASON_TEXT[reason]}")
+    lines.append("-" * 90)
+    lines.append(f"{'kept':<20}{int(summary.first_reason[ServingReason.VALID]):>10,}{'':>10}  of "
+                 f"{summary.n_combinations:,} combinations")
+    return "\n".join(lines)
+
+
+#: columns of the printed ranking
+TABLE_COLUMNS = ("tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens", "scheduler",
+                 "instances", "ttft_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "output_tokens_per_s_per_gpu",
+                 "output_tokens_per_s_per_user", "requests_per_s", "feasible", "infeasible_reason", "simulated")
+
+
+def top_table(frame: pl.DataFrame, n: int) -> str:
+    shown = frame.head(n).select(TABLE_COLUMNS).with_columns(
+        pl.col("ttft_s", "ttft_p90_s").round(4), pl.col("tpot_s", "tpot_p90_s").round(5),
+        pl.col("output_tokens_per_s_per_gpu", "output_tokens_per_s_per_user", "requests_per_s").round(1))
+    with pl.Config(tbl_rows=len(shown), tbl_cols=len(shown.columns), tbl_width_chars=250,
+                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+        return str(shown)
+
+
+def output_path(space: LoadedServing, out: Path | None) -> Path:
+    if out is not None:
+        return out
+    name = space.spec.name
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0:"):
+        raise CatalogError(space.source, "name", name, "a file name: no '/', '\\', ':' or NUL, not starting with '.'")
+    return Path("results") / f"{name}.parquet"
+
+
+def encode_summary(space: LoadedServing) -> ServeSummary:
+    """The encoder's counts alone (``--dry-run``)."""
+    enc = encode(space)
+    return ServeSummary(path=None, n_combinations=enc.n_combinations, n_rows=enc.n_rows,
+                        first_reason=enc.first_reason, breaks=enc.breaks)
+
+
+def headline(space: LoadedServing, summary: ServeSummary) -> str:
+    spec = space.spec
+    wl = spec.workload
+    arrivals = f"{wl.concurrency} users (closed loop)" if wl.concurrency is not None else \
+        f"Poisson {wl.rate_per_s:g} requests/s"
+    return (f"{spec.name}: {space.model.name} on {spec.devices} x {space.hardware.name}, "
+            f"{wl.input_len.distribution} {wl.input_len.mean:g} in / {wl.output_len.distribution} "
+            f"{wl.output_len.mean:g} out, {arrivals}\n"
+            f"{summary.n_combinations:,} combinations -> {summary.n_rows:,} candidates ({summary.n_feasible:,} feasible, "
+            f"{summary.n_simulated:,} simulated) in {summary.seconds:.2f} s\nwrote {summary.path}")

@@ -1,0 +1,410 @@
+"""Serving analytic tier: engine iteration times, KV capacity and the steady state
+of a deployment under a closed-loop or Poisson workload (issue 15, modeling.md
+section 8). Arrays in, arrays out; one row per candidate, ``prange`` over rows.
+
+Engines
+-------
+A candidate runs ``instances`` copies of one replica of ``tp * pp`` devices
+(``kernels.inference``'s layout: TP or attention-DP attention, experts over
+``ep``). A replica with ``pp`` stages runs ``pp`` *engines* side by side (vLLM's
+virtual engines: each schedules its own batch and its iterations pass through
+every stage while the other engines' iterations occupy the other stages), so an
+engine's iteration takes the full forward latency, it owns ``1 / pp`` of the
+replica's KV cache, and the deployment has ``instances * pp`` engines that
+split the workload evenly (``concurrency / engines`` users each, rounded, or a
+Poisson stream of ``rate / engines``).
+
+One iteration
+-------------
+An iteration runs ``tokens`` rows (one per decoding request plus the prefill
+chunks) through every layer, the LM head on ``rows`` sequences that emit a
+token, decode attention reading ``kv_read`` cached tokens and prefill attention
+over ``pairs`` causal (query, key) pairs::
+
+    iteration_s = host_s + rows_s(tokens) + head_rows_s(rows) + kv_s_per_token * kv_read + pair_s * pairs
+
+``rows_s`` is ``kernels.inference.forward_s`` of ``tokens`` one-token sequences
+over an empty cache minus its head: every GEMM at m = tokens (reading its whole
+weight until the ridge), the MoE experts those tokens hit (1 - (1 - k/E)^T),
+the EP dispatch under attention DP, TP all-reduces, pipeline sends and every
+kernel's launch. ``kv_s_per_token`` is the slope of a decode step in its KV
+length (memory-bound: the KV bytes of a token over the achieved HBM bandwidth,
+all layers). ``pair_s`` is the attention core's FLOP per causal pair, 2 x
+heads / tp x (qk + v dims) per layer, at the attention peak (added to, not
+overlapped with, the rows' Q/O traffic). A chunk of ``c`` prompt tokens after
+``p`` cached ones makes c * (p + c / 2) pairs, so a prompt's chunks sum to
+in * (p0 + in / 2) however it is cut.
+
+Steady state (per engine)
+-------------------------
+KV capacity: ``kv_fraction`` of the HBM beside the weights and the device's
+overhead over the KV bytes of a token (``kernels.inference.kv_capacity``'s
+terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
+(in + out)) whole requests.
+
+- Closed loop, c users per engine, batch B = min(c, max_batch, B_kv): requests
+  run in waves (exact for equal lengths when a wave's prompts fit one
+  iteration's budget): the prefill of B prompts in ceil(B * in / max_tokens)
+  iterations (static: one), then out - 1 decode iterations at batch B whose KV
+  reads are in + j, j = 1 .. out - 1. period = prefill + decode; throughput B *
+  out / period; by Little's law e2e = c * period / B; TTFT = e2e - decode;
+  TPOT = decode / (out - 1).
+- Poisson at lambda per engine, continuous: the iteration time t solves
+  t = iteration_s(B + lambda t in, B + lambda t, B (in + out / 2), lambda t
+  pairs) with B = lambda (out - 1) t decoding requests (fixed point; unstable
+  when it diverges or B exceeds the batch or KV limit or the tokens exceed
+  max_tokens). TPOT = t; TTFT = t (1/2 + ceil(in / (max_tokens - B))).
+- Poisson, static: waves of the B requests that arrived during the last one, B
+  = lambda period(B) (fixed point); TTFT = period / 2 + prefill.
+
+The simulation (``kernels.serving_sim``) takes the same iteration cost, as a
+table over token counts, and in the degenerate cases reproduces these closed
+forms exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from paraspace.kernels.inference import (
+    device_weight_bytes,
+    forward_s,
+    head_s,
+    kv_bytes_per_token,
+)
+from paraspace.kernels.jit import jit
+from paraspace.kernels.ops import attention_peak
+
+# spaces.serving.Scheduler
+STATIC = 0
+CONTINUOUS = 1
+
+# spaces.serving.Feasible
+OK = 0
+WEIGHTS_OOM = 1
+KV_TOO_SMALL = 2
+OVERLOADED = 3
+SLA_TTFT = 4
+SLA_TTFT_P90 = 5
+SLA_TPOT = 6
+SLA_TPOT_P90 = 7
+
+#: The workload and engine scalars every row shares.
+SERVING_WORKLOAD = np.dtype(
+    [
+        ("input_len", np.float64),  # mean prompt tokens
+        ("output_len", np.float64),  # mean generated tokens (the first comes from the prefill iteration)
+        ("prefix_hit_rate", np.float64),  # share of a prompt found in the prefix cache
+        ("concurrency", np.float64),  # closed-loop users of the deployment (0: Poisson)
+        ("rate_per_s", np.float64),  # Poisson requests/s of the deployment (0: closed loop)
+        ("devices", np.float64),
+        ("host_s", np.float64),  # host and scheduler time per iteration
+        ("kv_fraction", np.float64),
+        ("sla_ttft_s", np.float64),  # 0: not checked
+        ("sla_ttft_p90_s", np.float64),
+        ("sla_tpot_s", np.float64),
+        ("sla_tpot_p90_s", np.float64),
+    ]
+)
+
+#: Output columns of ``analytic_rows``, in order.
+OUTPUTS = (
+    "engines",  # instances * pp
+    "batch",  # mean running requests per engine
+    "prefill_s",  # prefill of one wave (closed loop, static Poisson) or of one prompt's iterations (Poisson)
+    "decode_step_s",  # one decode iteration at the batch and mean KV length
+    "ttft_s",
+    "tpot_s",
+    "e2e_latency_s",
+    "output_tokens_per_s_per_gpu",
+    "output_tokens_per_s_per_user",
+    "requests_per_s",  # the deployment
+    "kv_capacity_tokens",  # per replica
+    "mem_weights_bytes",  # per device (the fullest stage)
+    "mem_kv_bytes",  # per device, the running batches' whole sequences
+    "mem_peak_bytes",
+    "reason",  # Feasible code
+)
+N_OUT = len(OUTPUTS)
+(
+    O_ENGINES, O_BATCH, O_PREFILL, O_DECODE_STEP, O_TTFT, O_TPOT, O_E2E, O_TPS_GPU, O_TPS_USER, O_RPS, O_KV_CAP,
+    O_MEM_W, O_MEM_KV, O_MEM_PEAK, O_REASON,
+) = range(N_OUT)
+
+#: the fixed points stop when a step moves less than this share
+FIXED_POINT_RTOL = 1e-12
+FIXED_POINT_ITERATIONS = 200
+
+
+@jit
+def rows_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
+    """Every layer's kernels and communication for ``tokens`` rows (one new token
+    each over an empty cache), without the LM head: ``forward_s`` minus ``head_s``."""
+    if tokens <= 0.0:
+        return 0.0
+    return forward_s(model, dev, tiers, tiles, srv, tokens, 1.0, 0.0) - head_s(model, dev, tiers, tiles, srv, tokens)
+
+
+@jit
+def head_rows_s(model, dev, tiers, tiles, srv, rows: float) -> float:
+    """The final norm, LM head, logits gather and sampling for ``rows`` sequences (0 for none)."""
+    if rows <= 0.0:
+        return 0.0
+    return head_s(model, dev, tiers, tiles, srv, rows)
+
+
+@jit
+def kv_s_per_token(model, dev, tiers, tiles, srv) -> float:
+    """Decode-step seconds per cached token read: the slope of ``forward_s`` in
+    the KV length between 0 and ``s`` (one sequence; linear while the decode
+    attention stays on one side of its roofline, which holds from s = 0 for
+    both its memory-bound GQA and its compute-bound absorbed-MLA forms)."""
+    s = 4096.0
+    if model.sliding_window > 0.0:
+        s = min(s, model.sliding_window)
+    return (forward_s(model, dev, tiers, tiles, srv, 1.0, 1.0, s) - forward_s(model, dev, tiers, tiles, srv, 1.0,
+                                                                             1.0, 0.0)) / s
+
+
+@jit
+def pair_s(model, dev, srv) -> float:
+    """Prefill attention seconds per causal (query, key) pair, all layers: 2 x
+    heads / tp x (qk + v head dims) FLOP per layer at the attention peak (under
+    attention DP each rank attends 1 / tp of the prompts with every head)."""
+    if model.mla > 0:
+        dims = model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim
+    else:
+        dims = 2.0 * model.head_dim
+    flops = model.layers * 2.0 * model.heads / srv.tp * dims
+    return flops / (attention_peak(dev, srv.kv_bytes) * dev.attention_efficiency)
+
+
+@jit
+def kv_capacity_tokens(model, dev, srv) -> float:
+    """Tokens a replica's KV cache holds (0 when the weights do not fit)."""
+    free = dev.hbm_capacity_bytes - device_weight_bytes(model, srv) - dev.memory_overhead_bytes
+    per_token = kv_bytes_per_token(model, srv)
+    if free <= 0.0 or per_token <= 0.0:
+        return 0.0
+    n = math.floor(srv.kv_fraction * free / per_token)
+    if srv.attention_dp > 0:
+        n *= srv.tp
+    return float(n)
+
+
+@jit
+def iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float, tokens: float,
+                rows: float, kv_read: float, pairs: float) -> float:
+    """One engine iteration (module doc), the kernels evaluated at these counts."""
+    return (host + rows_s(model, dev, tiers, tiles, srv, tokens) + head_rows_s(model, dev, tiers, tiles, srv, rows)
+            + kv_coef * kv_read + pair_coef * pairs)
+
+
+@jit
+def prompt_pairs(input_len: float, hit: float) -> float:
+    """Causal pairs of one prompt's prefill: in_new (p0 + in_new / 2), p0 the cached prefix."""
+    new = input_len * (1.0 - hit)
+    return new * (input_len - new + 0.5 * new)
+
+
+@jit
+def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_coef: float, b: float,
+           max_tokens: float, static: bool):
+    """(prefill, decode) seconds of a wave of ``b`` requests: the prompts in
+    ceil(b in_new / max_tokens) iterations (one when static), then out - 1
+    decode iterations at batch b with KV reads in + j."""
+    inl = wl.input_len
+    nd = wl.output_len - 1.0
+    prompt = b * inl * (1.0 - wl.prefix_hit_rate)
+    chunks = 1.0 if static else max(math.ceil(prompt / max_tokens), 1.0)
+    last = prompt - (chunks - 1.0) * max_tokens
+    pre = chunks * host + (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, max_tokens)
+    pre += rows_s(model, dev, tiers, tiles, srv, last) + head_rows_s(model, dev, tiers, tiles, srv, b)
+    pre += pair_coef * b * prompt_pairs(inl, wl.prefix_hit_rate)
+    dec = 0.0
+    if nd > 0.0:
+        step = host + rows_s(model, dev, tiers, tiles, srv, b) + head_rows_s(model, dev, tiers, tiles, srv, b)
+        dec = nd * step + kv_coef * b * (nd * inl + 0.5 * nd * (nd + 1.0))
+    return pre, dec
+
+
+@jit
+def sla_reason(wl, ttft: float, ttft_p90: float, tpot: float, tpot_p90: float) -> int:
+    """The first SLA target missed (OK when none); NaN percentiles are not checked."""
+    if wl.sla_ttft_s > 0.0 and ttft > wl.sla_ttft_s:
+        return SLA_TTFT
+    if wl.sla_ttft_p90_s > 0.0 and ttft_p90 > wl.sla_ttft_p90_s:
+        return SLA_TTFT_P90
+    if wl.sla_tpot_s > 0.0 and tpot > wl.sla_tpot_s:
+        return SLA_TPOT
+    if wl.sla_tpot_p90_s > 0.0 and tpot_p90 > wl.sla_tpot_p90_s:
+        return SLA_TPOT_P90
+    return OK
+
+
+@jit
+def clients_per_engine(concurrency: float, engines: float) -> float:
+    """Closed-loop users per engine: the deployment's users split evenly, rounded, at least one."""
+    return max(math.floor(concurrency / engines + 0.5), 1.0)
+
+
+@jit
+def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
+                 instances: float, out) -> None:
+    """Fill ``out`` (``OUTPUTS``) for one candidate (module doc)."""
+    for k in range(N_OUT):
+        out[k] = np.nan
+    pp = srv.pp
+    engines = instances * pp
+    weights = device_weight_bytes(model, srv)
+    per_token = kv_bytes_per_token(model, srv)
+    cap = kv_capacity_tokens(model, dev, srv)
+    out[O_ENGINES] = engines
+    out[O_KV_CAP] = cap
+    out[O_MEM_W] = weights
+    out[O_MEM_KV] = 0.0
+    out[O_MEM_PEAK] = weights + dev.memory_overhead_bytes
+    inl = wl.input_len
+    outl = wl.output_len
+    seq = inl + outl
+    if dev.hbm_capacity_bytes - weights - dev.memory_overhead_bytes <= 0.0:
+        out[O_REASON] = WEIGHTS_OOM
+        return
+    b_kv = math.floor(cap / pp / seq)
+    bmax = min(max_batch, b_kv)
+    if bmax < 1.0:
+        out[O_REASON] = KV_TOO_SMALL
+        return
+    host = wl.host_s
+    kv_coef = kv_s_per_token(model, dev, tiers, tiles, srv)
+    pair_coef = pair_s(model, dev, srv)
+    static = scheduler == STATIC
+    nd = outl - 1.0
+    reason = OK
+    if wl.concurrency > 0.0:
+        c = clients_per_engine(wl.concurrency, engines)
+        b = min(c, bmax)
+        pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, static)
+        period = pre + dec
+        e2e = c * period / b
+        ttft = e2e - dec
+        tpot = dec / nd if nd > 0.0 else 0.0
+        rps_engine = b / period
+    else:
+        lam = wl.rate_per_s / engines
+        new = inl * (1.0 - wl.prefix_hit_rate)
+        pairs = prompt_pairs(inl, wl.prefix_hit_rate)
+        converged = False
+        if static:  # waves of the requests that arrived during the previous one
+            b = 1.0
+            pre = 0.0
+            dec = 0.0
+            for _ in range(FIXED_POINT_ITERATIONS):
+                pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, True)
+                nb = max(lam * (pre + dec), 1.0)
+                if nb > bmax:
+                    break
+                if abs(nb - b) <= FIXED_POINT_RTOL * nb:
+                    b = nb
+                    converged = True
+                    break
+                b = nb
+            period = pre + dec
+            ttft = 0.5 * period + pre
+            tpot = dec / nd if nd > 0.0 else 0.0
+        else:  # continuous: the iteration time with its decode batch and prefill tokens
+            t = 0.0
+            b = 0.0
+            for _ in range(FIXED_POINT_ITERATIONS):
+                arrivals = lam * t
+                b = lam * nd * t
+                nt = iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, max(b + arrivals * new, 1.0),
+                                 max(b + arrivals, 1.0), b * (inl + 0.5 * outl), arrivals * pairs)
+                if b > bmax or b + arrivals * new > max_tokens:
+                    break
+                if abs(nt - t) <= FIXED_POINT_RTOL * nt:
+                    t = nt
+                    converged = True
+                    break
+                t = nt
+            b = lam * nd * t
+            room = max_tokens - b
+            pre = t * math.ceil(new / room) if room > 0.0 else np.inf
+            ttft = 0.5 * t + pre
+            tpot = t
+            dec = nd * t
+        e2e = ttft + dec
+        rps_engine = lam
+        if not converged:
+            reason = OVERLOADED
+    out[O_BATCH] = b
+    out[O_PREFILL] = pre
+    out[O_DECODE_STEP] = tpot
+    out[O_TTFT] = ttft
+    out[O_TPOT] = tpot
+    out[O_E2E] = e2e
+    out[O_RPS] = rps_engine * engines
+    out[O_TPS_GPU] = rps_engine * engines * outl / wl.devices
+    out[O_TPS_USER] = 1.0 / tpot if tpot > 0.0 else np.nan
+    ranks = srv.tp if srv.attention_dp > 0 else 1.0
+    out[O_MEM_KV] = per_token * pp * b * seq / ranks
+    out[O_MEM_PEAK] = weights + dev.memory_overhead_bytes + out[O_MEM_KV]
+    if reason == OK:
+        reason = sla_reason(wl, ttft, np.nan, tpot, np.nan)
+    out[O_REASON] = reason
+
+
+@jit(parallel=True)
+def analytic_rows(model, devs, tiers, tiles, srv_rows, dtype, max_batch, max_tokens, scheduler, instances, wl):
+    """``OUTPUTS`` for every row: ``srv_rows`` the rows' ``kernels.inference.SERVING``
+    records, ``devs`` one DEVICE record per Dtype code (indexed by ``dtype``),
+    ``model`` and ``wl`` one-element record arrays. Returns (n, N_OUT) float64."""
+    n = srv_rows.shape[0]
+    out = np.empty((n, N_OUT))
+    for i in prange(n):
+        analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
+                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), out[i])
+    return out
+
+
+#: token counts the simulation's cost tables are evaluated at: 1, 2, 3, 4, 6, 8, 12, ... 2^23
+def token_grid() -> np.ndarray:
+    powers = 2.0 ** np.arange(24)
+    return np.unique(np.concatenate([powers, 1.5 * powers[1:]]))
+
+
+@jit(parallel=True)
+def cost_tables(model, devs, tiers, tiles, srv_rows, dtype, grid):
+    """Per row the iteration cost's parts on ``grid`` token / row counts: (rows_s
+    table, head_rows_s table, kv_s_per_token, pair_s, kv capacity per engine)."""
+    n = srv_rows.shape[0]
+    k = grid.shape[0]
+    g = np.empty((n, k))
+    h = np.empty((n, k))
+    kv_coef = np.empty(n)
+    pair_coef = np.empty(n)
+    cap = np.empty(n)
+    for i in prange(n):
+        srv = srv_rows[i]
+        dev = devs[dtype[i]]
+        m = model[0]
+        for j in range(k):
+            g[i, j] = rows_s(m, dev, tiers, tiles, srv, grid[j])
+            h[i, j] = head_rows_s(m, dev, tiers, tiles, srv, grid[j])
+        kv_coef[i] = kv_s_per_token(m, dev, tiers, tiles, srv)
+        pair_coef[i] = pair_s(m, dev, srv)
+        cap[i] = math.floor(kv_capacity_tokens(m, dev, srv) / srv.pp)
+    return g, h, kv_coef, pair_coef, cap
+
+
+@jit
+def sla_reasons(wl, ttft, ttft_p90, tpot, tpot_p90):
+    """``sla_reason`` of every row (``wl`` a one-element record array)."""
+    n = ttft.shape[0]
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        out[i] = sla_reason(wl[0], ttft[i], ttft_p90[i], tpot[i], tpot_p90[i])
+    return out

@@ -1,0 +1,74 @@
+"""The serving Parquet schema: every column of ``paraspace serve`` output, with
+its unit, storage type and meaning, in one place (the pattern of
+``results.schema``: units in the names, ``Column`` records).
+
+A row is one candidate deployment: its identity and strategy columns
+(``spaces.serving.DIMENSIONS`` plus the derived ``instances``), then the
+metrics below. The latency and throughput columns hold the simulation's
+values where ``simulated`` is true and the analytic tier's otherwise; the p90
+columns exist only for simulated rows (null elsewhere).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from paraspace.results.schema import Column
+
+#: identity and strategy columns, in output order
+STRATEGY: tuple[Column, ...] = (
+    Column("row_id", pa.int64(), "index", "position of the combination in the serving space's flat product"),
+    Column("tp", pa.int32(), "count", "tensor-parallel ranks of a replica"),
+    Column("pp", pa.int32(), "count", "pipeline stages of a replica (each runs pp engines)"),
+    Column("ep", pa.int32(), "count", "expert-parallel ranks among the tp ranks"),
+    Column("attention_dp", pa.bool_(), "bool", "attention data parallelism (each rank its own requests)"),
+    Column("dtype", pa.dictionary(pa.int8(), pa.string()), "enum", "GEMM weight precision"),
+    Column("kv_dtype", pa.dictionary(pa.int8(), pa.string()), "enum", "KV cache precision"),
+    Column("max_batch", pa.int32(), "requests", "most requests an engine runs at once"),
+    Column("max_tokens", pa.int32(), "tokens", "tokens per iteration (chunked-prefill budget)"),
+    Column("scheduler", pa.dictionary(pa.int8(), pa.string()), "enum", "static or continuous batching"),
+    Column("instances", pa.int32(), "count", "replicas: devices / (tp * pp)"),
+)
+
+#: metric columns, in output order
+METRICS: tuple[Column, ...] = (
+    Column("ttft_s", pa.float64(), "s", "mean time to first token (queueing included)",
+           kernel="kernels.serving.analytic_one / kernels.serving_sim.simulate_one"),
+    Column("ttft_p90_s", pa.float64(), "s", "90th percentile TTFT (simulated rows)", nullable=True,
+           kernel="kernels.serving_sim.simulate_one"),
+    Column("tpot_s", pa.float64(), "s", "mean time per output token after the first",
+           kernel="kernels.serving.analytic_one / kernels.serving_sim.simulate_one"),
+    Column("tpot_p90_s", pa.float64(), "s", "90th percentile TPOT (simulated rows)", nullable=True,
+           kernel="kernels.serving_sim.simulate_one"),
+    Column("e2e_latency_s", pa.float64(), "s", "mean request latency, arrival to last token"),
+    Column("output_tokens_per_s_per_gpu", pa.float64(), "tokens/s", "generated tokens per second of the deployment / devices"),
+    Column("output_tokens_per_s_per_user", pa.float64(), "tokens/s", "1 / tpot_s: a user's decode speed"),
+    Column("requests_per_s", pa.float64(), "requests/s", "completed requests per second of the deployment"),
+    Column("batch", pa.float64(), "requests", "mean running requests per engine (analytic tier)"),
+    Column("prefill_s", pa.float64(), "s", "prefill of one wave / one prompt (analytic tier)",
+           kernel="kernels.serving.wave_s"),
+    Column("decode_step_s", pa.float64(), "s", "one decode iteration at the batch (analytic tier)",
+           kernel="kernels.serving.wave_s"),
+    Column("kv_capacity_tokens", pa.float64(), "tokens", "tokens the KV cache of one replica holds",
+           kernel="kernels.serving.kv_capacity_tokens"),
+    Column("mem_weights_bytes", pa.float64(), "bytes", "weights on the fullest device",
+           kernel="kernels.inference.device_weight_bytes"),
+    Column("mem_kv_bytes", pa.float64(), "bytes", "KV cache of the running batches' whole sequences, per device"),
+    Column("mem_peak_bytes", pa.float64(), "bytes", "weights + framework overhead + mem_kv_bytes per device"),
+    Column("feasible", pa.bool_(), "bool", "fits in memory, sustains the load and meets the SLA"),
+    Column("infeasible_reason", pa.dictionary(pa.int8(), pa.string()), "enum", "why not feasible ('ok' when feasible)"),
+    Column("simulated", pa.bool_(), "bool", "latency and throughput columns come from the iteration-level simulation"),
+)
+COLUMNS = STRATEGY + METRICS
+BY_NAME = {c.name: c for c in COLUMNS}
+
+#: ranking: feasible first, then throughput per GPU (descending), then TTFT
+RANK_BY = ("output_tokens_per_s_per_gpu", "ttft_s")
+
+
+def arrow_schema() -> pa.Schema:
+    return pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
+
+
+def column_docs() -> dict[str, dict[str, str]]:
+    return {c.name: {"unit": c.unit, "doc": c.doc, **({"kernel": c.kernel} if c.kernel else {})} for c in COLUMNS}

@@ -1,0 +1,360 @@
+"""Serving spaces: a model on a device budget, a request workload, SLA targets,
+and the deployment dimensions to search (issue 15, modeling.md section 8).
+
+A serving space is TOML in ``spaces/catalog/serving/NAME.toml`` (or any path)::
+
+    name = "llama3.1-70b-h100-8-fp8"
+    model = "llama3-70b"
+    hardware = "h100-sxm5-80gb"
+    devices = 8
+    [workload]
+    input_len = 2048                                   # fixed, or
+    output_len = { distribution = "lognormal", mean = 256, sigma = 0.5 }
+    concurrency = 64                                   # closed loop, or rate_per_s = 20.0 (Poisson)
+    [sla]
+    tpot_s = 0.05
+    [dimensions]
+    tp = [1, 2, 4, 8]
+    ...
+
+It is validated like a training space (``CatalogError`` naming file, field,
+value and what was expected) and encoded into columns, one row per valid
+candidate; each dropped combination is charged to the first ``ServingReason``
+it breaks. A candidate runs ``instances = devices / (tp * pp)`` copies of one
+engine; the serving enums below are mirrored as integers in
+``kernels.serving`` (pinned by ``tests/test_serving.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
+from paraspace.spaces.enums import Dtype, parse
+from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.schema import Hardware, Model, Record, validate
+
+#: value types of serving records (own bounds: a serving space names counts and rates, not model sizes)
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0, le=1 << 24)]
+Text = Annotated[str, Field(min_length=1)]
+
+SERVING_DIR = CATALOG_DIR / "serving"
+
+#: bytes per element of the precisions a serving space may name (weights and KV cache)
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
+
+
+class Scheduler(IntEnum):
+    """How an engine batches requests."""
+
+    STATIC = 0  #: a batch is admitted only when the previous one has finished (whole prompts, no chunking)
+    CONTINUOUS = 1  #: requests join and leave every iteration; prompts chunked under max_tokens
+
+
+class ServingReason(IntEnum):
+    """Why a combination of serving dimension values is not a candidate (precedence order)."""
+
+    VALID = 0
+    DEVICE_BUDGET = 1  #: tp * pp does not divide the devices
+    TP_HEADS = 2  #: tp does not divide the attention heads (or, without attention DP, the FFN width)
+    PP_LAYERS = 3  #: pp exceeds the layers
+    EP_DENSE = 4  #: ep > 1 or attention DP on a dense model
+    EP_SHAPE = 5  #: ep does not divide tp, or the routed experts, or tp / ep the expert FFN width
+    ATTENTION_DP_TP1 = 6  #: attention DP with tp = 1 is the same row without it
+    TOKEN_BUDGET = 7  #: continuous batching with max_tokens < max_batch: a full batch's decode tokens do not fit
+    STATIC_TOKENS = 8  #: static batching has no token budget: only the first max_tokens value is kept
+
+
+REASON_TEXT: dict[ServingReason, str] = {
+    ServingReason.VALID: "valid candidates",
+    ServingReason.DEVICE_BUDGET: "tp*pp does not divide devices",
+    ServingReason.TP_HEADS: "tp does not divide heads (or ffn without attention DP)",
+    ServingReason.PP_LAYERS: "pp > layers",
+    ServingReason.EP_DENSE: "ep>1 or attention_dp on a dense model",
+    ServingReason.EP_SHAPE: "ep does not divide tp and the experts, or tp/ep the expert FFN",
+    ServingReason.ATTENTION_DP_TP1: "attention_dp with tp=1 (same as without)",
+    ServingReason.TOKEN_BUDGET: "continuous: max_tokens < max_batch",
+    ServingReason.STATIC_TOKENS: "static: no token budget, only the first max_tokens kept",
+}
+
+
+class Feasible(IntEnum):
+    """Whether an evaluated serving candidate meets memory and the SLA, and if not why."""
+
+    OK = 0
+    WEIGHTS_OOM = 1  #: the weights and the framework overhead exceed HBM
+    KV_TOO_SMALL = 2  #: not one request of the workload's lengths fits the KV cache
+    OVERLOADED = 3  #: the Poisson rate exceeds what the engines sustain (the queue grows without bound)
+    SLA_TTFT = 4
+    SLA_TTFT_P90 = 5
+    SLA_TPOT = 6
+    SLA_TPOT_P90 = 7
+
+
+def _label(member: IntEnum) -> str:
+    return member.name.lower().replace("_", "-")
+
+
+def enum_labels(enum: type[IntEnum]) -> list[str]:
+    """Parquet / TOML spellings of a serving enum, in value order."""
+    return [_label(m) for m in sorted(enum)]
+
+
+# --------------------------------------------------------------------------- records
+
+
+class Lengths(Record):
+    """Request lengths in tokens: every request ``mean`` (fixed), or lognormal with
+    that mean and log-standard deviation ``sigma``, rounded, at least 1."""
+
+    distribution: Literal["fixed", "lognormal"] = "fixed"
+    mean: Positive
+    sigma: NonNegative = 0.0
+
+    @model_validator(mode="after")
+    def _sigma(self) -> Lengths:
+        if self.distribution == "fixed" and self.sigma != 0.0:
+            raise ValueError("sigma: 0 for a fixed length (or distribution = \"lognormal\")")
+        return self
+
+
+class Workload(Record):
+    """The requests: their lengths and how they arrive."""
+
+    input_len: Lengths
+    output_len: Lengths
+    #: closed loop: this many users, each sending its next request when the last one finishes
+    concurrency: PositiveInt | None = None
+    #: open loop: Poisson arrivals at this many requests per second (the whole deployment)
+    rate_per_s: Positive | None = None
+    #: share of each prompt found in the prefix cache (not recomputed at prefill)
+    prefix_hit_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    #: requests each simulated engine serves
+    n_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    seed: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_lengths(cls, data: Any) -> Any:
+        """``input_len = 1024`` is the short spelling of a fixed length."""
+        if isinstance(data, dict):
+            data = dict(data)
+            for key in ("input_len", "output_len"):
+                if isinstance(data.get(key), int | float) and not isinstance(data.get(key), bool):
+                    data[key] = {"distribution": "fixed", "mean": float(data[key])}
+                elif isinstance(data.get(key), dict) and isinstance(data[key].get("mean"), int):
+                    data[key] = {**data[key], "mean": float(data[key]["mean"])}
+        return data
+
+    @model_validator(mode="after")
+    def _one_arrival_process(self) -> Workload:
+        if (self.concurrency is None) == (self.rate_per_s is None):
+            raise ValueError("concurrency: exactly one of concurrency (closed loop) and rate_per_s (Poisson)")
+        return self
+
+
+class Sla(Record):
+    """Latency targets; an omitted one is not checked."""
+
+    ttft_s: Positive | None = None
+    ttft_p90_s: Positive | None = None
+    tpot_s: Positive | None = None
+    tpot_p90_s: Positive | None = None
+
+
+class ServingDimensions(Record):
+    """The values each serving dimension may take."""
+
+    tp: tuple[PositiveInt, ...] = (1,)
+    pp: tuple[PositiveInt, ...] = (1,)
+    #: expert-parallel ranks among the tp ranks (MoE models)
+    ep: tuple[PositiveInt, ...] = (1,)
+    #: attention data parallelism: attention replicated per rank with its own requests (MoE models)
+    attention_dp: tuple[bool, ...] = (False,)
+    #: GEMM weight precision (a Dtype label the hardware has a peak for)
+    dtype: tuple[Text, ...] = ("bf16",)
+    kv_dtype: tuple[Text, ...] = ("bf16",)
+    #: most requests an engine runs at once
+    max_batch: tuple[PositiveInt, ...] = (256,)
+    #: tokens per iteration (decode tokens plus prefill chunks): the chunked-prefill budget
+    max_tokens: tuple[PositiveInt, ...] = (8192,)
+    scheduler: tuple[Literal["static", "continuous"], ...] = ("continuous",)
+
+
+class ServingSpec(Record):
+    """A serving space as written in TOML."""
+
+    name: Text
+    description: Text
+    model: Text
+    hardware: Text
+    devices: PositiveInt
+    workload: Workload
+    sla: Sla = Sla()
+    #: share of the HBM left beside weights and overhead that the KV cache takes
+    kv_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+    #: host and scheduler time per engine iteration
+    host_overhead_us: NonNegative = 0.0
+    #: candidates the iteration-level simulation refines (the best by analytic throughput)
+    simulate_top: Annotated[int, Field(ge=0)] = 32
+    dimensions: ServingDimensions = ServingDimensions()
+
+
+@dataclass(frozen=True)
+class LoadedServing:
+    spec: ServingSpec
+    model: Model
+    hardware: Hardware
+    source: str
+    raw: dict[str, Any]
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in SERVING_DIR.glob("*.toml"))
+
+
+def load_serving(ref: str) -> LoadedServing:
+    """A serving space by catalog name (``spaces/catalog/serving``) or TOML path."""
+    path = Path(ref)
+    if not (ref.endswith(".toml") or path.exists()):
+        path = SERVING_DIR / f"{ref}.toml"
+        if not path.is_file():
+            raise CatalogError("command line", "space", ref, f"a serving TOML path or one of {names()}")
+    elif not path.is_file():
+        raise CatalogError("command line", "space", ref, "an existing TOML file")
+    return serving_from_raw(read_toml(path), str(path), path.parent)
+
+
+def serving_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> LoadedServing:
+    spec = validate(ServingSpec, raw, source)
+    is_name = lambda ref: not ref.endswith(".toml") and "/" not in ref  # noqa: E731
+    model = load_model(spec.model, relative_to=None if is_name(spec.model) else base_dir, source=source)
+    hw = load_hardware(spec.hardware, relative_to=None if is_name(spec.hardware) else base_dir, source=source)
+    loaded = LoadedServing(spec=spec, model=model, hardware=hw, source=source, raw=raw)
+    check_serving(loaded)
+    return loaded
+
+
+def check_serving(space: LoadedServing) -> None:
+    """Checks beyond the schema: precisions known and on the hardware, distinct values."""
+    peaks = space.hardware.device.peak_TFLOP_per_s
+    dims = space.spec.dimensions
+    for name in ("dtype", "kv_dtype"):
+        for value in getattr(dims, name):
+            if value not in DTYPE_BYTES:
+                raise CatalogError(space.source, f"dimensions.{name}", value, f"one of {sorted(DTYPE_BYTES)}")
+    for value in dims.dtype:
+        if value not in peaks:
+            raise CatalogError(space.source, "dimensions.dtype", value,
+                               f"a precision {space.hardware.name} has a peak for: {sorted(peaks)}")
+    for dim in DIMENSIONS:
+        raw = getattr(dims, dim)
+        if len(raw) == 0:
+            raise CatalogError(space.source, f"dimensions.{dim}", list(raw), "at least one value")
+        if len(set(raw)) != len(raw):
+            raise CatalogError(space.source, f"dimensions.{dim}", list(raw), "distinct values")
+
+
+# --------------------------------------------------------------------------- encoding
+
+#: the product's dimensions, slowest first (the Parquet strategy columns, with instances)
+DIMENSIONS = ("tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens", "scheduler")
+#: enum-valued dimensions: Parquet dictionary columns with these labels
+DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler)}
+
+
+def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
+    dims = space.spec.dimensions
+    out: dict[str, np.ndarray] = {}
+    for name in DIMENSIONS:
+        raw = getattr(dims, name)
+        if name in ("dtype", "kv_dtype"):
+            out[name] = np.asarray([int(parse(Dtype, v)) for v in raw], np.int8)
+        elif name == "scheduler":
+            out[name] = np.asarray([int(Scheduler[v.upper()]) for v in raw], np.int8)
+        elif name == "attention_dp":
+            out[name] = np.asarray(raw, np.int8)
+        else:
+            out[name] = np.asarray(raw, np.int32)
+    return out
+
+
+@dataclass
+class EncodedServing:
+    columns: dict[str, np.ndarray]
+    n_combinations: int
+    first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
+    breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.columns["row_id"].shape[0])
+
+
+def encode(space: LoadedServing) -> EncodedServing:
+    """Every combination of the dimensions (C order, the last fastest), filtered by
+    vectorised rules; kept rows carry ``row_id`` and the derived ``instances``."""
+    values = dimension_values(space)
+    shape = tuple(len(values[n]) for n in DIMENSIONS)
+    n = int(np.prod(shape, dtype=np.int64))
+    flat = np.arange(n, dtype=np.int64)
+    index = np.unravel_index(flat, shape)
+    cols = {name: values[name][i] for name, i in zip(DIMENSIONS, index)}
+    reason, breaks = _reasons(space, cols, values)
+    keep = reason == ServingReason.VALID
+    out = {k: np.ascontiguousarray(v[keep]) for k, v in cols.items()}
+    out["row_id"] = flat[keep]
+    out["instances"] = (space.spec.devices // (out["tp"] * out["pp"])).astype(np.int32)
+    return EncodedServing(out, n, np.bincount(reason, minlength=len(ServingReason)).astype(np.int64), breaks)
+
+
+def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
+             values: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    model = space.model
+    moe = model.moe
+    tp, pp, ep = (c[k].astype(np.int64) for k in ("tp", "pp", "ep"))
+    adp = c["attention_dp"] != 0
+    experts = moe.experts if moe is not None else 1
+    expert_ffn = moe.expert_ffn if moe is not None else 1
+    continuous = c["scheduler"] == Scheduler.CONTINUOUS
+    safe_ep = np.maximum(ep, 1)
+    rules: dict[ServingReason, np.ndarray] = {
+        ServingReason.DEVICE_BUDGET: space.spec.devices % (tp * pp) != 0,
+        ServingReason.TP_HEADS: (model.heads % tp != 0) | (~adp & (model.ffn % tp != 0)),
+        ServingReason.PP_LAYERS: pp > model.layers,
+        ServingReason.EP_DENSE: np.full(tp.shape, moe is None) & ((ep > 1) | adp),
+        ServingReason.EP_SHAPE: (tp % safe_ep != 0) | (experts % safe_ep != 0)
+        | (np.full(tp.shape, moe is not None) & (expert_ffn % np.maximum(tp // safe_ep, 1) != 0)),
+        ServingReason.ATTENTION_DP_TP1: adp & (tp == 1),
+        ServingReason.TOKEN_BUDGET: continuous & (c["max_tokens"] < c["max_batch"]),
+        ServingReason.STATIC_TOKENS: ~continuous & (c["max_tokens"] != values["max_tokens"][0]),
+    }
+    reason = np.zeros(tp.shape[0], np.int64)
+    breaks = np.zeros(len(ServingReason), np.int64)
+    for code, broken in rules.items():
+        reason[(reason == 0) & broken] = int(code)
+        breaks[int(code)] = int(broken.sum())
+    return reason, breaks
+
+
+def dtype_bytes_table() -> np.ndarray:
+    """Bytes per element indexed by Dtype code (0 where a precision cannot be stored)."""
+    out = np.zeros(len(Dtype))
+    for name, nbytes in DTYPE_BYTES.items():
+        out[int(parse(Dtype, name))] = nbytes
+    return out
+
+
+__all__ = [
+    "DIMENSIONS", "DTYPE_BYTES", "EncodedServing", "Feasible", "LoadedServing", "REASON_TEXT", "Scheduler",
+    "ServingReason", "ServingSpec", "dimension_values", "dtype_bytes_table", "encode", "enum_labels",
+    "load_serving", "names", "serving_from_raw",
+]

@@ -1,0 +1,218 @@
+"""Plain-Python references of the serving kernels: the analytic steady state
+(``kernels.serving.analytic_one``) and the iteration-level simulation
+(``kernels.serving_sim.simulate_one``), written for reading, not speed (lists,
+a deque, one request at a time). Tests check the kernels against them to
+~1e-12; ``bench/bench_serving.py`` times them beside the kernels.
+
+The iteration's cost parts (``rows_s``, ``head_rows_s``: the operator and
+collective kernels of ``kernels.inference``) are taken as given callables or
+tables: they are tested on their own."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable
+
+
+def lookup(grid: list[float], table: list[float], x: float) -> float:
+    """Linear interpolation on an ascending grid, extrapolated past the ends, 0 at x <= 0."""
+    if x <= 0:
+        return 0.0
+    j = bisect.bisect_left(grid, x)
+    if j < len(grid) and grid[j] == x:
+        return table[j]
+    j = min(max(j, 1), len(grid) - 1)
+    w = (x - grid[j - 1]) / (grid[j] - grid[j - 1])
+    return table[j - 1] + w * (table[j] - table[j - 1])
+
+
+def steady_state(rows: Callable[[float], float], head: Callable[[float], float], kv_coef: float, pair_coef: float,
+                 cap_tokens: float, *, input_len: float, output_len: float, hit: float, concurrency: float,
+                 rate: float, host: float, max_batch: float, max_tokens: float, static: bool, engines: float,
+                 devices: float) -> dict[str, float]:
+    """The analytic tier's closed forms for one candidate (kernels.serving module doc)."""
+    new = input_len * (1 - hit)
+    pairs_one = new * (input_len - new + new / 2)
+    nd = output_len - 1
+    b_max = min(max_batch, math.floor(cap_tokens / (input_len + output_len)))
+
+    def wave(b: float, wave_static: bool) -> tuple[float, float]:
+        prompt = b * new
+        chunks = 1 if wave_static else max(math.ceil(prompt / max_tokens), 1)
+        pre = chunks * host + (chunks - 1) * rows(max_tokens) + rows(prompt - (chunks - 1) * max_tokens) + head(b)
+        pre += pair_coef * b * pairs_one
+        dec = 0.0
+        if nd > 0:
+            dec = nd * (host + rows(b) + head(b)) + kv_coef * b * (nd * input_len + nd * (nd + 1) / 2)
+        return pre, dec
+
+    if concurrency > 0:
+        c = max(math.floor(concurrency / engines + 0.5), 1)
+        b = min(c, b_max)
+        pre, dec = wave(b, static)
+        period = pre + dec
+        e2e = c * period / b
+        ttft = e2e - dec
+        rps = b / period
+        stable = True
+    elif static:
+        lam = rate / engines
+        b, stable = 1.0, False
+        for _ in range(200):
+            pre, dec = wave(b, True)
+            nb = max(lam * (pre + dec), 1.0)
+            if nb > b_max:
+                break
+            if abs(nb - b) <= 1e-12 * nb:
+                b, stable = nb, True
+                break
+            b = nb
+        ttft = (pre + dec) / 2 + pre
+        e2e = ttft + dec
+        rps = lam
+    else:
+        lam = rate / engines
+        t, stable = 0.0, False
+        for _ in range(200):
+            arrivals = lam * t
+            b = lam * nd * t
+            nt = (host + rows(max(b + arrivals * new, 1.0)) + head(max(b + arrivals, 1.0))
+                  + kv_coef * b * (input_len + output_len / 2) + pair_coef * arrivals * pairs_one)
+            if b > b_max or b + arrivals * new > max_tokens:
+                break
+            if abs(nt - t) <= 1e-12 * nt:
+                t, stable = nt, True
+                break
+            t = nt
+        b = lam * nd * t
+        ttft = t / 2 + t * math.ceil(new / (max_tokens - b))
+        dec = nd * t
+        e2e = ttft + dec
+        rps = lam
+    tpot = dec / nd if nd > 0 else 0.0
+    return {"batch": b, "ttft_s": ttft, "tpot_s": tpot, "e2e_latency_s": e2e, "stable": stable,
+            "requests_per_s": rps * engines, "output_tokens_per_s_per_gpu": rps * engines * output_len / devices}
+
+
+def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, clients: int, rate: float,
+             max_batch: int, max_tokens: float, static: bool, cap: float, host: float, kv_coef: float,
+             pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float]) -> dict[str, float]:
+    """One engine's continuous- or static-batching run (kernels.serving_sim module doc)."""
+    n = len(in_len)
+    closed = clients > 0
+    cached = [math.floor(x * hit) for x in in_len]
+    arrive = [0.0] * n
+    if not closed:
+        acc = 0.0
+        for r in range(n):
+            acc += gaps[r]
+            arrive[r] = acc / rate
+    first = [None] * n
+    done = [None] * n
+    gen = [0] * n
+    kv = [0.0] * n
+    target = [0.0] * n
+    computed = [0.0] * n
+    queue: deque[int] = deque()
+    running: list[int] = []
+    issued = 0
+    if closed:
+        issued = min(clients, n)
+        queue.extend(range(issued))
+    t = area = kv_used = 0.0
+    in_system = len(queue)
+    finished = preemptions = 0
+    while finished < n:
+        if not closed:
+            while issued < n and arrive[issued] <= t:
+                queue.append(issued)
+                area += t - arrive[issued]
+                in_system += 1
+                issued += 1
+        if not static or not running:
+            while queue and len(running) < max_batch:
+                r = queue[0]
+                need = in_len[r] + gen[r]
+                if kv_used + need > cap:
+                    break
+                queue.popleft()
+                running.append(r)
+                kv_used += need
+                kv[r] = need
+                target[r] = need - cached[r]
+                computed[r] = 0.0
+        if not running:
+            assert not queue and not closed and issued < n, "stuck"
+            t = arrive[issued]
+            continue
+        decoding = {r for r in running if computed[r] >= target[r]}
+        while kv_used + len(decoding) > cap:
+            assert len(running) > 1, "stuck"
+            victim = running.pop()
+            kv_used -= kv[victim]
+            kv[victim] = 0.0
+            decoding.discard(victim)
+            queue.appendleft(victim)
+            preemptions += 1
+        budget = math.inf if static else max_tokens - len(decoding)
+        tokens = rows = kv_read = pairs = 0.0
+        chunks = {}
+        for r in running:
+            if r in decoding:
+                tokens += 1
+                rows += 1
+                kv_read += kv[r] + 1
+            elif budget > 0:
+                c = min(target[r] - computed[r], budget)
+                pairs += c * (kv[r] - target[r] + computed[r] + c / 2)
+                tokens += c
+                budget -= c
+                chunks[r] = c
+                if computed[r] + c >= target[r]:
+                    rows += 1
+        dt = host + lookup(grid, g, tokens) + lookup(grid, h, rows) + kv_coef * kv_read + pair_coef * pairs
+        t += dt
+        area += in_system * dt
+        still = []
+        for r in running:
+            if r in decoding:
+                gen[r] += 1
+                kv[r] += 1
+                kv_used += 1
+            elif r in chunks:
+                computed[r] += chunks[r]
+                if computed[r] >= target[r]:
+                    gen[r] += 1
+                    if first[r] is None:
+                        first[r] = t
+            if gen[r] >= out_len[r]:
+                done[r] = t
+                kv_used -= kv[r]
+                kv[r] = 0.0
+                finished += 1
+                in_system -= 1
+                if closed and issued < n:
+                    arrive[issued] = t
+                    queue.append(issued)
+                    in_system += 1
+                    issued += 1
+            else:
+                still.append(r)
+        running = still
+    ttft = sorted(first[r] - arrive[r] for r in range(n))
+    tpot = sorted((done[r] - first[r]) / (out_len[r] - 1) for r in range(n) if out_len[r] > 1)
+    e2e = [done[r] - arrive[r] for r in range(n)]
+    return {"ttft_s": sum(ttft) / n, "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+            "tpot_s": sum(tpot) / len(tpot) if tpot else math.nan, "tpot_p90_s": percentile(tpot, 90) if tpot else math.nan,
+            "e2e_latency_s": sum(e2e) / n, "makespan_s": t, "concurrency": area / t, "requests_per_s": n / t,
+            "preemptions": preemptions}
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """numpy's default (linear) percentile of an ascending list."""
+    pos = (len(ordered) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])

@@ -1,0 +1,398 @@
+"""Serving spaces (issue 15): the schema and encoder, the analytic tier by hand,
+the memory-bandwidth ceiling, the simulation against the closed forms, Little's
+law and determinism, the plain-Python references, and ``paraspace serve`` on
+every catalog serving space."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from naive_serving import lookup, simulate as naive_simulate, steady_state
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import pack_hardware, pack_model
+from paraspace.kernels import inference, serving_sim
+from paraspace.kernels import serving as ks
+from paraspace.results import serving_schema
+from paraspace.spaces import serving as sp
+from paraspace.spaces.catalog import load_hardware, load_model
+from paraspace.spaces.errors import CatalogError
+
+GIB = 2.0**30
+GRID = ks.token_grid()
+REL = 1e-12
+
+
+# --------------------------------------------------------------------------- toy records
+
+
+def toy_model(**overrides: float) -> np.ndarray:
+    """2 layers, h 1024, 8 heads of 128 (GQA: 2 KV heads), SwiGLU ffn 4096, vocab 32000, untied."""
+    values = {"layers": 2.0, "hidden": 1024.0, "heads": 8.0, "kv_heads": 2.0, "head_dim": 128.0, "ffn": 4096.0,
+              "vocab": 32000.0, "glu": 1.0, "bias": 0.0, "tied_embeddings": 0.0, "dropout": 0.0}
+    values.update(overrides)
+    from paraspace.kernels import params
+
+    return params.record(params.MODEL, **values)
+
+
+def toy_srv(**overrides: float) -> np.ndarray:
+    """One device, 16-bit weights / activations / KV, 90% of the free HBM for the KV cache."""
+    values = {"tp": 1.0, "pp": 1.0, "n_gpus": 1.0, "weight_bytes": 2.0, "act_bytes": 2.0, "kv_bytes": 2.0,
+              "kv_fraction": 0.9}
+    values.update(overrides)
+    return inference.serving(**values)
+
+
+def workload(**overrides: float) -> np.ndarray:
+    values = dict(input_len=512.0, output_len=16.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
+                  devices=1.0, host_s=0.0, kv_fraction=0.9, sla_ttft_s=0.0, sla_ttft_p90_s=0.0, sla_tpot_s=0.0,
+                  sla_tpot_p90_s=0.0)
+    values.update(overrides)
+    rec = np.zeros(1, ks.SERVING_WORKLOAD).view(np.recarray)
+    for key, value in values.items():
+        rec[key] = value
+    return rec
+
+
+@pytest.fixture(scope="module")
+def fast(make_device, make_tiers, toy_tiles):
+    """The toy device (1 TB/s, no launch cost, ideal efficiencies, no fusion) at 1e18
+    FLOP/s, so every kernel is bound by its bytes: a time is bytes / 1e12."""
+    return dict(model=toy_model(), dev=make_device(peak_flops_per_s=1e18), tiers=make_tiers((8, 1e11, 0.0), (0, 1e10, 0.0)),
+                tiles=toy_tiles)
+
+
+def analytic(env, srv, wl, *, max_batch=256.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS, instances=1.0):
+    out = ks.analytic_rows(env["model"], env["dev"], env["tiers"], env["tiles"], srv, np.zeros(1, np.int8),
+                           np.array([max_batch]), np.array([max_tokens]), np.array([scheduler], np.int8),
+                           np.array([instances]), wl)
+    return dict(zip(ks.OUTPUTS, out[0]))
+
+
+def tables(env, srv):
+    return ks.cost_tables(env["model"], env["dev"], env["tiers"], env["tiles"], srv, np.zeros(1, np.int8), GRID)
+
+
+def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_batch=256.0, max_tokens=8192.0,
+            scheduler=ks.CONTINUOUS, host=0.0, hit=0.0, cap=None):
+    g, h, kv_coef, pair_coef, capacity = tables(env, srv)
+    if cap is not None:
+        capacity = np.array([cap])
+    gaps = np.ones(len(in_len)) if gaps is None else gaps
+    out = serving_sim.simulate_rows(np.asarray(in_len, float), np.asarray(out_len, float), gaps, np.array([clients], float),
+                                    np.array([rate]), np.array([max_batch]), np.array([max_tokens]),
+                                    np.array([scheduler], np.int8), capacity, host, kv_coef, pair_coef, hit, GRID, g, h)
+    return dict(zip(serving_sim.SIM_OUTPUTS, out[0])), (g[0], h[0], kv_coef[0], pair_coef[0], capacity[0])
+
+
+# --------------------------------------------------------------------------- enums, schema, encoder
+
+
+def test_kernel_codes_mirror_the_enums():
+    assert (ks.STATIC, ks.CONTINUOUS) == (sp.Scheduler.STATIC, sp.Scheduler.CONTINUOUS)
+    assert serving_sim.STATIC == sp.Scheduler.STATIC
+    codes = {name: getattr(ks, name) for name in sp.Feasible.__members__}
+    assert codes == {m.name: int(m) for m in sp.Feasible}
+
+
+def space(**changes) -> dict:
+    raw = {"name": "t", "description": "toy", "model": "llama3-8b", "hardware": "h100-sxm5-80gb", "devices": 8,
+           "workload": {"input_len": 1024, "output_len": 128, "concurrency": 16},
+           "dimensions": {"tp": [1, 2, 3, 4, 8], "max_batch": [64], "max_tokens": [32, 4096]}}
+    for key, value in changes.items():
+        raw[key] = value
+    return raw
+
+
+def test_encoder_charges_each_dropped_combination_to_its_first_rule():
+    loaded = sp.serving_from_raw(space(), "toy.toml", Path("."))
+    enc = sp.encode(loaded)
+    # 5 tp x 2 max_tokens = 10; tp = 3 does not divide 8 devices (2 rows); max_tokens 32 < max_batch 64
+    # on the other 4 tp values (4 rows): 4 kept, instances = 8 / tp
+    assert enc.n_combinations == 10
+    assert enc.first_reason[sp.ServingReason.DEVICE_BUDGET] == 2
+    assert enc.first_reason[sp.ServingReason.TOKEN_BUDGET] == 4
+    assert list(enc.columns["tp"]) == [1, 2, 4, 8]
+    assert list(enc.columns["instances"]) == [8, 4, 2, 1]
+    assert list(enc.columns["row_id"]) == [1, 3, 7, 9]
+
+
+@pytest.mark.parametrize("change, field, expected", [
+    ({"workload": {"input_len": {"distribution": "zipf", "mean": 10}, "output_len": 4, "concurrency": 1}},
+     "workload.input_len.distribution", "'fixed' or 'lognormal'"),
+    ({"workload": {"input_len": 8, "output_len": 4, "concurrency": 1, "rate_per_s": 2.0}},
+     "workload.concurrency", "exactly one of"),
+    ({"dimensions": {"dtype": ["fp4"]}}, "dimensions.dtype", "h100-sxm5-80gb has a peak for"),
+    ({"dimensions": {"tp": [2, 2]}}, "dimensions.tp", "distinct values"),
+])
+def test_bad_serving_input_is_a_catalog_error(change, field, expected):
+    with pytest.raises(CatalogError) as info:
+        sp.serving_from_raw(space(**change), "toy.toml", Path("."))
+    assert info.value.field == field
+    assert expected in info.value.expected
+
+
+# --------------------------------------------------------------------------- analytic tier by hand
+
+
+def test_iteration_parts_by_hand(fast):
+    """The toy at 1e18 FLOP/s and 1 TB/s: every kernel costs its bytes / 1e12.
+
+    Per layer for T rows (2-byte elements, no fusion, tp = 1 so no all-reduce):
+      QKV GEMM (T x 1024) @ (1024 x 1536):  2 (1024 T + 1572864 + 1536 T) = 5120 T + 3145728
+      attention core over an empty cache (Q read, O written): T * 8 heads * 256 * 2 = 4096 T
+      out-projection (T x 1024) @ (1024 x 1024): 2 (2048 T + 1048576)  = 4096 T + 2097152
+      norms, residuals 10 * 2048 T, rotary 2 * 1280 * 2 T, KV write 2 * 2 * 128 * 2 T = 26624 T
+      up (T x 1024) @ (1024 x 8192): 2 (9216 T + 8388608)            = 18432 T + 16777216
+      down (T x 4096) @ (4096 x 1024): 2 (5120 T + 4194304)          = 10240 T + 8388608
+      SwiGLU activation 3 * 4096 * 2 T                                 = 24576 T
+      sum: 93184 T + 30408704 (the layer's weights, 15204352 x 2 bytes)
+    Two layers plus the embedding lookup 2 * 1024 * 2 T = 4096 T:
+      rows_s(T) = (190464 T + 60817408) / 1e12
+    Head for r rows: final norm 4096 r, LM head (r x 1024) @ (1024 x 32000)
+      2 (1024 r + 32768000 + 32000 r), sampling pass 32000 * 2 r:
+      head_rows_s(r) = (134144 r + 65536000) / 1e12
+    Decode attention reads 2 layers x 2 (K, V) x 2 heads x 128 x 2 bytes = 2048 bytes a cached token.
+    Prefill attention: 2 layers x 2 x 8 heads x 256 = 8192 FLOP a causal pair."""
+    m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
+    srv = toy_srv()[0]
+    for t in (1.0, 512.0):
+        assert ks.rows_s(m, d, tiers, tiles, srv, t) == pytest.approx((190464 * t + 60817408) / 1e12, rel=REL)
+    assert ks.head_rows_s(m, d, tiers, tiles, srv, 3.0) == pytest.approx((134144 * 3 + 65536000) / 1e12, rel=REL)
+    assert ks.head_rows_s(m, d, tiers, tiles, srv, 0.0) == 0.0
+    assert ks.kv_s_per_token(m, d, tiers, tiles, srv) == pytest.approx(2048 / 1e12, rel=1e-9)
+    assert ks.pair_s(m, d, srv) == pytest.approx(8192 / 1e18, rel=REL)
+
+
+def test_prefill_and_decode_step_by_hand(fast):
+    """One user, a 512-token prompt, 16 output tokens:
+      prefill = rows_s(512) + head(1) + 8192e-18 * 512 * 256 pairs
+              = (190464*512 + 60817408 + 134144 + 65536000) e-12 + 1.073741824e-9
+              = 224005120e-12 + 1.073741824e-9 = 2.24006193741824e-4 s (the TTFT)
+      decode j = 1..15 reads 512 + j tokens: 15 (rows_s(1) + head(1)) + 2048e-12 * (15*512 + 120)
+              = 15 * 126678016e-12 + 2048e-12 * 7800 = 1.90017024e-3 + 1.59744e-5 = 1.91614464e-3 s
+      TPOT = 1.91614464e-3 / 15; 16 tokens over prefill + decode."""
+    out = analytic(fast, toy_srv(), workload())
+    prefill = 224005120e-12 + 1.073741824e-9
+    decode = 15 * 126678016e-12 + 2048e-12 * 7800
+    assert out["prefill_s"] == pytest.approx(prefill, rel=1e-9)
+    assert out["ttft_s"] == pytest.approx(prefill, rel=1e-9)
+    assert out["tpot_s"] == pytest.approx(decode / 15, rel=1e-9)
+    assert out["e2e_latency_s"] == pytest.approx(prefill + decode, rel=1e-9)
+    assert out["output_tokens_per_s_per_gpu"] == pytest.approx(16 / (prefill + decode), rel=1e-9)
+    assert out["reason"] == ks.OK
+
+
+def test_kv_capacity_by_hand(make_device):
+    """1 GiB of HBM, 0.25 GiB overhead. Weights: per layer 15204352 matrix parameters + 2 norms
+    of 1024 = 15206400; 2 layers + final norm 1024 = 30413824 parameters x 2 bytes = 60827648
+    bytes, plus the embedding and the untied head, 2 x 32000 x 1024 x 2 = 131072000: 191899648.
+    free = 1073741824 - 268435456 - 191899648 = 613406720; 0.9 of it / 2048 bytes a token
+    = 269563.5 -> 269563 tokens."""
+    dev = make_device(hbm_capacity_bytes=GIB, memory_overhead_bytes=GIB / 4)
+    model = toy_model()
+    srv = toy_srv()
+    assert inference.device_weight_bytes(model[0], srv[0]) == 191899648
+    assert ks.kv_capacity_tokens(model[0], dev[0], srv[0]) == 269563
+    # no room beside the weights: 0 tokens, and the analytic tier says why
+    small = make_device(hbm_capacity_bytes=191899648.0 * 0.5, peak_flops_per_s=1e18)
+    assert ks.kv_capacity_tokens(model[0], small[0], srv[0]) == 0
+
+
+def test_weights_and_kv_reasons(fast, make_device):
+    env = {**fast, "dev": make_device(hbm_capacity_bytes=1e8, peak_flops_per_s=1e18)}
+    assert analytic(env, toy_srv(), workload())["reason"] == ks.WEIGHTS_OOM
+    # 0.2 GiB free: 0.9 * (214748364.8 - 191899648) / 2048 = 10040 tokens < 1 request of 20000
+    env = {**fast, "dev": make_device(hbm_capacity_bytes=0.2 * GIB, peak_flops_per_s=1e18)}
+    assert analytic(env, toy_srv(), workload(input_len=19000.0, output_len=1000.0))["reason"] == ks.KV_TOO_SMALL
+
+
+@pytest.fixture(scope="module")
+def h100_fp8():
+    device, tiers, tiles = pack_hardware(load_hardware("h100-sxm5-80gb"), "fp8")
+    return dict(model=pack_model(load_model("llama3-70b")), dev=device, tiers=tiers, tiles=tiles)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("batch, kv_len", [(1, 128), (16, 2048), (64, 8192), (256, 1024)])
+def test_decode_never_beats_the_memory_bandwidth_ceiling(h100_fp8, tp, batch, kv_len):
+    """A decode iteration reads every weight it multiplies (not the embedding table, of which
+    it gathers rows) and every cached token: step >= (weights + KV read) / HBM bandwidth."""
+    m, d, tiers, tiles = h100_fp8["model"][0], h100_fp8["dev"][0], h100_fp8["tiers"], h100_fp8["tiles"]
+    srv = inference.serving(tp=tp, pp=1, n_gpus=8, weight_bytes=1.0, act_bytes=2.0, kv_bytes=1.0)[0]
+    weights = inference.device_weight_bytes(m, srv) - m.vocab * m.hidden / tp * 2.0
+    kv_read = inference.kv_bytes_per_token(m, srv) * batch * kv_len
+    step = ks.iteration_s(m, d, tiers, tiles, srv, 0.0, ks.kv_s_per_token(m, d, tiers, tiles, srv), 0.0,
+                          batch, batch, batch * kv_len, 0.0)
+    assert step >= (weights + kv_read) / d.hbm_bytes_per_s
+
+
+# --------------------------------------------------------------------------- simulation against the closed forms
+
+
+def test_one_request_equals_the_closed_form(fast):
+    """One user, one request: TTFT = the prefill iteration, TPOT = the decode iterations' mean
+    (512 and 1 rows lie on the cost table's grid, so the table is exact there)."""
+    srv = toy_srv()
+    closed = analytic(fast, srv, workload())
+    sim, _ = run_sim(fast, srv, [512.0], [16.0], clients=1)
+    assert sim["ttft_s"] == pytest.approx(closed["ttft_s"], rel=REL)
+    assert sim["tpot_s"] == pytest.approx(closed["tpot_s"], rel=REL)
+    assert sim["e2e_latency_s"] == pytest.approx(closed["e2e_latency_s"], rel=REL)
+    assert sim["iterations"] == 16 and sim["preemptions"] == 0
+
+
+@pytest.mark.parametrize("scheduler", [ks.CONTINUOUS, ks.STATIC])
+def test_saturated_closed_loop_equals_the_waves(fast, scheduler):
+    """16 users, batch 8, 64-token prompts (8 x 64 = 512 tokens: one prefill iteration),
+    16 output tokens, 64 requests: the engine runs 8 identical waves; each request after the
+    first wave waits one period, so the median TTFT is period - decode (= e2e - decode of the
+    closed form, e2e = 16 / 8 periods), TPOT is exact and the throughput is 8 x 16 / period."""
+    srv = toy_srv()
+    wl = workload(input_len=64.0, concurrency=16.0)
+    closed = analytic(fast, srv, wl, max_batch=8.0, max_tokens=512.0, scheduler=scheduler)
+    sim, _ = run_sim(fast, srv, [64.0] * 64, [16.0] * 64, clients=16, max_batch=8.0, max_tokens=512.0,
+                     scheduler=scheduler)
+    assert closed["batch"] == 8
+    assert sim["ttft_p50_s"] == pytest.approx(closed["ttft_s"], rel=REL)
+    assert sim["tpot_s"] == pytest.approx(closed["tpot_s"], rel=REL)
+    assert sim["tpot_p90_s"] == pytest.approx(closed["tpot_s"], rel=REL)
+    assert sim["output_tokens_per_s"] == pytest.approx(closed["output_tokens_per_s_per_gpu"], rel=REL)
+    assert sim["iterations"] == 8 * 16
+
+
+def lognormal_requests(n: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    in_len = np.maximum(np.rint(rng.lognormal(np.log(300), 0.6, n)), 1.0)
+    out_len = np.maximum(np.rint(rng.lognormal(np.log(40), 0.5, n)), 1.0)
+    return in_len, out_len, rng.exponential(1.0, n)
+
+
+@pytest.mark.parametrize("clients, rate", [(0, 400.0), (24, 0.0)])
+def test_littles_law(fast, clients, rate):
+    """The time-average number in the system (integrated iteration by iteration) equals the
+    completion rate times the mean latency (per request) on a Poisson and a closed-loop run."""
+    in_len, out_len, gaps = lognormal_requests(400)
+    sim, _ = run_sim(fast, toy_srv(), in_len, out_len, gaps, clients=clients, rate=rate, max_batch=32.0,
+                     max_tokens=1024.0)
+    assert sim["stuck"] == 0
+    assert sim["concurrency"] == pytest.approx(sim["requests_per_s"] * sim["e2e_latency_s"], rel=1e-9)
+    if clients:  # every user has one request in the system until the last ones are not replaced
+        assert sim["concurrency"] <= clients
+
+
+def test_preemption_frees_the_cache_and_every_request_finishes(fast):
+    """A cache of 3000 tokens under 16 users of ~300 + 40 tokens: admission by the prompt
+    overcommits the cache, decode growth then preempts, and every request still completes."""
+    in_len, out_len, gaps = lognormal_requests(200)
+    sim, _ = run_sim(fast, toy_srv(), in_len, out_len, gaps, clients=16, max_batch=16.0, max_tokens=2048.0,
+                     cap=3000.0)
+    assert sim["stuck"] == 0 and sim["preemptions"] > 0
+    assert sim["kv_peak_tokens"] <= 3000
+
+
+def test_a_request_larger_than_the_cache_is_stuck_not_a_hang(fast):
+    sim, _ = run_sim(fast, toy_srv(), [512.0], [16.0], clients=1, cap=100.0)
+    assert sim["stuck"] == 1 and math.isnan(sim["ttft_s"])
+
+
+def test_simulation_is_deterministic(fast):
+    in_len, out_len, gaps = lognormal_requests(300, seed=7)
+    runs = [run_sim(fast, toy_srv(), in_len, out_len, gaps, rate=300.0, max_batch=32.0, max_tokens=512.0)[0]
+            for _ in range(2)]
+    assert runs[0] == runs[1] or all(
+        (a == b) or (math.isnan(a) and math.isnan(b)) for a, b in zip(runs[0].values(), runs[1].values()))
+
+
+# --------------------------------------------------------------------------- plain-Python references
+
+
+@pytest.mark.parametrize("case", [
+    dict(clients=16, rate=0.0, cap=None, scheduler=ks.CONTINUOUS, max_tokens=700.0),
+    dict(clients=0, rate=350.0, cap=None, scheduler=ks.CONTINUOUS, max_tokens=512.0),
+    dict(clients=0, rate=350.0, cap=None, scheduler=ks.STATIC, max_tokens=512.0),
+    dict(clients=12, rate=0.0, cap=2500.0, scheduler=ks.CONTINUOUS, max_tokens=1024.0),
+])
+def test_simulation_agrees_with_the_reference(fast, case):
+    in_len, out_len, gaps = lognormal_requests(150, seed=3)
+    sim, (g, h, kv_coef, pair_coef, cap) = run_sim(
+        fast, toy_srv(), in_len, out_len, gaps, clients=case["clients"], rate=case["rate"], max_batch=16.0,
+        max_tokens=case["max_tokens"], scheduler=case["scheduler"], host=2e-5, hit=0.25, cap=case["cap"])
+    ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=case["clients"], rate=case["rate"],
+                         max_batch=16, max_tokens=case["max_tokens"], static=case["scheduler"] == ks.STATIC,
+                         cap=float(cap), host=2e-5, kv_coef=float(kv_coef), pair_coef=float(pair_coef), hit=0.25,
+                         grid=list(GRID), g=list(g), h=list(h))
+    for key in ("ttft_s", "ttft_p50_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "e2e_latency_s", "makespan_s",
+                "concurrency", "preemptions"):
+        assert sim[key] == pytest.approx(ref[key], rel=REL), key
+
+
+def test_lookup_agrees_with_the_reference():
+    table = np.sqrt(GRID)
+    for x in (0.0, 1.0, 1.2, 5.0, 100.0, 3e6, 2e7):
+        assert serving_sim.lookup(GRID, table, x) == pytest.approx(lookup(list(GRID), list(table), x), rel=REL)
+
+
+@pytest.mark.parametrize("wl_change, scheduler", [
+    ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.CONTINUOUS),
+    ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.STATIC),
+    ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.CONTINUOUS),
+    ({"concurrency": 0.0, "rate_per_s": 30.0}, ks.STATIC),
+])
+def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
+    m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
+    srv = toy_srv()
+    wl = workload(host_s=1e-4, **wl_change)
+    out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, instances=2.0)
+    ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, srv[0], t),
+                       lambda r: ks.head_rows_s(m, d, tiers, tiles, srv[0], r),
+                       ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), ks.pair_s(m, d, srv[0]),
+                       ks.kv_capacity_tokens(m, d, srv[0]), input_len=wl.input_len[0], output_len=wl.output_len[0],
+                       hit=wl.prefix_hit_rate[0], concurrency=wl.concurrency[0], rate=wl.rate_per_s[0],
+                       host=1e-4, max_batch=32.0, max_tokens=2048.0, static=scheduler == ks.STATIC, engines=2.0,
+                       devices=1.0)
+    assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
+    for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s", "output_tokens_per_s_per_gpu"):
+        assert out[key] == pytest.approx(ref[key], rel=1e-10), key
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("name", sp.names())
+def test_serve_writes_a_ranked_parquet(tmp_path, name):
+    target = tmp_path / f"{name}.parquet"
+    result = CliRunner().invoke(main, ["serve", name, "--out", str(target), "-n", "3", "--simulate-top", "4"])
+    assert result.exit_code == 0, result.output
+    assert "top 3" in result.output and str(target) in result.output
+    table = pq.read_table(target)
+    assert table.schema.names == [c.name for c in serving_schema.COLUMNS]
+    frame = table.to_pydict()
+    feasible = frame["feasible"]
+    assert feasible == sorted(feasible, reverse=True)  # feasible rows first
+    assert sum(frame["simulated"]) == 4
+    ok = [i for i, f in enumerate(feasible) if f]
+    tps = [frame["output_tokens_per_s_per_gpu"][i] for i in ok]
+    assert tps == sorted(tps, reverse=True)
+    assert all(frame["infeasible_reason"][i] == "ok" for i in ok)
+
+
+def test_serve_bad_space_is_an_error_not_a_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "b"\ndescription = "d"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\ndevices = 8\n'
+                   '[workload]\ninput_len = { distribution = "pareto", mean = 5 }\noutput_len = 4\nconcurrency = 2\n')
+    result = CliRunner().invoke(main, ["serve", str(bad)])
+    assert result.exit_code == 2
+    assert "workload.input_len.distribution" in result.output and "Traceback" not in result.output
+
+
+def test_catalog_serving_spaces_ship_as_package_data():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"catalog/*/*.toml"' in text  # covers spaces/catalog/serving/*.toml
+    assert {"llama3.1-70b-h100-8-fp8", "qwen3-235b-a22b-h200-8"} <= set(sp.names())
