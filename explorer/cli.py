@@ -16,14 +16,17 @@ from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack, pin
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
     DEFAULT_SIMULATE_TOP,
+    check_shard_count,
+    confined_name,
     enum_labels,
     evaluate_encoded,
+    named_for_output,
     result_schema,
     run_sweep,
     shard_range,
 )
-from paraspace.results.rank import ResultsError, compare, pareto, top
-from paraspace.results.writer import to_arrow
+from paraspace.results.rank import Results, ResultsError, compare, open_results, pareto, top
+from paraspace.results.writer import ensure_folder, to_arrow
 from paraspace.spaces import catalog
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
@@ -206,7 +209,8 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
     if space and space_opt and space != space_opt:
         raise InputError(f"command line: space given twice ({space!r} and {space_opt!r}): expected one")
-    loaded = catalog.load_space(space or space_opt or DEFAULT_SPACE, _overrides(model, hardware, devices))
+    overrides = _overrides(model, hardware, devices)
+    loaded = named_for_output(catalog.load_space(space or space_opt or DEFAULT_SPACE, overrides), bool(overrides))
     encoder = Encoder(loaded)
     if dry_run:
         enc = encoder.encode_all() if encoder.n_combinations <= 50_000_000 else None
@@ -218,6 +222,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if dask_address is not None:
         from paraspace.explorer.distributed import run_on_dask
 
+        check_shard_count(shards, encoder.n_combinations, "--shards", shards)
         folder = out or Path("results") / loaded.spec.name
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows)
         rows = sum(p["n_rows"] for p in parts)
@@ -229,16 +234,22 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     start, stop = 0, encoder.n_combinations
     if shard is not None:
         index, count = parse_shard(shard)
+        check_shard_count(count, encoder.n_combinations, "--shard", shard)
         start, stop = shard_range(encoder.n_combinations, index, count)
         target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
     else:
         target = out or Path("results") / f"{loaded.spec.name}.parquet"
     summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
-                        max_tasks=max_tasks, simulate_top=simulate_top, start=start, stop=stop)
+                        max_tasks=max_tasks, simulate_top=simulate_top, start=start, stop=stop,
+                        keep_empty=shard is not None)
     if summary.n_rows == 0:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
+        if shard is not None:  # an empty part is this shard's complete answer; the dataset needs it
+            click.echo(f"{loaded.spec.name} shard {shard}: no valid candidate; wrote {summary.path} (0 rows)")
+            return
+        kept = f"{target} left as it was" if target.exists() else "nothing written"
         raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "
-                         f"one valid candidate (see the table above; {target} holds no rows)")
+                         f"one valid candidate (see the table above; {kept})")
     spec = loaded.spec
     click.echo(f"{spec.name}: {loaded.model.name} on {spec.devices_text} x {loaded.hardware.name}, "
                f"{spec.global_batch} x {spec.seq_len} tokens per step, {spec.dtype}")
@@ -251,6 +262,15 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
         click.echo(_top_table(top(summary.path, n_top)))
+
+
+def _opened(results: Path) -> Results:
+    """The checked results (one space, every shard, one row per row_id); what was done to
+    their rows (exact repeats dropped) is said on stderr."""
+    opened = open_results(results)
+    if opened.note:
+        click.echo(opened.note, err=True)
+    return opened
 
 
 def _with_frame_config(frame: pl.DataFrame) -> str:
@@ -268,7 +288,7 @@ def _with_frame_config(frame: pl.DataFrame) -> str:
 @_guard
 def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int) -> None:
     """The best rows of a result file or dataset (feasible first)."""
-    frame = top(results, n_top, (by, "mem_peak_bytes"), where=where, max_mem_gib=max_mem)
+    frame = top(_opened(results), n_top, (by, "mem_peak_bytes"), where=where, max_mem_gib=max_mem)
     click.echo(_top_table(frame))
 
 
@@ -280,7 +300,7 @@ def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_
 @_guard
 def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
     """Feasible rows that no other row beats on both columns."""
-    front = pareto(results, x, y, where=where)
+    front = pareto(_opened(results), x, y, where=where)
     click.echo(f"{front.height} rows on the {x} / {y} front:")
     dims = _dimensions_shown(front)
     click.echo(_with_frame_config(front.select([*dims, x, y] if y != x else [*dims, x])))
@@ -295,7 +315,9 @@ def report_cmd(results: Path, out: Path, n_top: int) -> None:
     """A self-contained HTML page: best rows, Pareto front, breakdown and sensitivity."""
     from paraspace.results.report import write
 
-    click.echo(f"wrote {write(results, out, list(DIMENSION_NAMES), n_top)}")
+    opened = _opened(results)
+    ensure_folder(out.parent)
+    click.echo(f"wrote {write(opened, out, list(DIMENSION_NAMES), n_top)}")
 
 
 @main.command("compare")
@@ -304,7 +326,7 @@ def report_cmd(results: Path, out: Path, n_top: int) -> None:
 @_guard
 def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
     """Rows side by side, with the difference of every column for two rows."""
-    click.echo(_with_frame_config(compare(results, list(ids))))
+    click.echo(_with_frame_config(compare(_opened(results), list(ids))))
 
 
 @main.command("study")
@@ -333,7 +355,9 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
     from paraspace.explorer.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loaded = catalog.load_space(space or DEFAULT_SPACE)
+    loaded = named_for_output(catalog.load_space(space or DEFAULT_SPACE), overridden=False)
+    if study_name is not None:  # names the journal and the parts' folder: keep them inside --out
+        confined_name(study_name, "command line", "--study-name")
     summary = run_study(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
                         sampler=sampler, objective=objective, max_mem_gib=max_mem, batch=batch, timeout_s=timeout_s,
                         seed=seed)

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from paraspace.explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_range
+from paraspace.results.writer import ensure_folder
 from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.errors import CatalogError
+
+#: how long to try reaching a scheduler before saying it cannot be reached
+CONNECT_TIMEOUT_S = 10.0
 
 
 def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows: int) -> dict[str, Any]:
@@ -27,21 +32,36 @@ def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows:
     n = Encoder(space).n_combinations
     start, stop = shard_range(n, index, count)
     summary = run_sweep(space, Path(out) / f"part-{index}-of-{count}.parquet", chunk_rows=chunk_rows, progress=False,
-                        start=start, stop=stop)
+                        start=start, stop=stop, keep_empty=True)
     return {"path": str(summary.path), "n_combinations": summary.n_combinations, "n_rows": summary.n_rows,
             "n_feasible": summary.n_feasible, "seconds": summary.seconds}
 
 
-def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
-                chunk_rows: int = DEFAULT_CHUNK) -> list[dict[str, Any]]:
-    """Submit every shard to the cluster at ``address`` ("local": a LocalCluster) and wait."""
-    from dask.distributed import Client, LocalCluster
+def connect(address: str, cluster: Any, timeout_s: float) -> Any:
+    """A Client of ``cluster``, or of the scheduler at ``address``; a ``CatalogError`` naming
+    the address when it cannot be reached or read."""
+    from dask.distributed import Client
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if cluster is not None:
+        return Client(cluster)
+    try:
+        return Client(address, timeout=timeout_s)
+    except (OSError, TimeoutError, ValueError, TypeError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise CatalogError("command line", "--dask", address, "the address of a running Dask scheduler "
+                           f"(tcp://HOST:PORT) or 'local' (could not connect: {reason[:200]})") from None
+
+
+def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
+                chunk_rows: int = DEFAULT_CHUNK, connect_timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """Submit every shard to the cluster at ``address`` ("local": a LocalCluster) and wait."""
+    from dask.distributed import LocalCluster
+
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
         if address == "local" else None
     try:
-        with Client(cluster if cluster is not None else address) as client:
+        with connect(address, cluster, CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s) as client:
+            ensure_folder(out_dir)
             futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, pure=False)
                        for i in range(shards)]
             return client.gather(futures)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -17,6 +20,7 @@ from paraspace.results.writer import ResultWriter, arrow_schema, to_arrow
 from paraspace.spaces.catalog import LoadedSpace, catalog_hash
 from paraspace.spaces.encode import DIMENSIONS, Encoded, Encoder
 from paraspace.spaces.enums import Feasibility, Reason, labels
+from paraspace.spaces.errors import CatalogError
 
 #: combinations encoded and evaluated per chunk: bounds memory whatever the space size
 DEFAULT_CHUNK = 1 << 20
@@ -29,6 +33,55 @@ def shard_range(n_combinations: int, index: int, count: int) -> tuple[int, int]:
     """Shard ``index`` of ``count``: contiguous, deterministic, covering and disjoint
     ranges of the flat product."""
     return n_combinations * index // count, n_combinations * (index + 1) // count
+
+
+def check_shard_count(count: int, n_combinations: int, field: str, value: object) -> None:
+    """Refuse a shard array with more shards than combinations: a shard with nothing to
+    evaluate would write nothing, and the dataset would look incomplete forever."""
+    if count > n_combinations:
+        raise CatalogError("command line", field, value, f"at most {n_combinations:,} shards (the space has "
+                           f"{n_combinations:,} combinations; every shard needs at least one)")
+
+
+#: the longest output name: leaves room for ".parquet.partial" within a file system's 255 bytes
+MAX_NAME_BYTES = 200
+
+
+def confined_name(name: str, source: str, field: str) -> str:
+    """``name`` if it is one file name that stays inside the output folder; a ``CatalogError`` otherwise."""
+    bad = (not name or name.startswith(".") or any(c in name for c in "/\\\0:")
+           or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES)
+    if bad:
+        raise CatalogError(source, field, name, "a file name inside the output folder: no '/', '\\', ':' or NUL, "
+                           f"not starting with '.', at most {MAX_NAME_BYTES} bytes")
+    return name
+
+
+def _ref_stem(ref: str) -> str:
+    """A model or hardware reference as it reads in a file name: the catalog name, or the TOML file's stem."""
+    return Path(ref).stem if ref.endswith(".toml") or "/" in ref or "\\" in ref else ref
+
+
+def named_for_output(space: LoadedSpace, overridden: bool) -> LoadedSpace:
+    """The space named after the problem it runs, checked to stay inside the output folder.
+
+    Without command-line overrides that is the space's own name. With --model,
+    --hardware or --devices it is MODEL-HARDWARE-DEVICES of what actually runs
+    (``my-model-h200-sxm-141gb-2048``), so a run never takes another space's file."""
+    if not overridden:
+        confined_name(space.spec.name, space.source, "name")
+        return space
+    spec = space.spec
+    name = "-".join([_ref_stem(spec.model), _ref_stem(spec.hardware), *map(str, spec.device_counts)])
+    confined_name(name, space.source, "name (from --model, --hardware, --devices)")
+    return dataclasses.replace(space, spec=spec.model_copy(update={"name": name}), raw={**space.raw, "name": name})
+
+
+def space_digest(space: LoadedSpace) -> str:
+    """SHA-256 of what defines a space's results: its TOML (overrides applied), model and hardware."""
+    definition = {"space": space.raw, "model": space.model.model_dump(mode="json"),
+                  "hardware": space.hardware.model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(definition, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def paraspace_version() -> str:
@@ -106,6 +159,8 @@ class SweepSummary:
     first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
     breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(Reason), np.int64))
     seconds: float = 0.0
+    #: the file at ``path`` was (re)written; False when the result was empty and discarded
+    written: bool = False
 
     def encoding(self) -> dict[str, object]:
         return {
@@ -128,16 +183,21 @@ def provenance(space: LoadedSpace) -> dict[str, object]:
             "hardware": space.hardware.model_dump(),
         },
         schema.META_CATALOG: catalog_hash(),
+        schema.META_DIGEST: space_digest(space),
     }
 
 
 def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK, progress: bool = True,
               start: int = 0, stop: int | None = None, simulate: bool = True,
-              max_tasks: int = DEFAULT_MAX_TASKS, simulate_top: int = DEFAULT_SIMULATE_TOP) -> SweepSummary:
+              max_tasks: int = DEFAULT_MAX_TASKS, simulate_top: int = DEFAULT_SIMULATE_TOP,
+              keep_empty: bool = False) -> SweepSummary:
     """Evaluate combinations ``start:stop`` of ``space`` and write them to ``out``.
 
     The event tier simulates every feasible candidate (within ``max_tasks``), or
-    the ``simulate_top`` best by analytic step time when there are more."""
+    the ``simulate_top`` best by analytic step time when there are more. With no
+    valid candidate nothing is written (``summary.written`` is False, and a file
+    already at ``out`` stays as it was) unless ``keep_empty`` (a shard of a
+    dataset, whose empty part is a complete answer)."""
     encoder = Encoder(space)
     packed = pack(space)
     stop = encoder.n_combinations if stop is None else min(stop, encoder.n_combinations)
@@ -163,5 +223,9 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
             bar.update(enc.n_combinations)
             bar.set_postfix(rows=summary.n_rows, feasible=summary.n_feasible, refresh=False)
         summary.seconds = time.perf_counter() - began
-        writer.close({schema.META_ENCODING: summary.encoding()})
+        if summary.n_rows or keep_empty:
+            writer.close({schema.META_ENCODING: summary.encoding()})
+            summary.written = True
+        else:
+            writer.discard()
     return summary

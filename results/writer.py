@@ -3,8 +3,12 @@
 Batches are appended to ``NAME.partial`` next to the target; ``close()``
 writes the footer (with metadata known only at the end, such as the encoder's
 reason counts) and atomically renames it onto the target. If the writer exits
-with an exception (Ctrl-C included) the partial file is removed and any
-earlier complete file at the target is left untouched.
+with an exception (Ctrl-C included), or leaves the with-block without
+``close()`` (``discard()``: a result judged incomplete, such as a sweep with no
+valid candidate), the partial file is removed and any earlier complete file at
+the target is left byte-identical. The finished file is fsynced before the
+rename, and the folder after it, so a crash never leaves a renamed file whose
+bytes are not on disk.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from paraspace.results.rank import ResultsError
 from paraspace.results.schema import BY_NAME, META_COLUMNS, Column
 
 PARTIAL_SUFFIX = ".partial"
@@ -63,7 +68,7 @@ class ResultWriter:
         self._writer: pq.ParquetWriter | None = None
 
     def __enter__(self) -> ResultWriter:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_folder(self.path.parent)
         self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
         return self
 
@@ -80,16 +85,48 @@ class ResultWriter:
             self._writer.add_key_value_metadata({k: _text(v) for k, v in final_metadata.items()})
         self._writer.close()
         self._writer = None
-        os.replace(self.partial, self.path)
+        publish(self.partial, self.path)
         return self.path
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._writer is not None:  # not closed: an error or interrupt; leave nothing that looks done
+    def discard(self) -> None:
+        """Drop what was written; the target keeps whatever it held before."""
+        if self._writer is not None:
             try:
                 self._writer.close()
             finally:
                 self._writer = None
                 self.partial.unlink(missing_ok=True)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.discard()  # not closed: an error, an interrupt or an incomplete result; leave nothing that looks done
+
+
+def ensure_folder(folder: str | Path) -> Path:
+    """``folder``, created with its parents where missing; a ``ResultsError`` naming it when it cannot be."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file" if blocker else (err.strerror or str(err))
+        raise ResultsError(f"{folder}: output folder = {str(folder)!r}: expected a folder that exists or can be "
+                           f"created ({reason})") from None
+    return folder
+
+
+def publish(finished: Path, target: Path) -> None:
+    """Rename a finished file onto ``target`` durably: its bytes, then the rename, reach the disk."""
+    with open(finished, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(finished, target)
+    try:
+        folder = os.open(target.parent, os.O_RDONLY)
+    except OSError:  # a platform whose folders cannot be opened (Windows): the rename is as durable as it gets
+        return
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _text(value: Any) -> str:

@@ -54,8 +54,8 @@ def test_compare_two_rows(results):
 @pytest.mark.parametrize(("args", "needle"), [
     (["top", "{r}", "--by", "nope"], "column = 'nope'"),
     (["top", "{r}", "--where", "tp ==== 3"], "--where = 'tp ==== 3'"),
-    (["pareto", "{r}", "--y", "bogus"], "column = 'bogus'"),
-    (["compare", "{r}", "--ids", "-5"], "--ids = [-5]"),
+    (["pareto", "{r}", "--y", "bogus"], "--y = 'bogus': expected a numeric metric column to minimise"),
+    (["compare", "{r}", "--ids", "999999999"], "--ids = [999999999]: expected row_ids present"),
     (["top", "{bad}"], "expected a Parquet file"),
 ])
 def test_bad_input_is_named(results, tmp_path, args, needle):
