@@ -93,6 +93,9 @@ META_SPACE = "paraspace.space"
 #: SHA-256 of the space definition a file came from (the space TOML with command-line
 #: overrides, the resolved model and hardware): files with different digests are different problems
 META_DIGEST = "paraspace.space_sha256"
+#: SHA-256 of the space definition a file came from (the space TOML with command-line
+#: overrides, the resolved model and hardware): files with different digests are different problems
+META_DIGEST = "paraspace.space_sha256"
 META_CATALOG = "paraspace.catalog_sha256"
 META_ENCODING = "paraspace.encoding"
 META_COLUMNS = "paraspace.columns"
