@@ -597,5 +597,38 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@main.command("serve")
+@click.argument("space")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Output Parquet file [default: results/SPACE.parquet].")
+@click.option("-n", "--top", "n_top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Rows of the ranking to print.")
+@click.option("--simulate-top", type=click.IntRange(min=0), default=None,
+              help="Simulate this many best candidates by analytic throughput [default: the space's simulate_top].")
+@click.option("--explain", is_flag=True, help="Print how many combinations each validity rule removed.")
+@click.option("--dry-run", is_flag=True, help="Encode and explain only; evaluate and write nothing.")
+@_guard
+def serve_cmd(space: str, out: Path | None, n_top: int, simulate_top: int | None, explain: bool,
+              dry_run: bool) -> None:
+    """Evaluate a serving space (catalog name under spaces/catalog/serving, or a TOML path): TTFT, TPOT and
+    throughput of every deployment, the best ones simulated, ranked to Parquet."""
+    from paraspace.explorer import serve
+
+    loaded = serve.load_serving(space)
+    if dry_run:
+        click.echo(serve.explain_table(serve.encode_summary(loaded)))
+        return
+    summary = serve.run_serve(loaded, serve.output_path(loaded, out), simulate_top=simulate_top)
+    click.echo(serve.headline(loaded, summary))
+    if explain or summary.n_rows == 0:
+        click.echo(serve.explain_table(summary))
+    if summary.n_rows == 0:
+        raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "
+                         "one valid candidate (see the table above)")
+    if n_top and summary.table is not None:
+        click.echo(f"top {n_top} (feasible first, then output tokens/s per GPU):")
+        click.echo(serve.top_table(summary.table, n_top))
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
