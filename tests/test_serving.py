@@ -189,6 +189,23 @@ def test_prefill_and_decode_step_by_hand(fast):
     assert out["reason"] == ks.OK
 
 
+def test_moe_decode_reads_only_the_experts_it_hits(fast):
+    """The toy with 8 routed experts of width 512, top-2, in both layers, one decode token:
+    1 - (1 - 2/8)^1 = 1/4 of the experts (2) are hit, one row each. Per layer (bytes):
+      attention half as for the dense toy at T = 1: 39936 + 5242880          = 5282816
+      router (1 x 1024) @ (1024 x 8) at 2 bytes: 2 (1024 + 8192 + 8) = 18448; top-k pass 12 * 8 = 96
+      2 experts' gate/up (1 x 1024) @ (1024 x 1024): 2 x 2 (1024 + 1048576 + 1024) = 4202496
+      2 experts' down (1 x 512) @ (512 x 1024): 2 x 2 (512 + 524288 + 1024)     = 2103296
+      SwiGLU 3 x 2 rows x 512 x 2 = 6144; permute + unpermute 2 x (1 + 2 x 2) x 1024 x 2 = 20480
+      sum 11633776; two layers + the embedding lookup 4096: 23271648 bytes = 2.3271648e-5 s.
+    The two experts' weights, 2 x 3 x 1024 x 512 x 2 = 6291456 bytes, are read; the other six are not."""
+    moe = toy_model(experts=8.0, top_k=2.0, expert_ffn=512.0)
+    srv = toy_srv()[0]
+    assert inference.active_experts(8.0, 2.0, 1.0) == 2.0
+    got = ks.rows_s(moe[0], fast["dev"][0], fast["tiers"], fast["tiles"], srv, 1.0)
+    assert got == pytest.approx(23271648e-12, rel=REL)
+
+
 def test_kv_capacity_by_hand(make_device):
     """1 GiB of HBM, 0.25 GiB overhead. Weights: per layer 15204352 matrix parameters + 2 norms
     of 1024 = 15206400; 2 layers + final norm 1024 = 30413824 parameters x 2 bytes = 60827648
@@ -390,6 +407,19 @@ def test_serve_bad_space_is_an_error_not_a_traceback(tmp_path):
     result = CliRunner().invoke(main, ["serve", str(bad)])
     assert result.exit_code == 2
     assert "workload.input_len.distribution" in result.output and "Traceback" not in result.output
+
+
+def test_bench_runs_and_agrees(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--rows", "300", "--configs", "2", "--requests", "40", "--reference", "1"])
+    out = capsys.readouterr().out
+    agree = [float(line.rsplit("agree", 1)[1].split()[-1]) for line in out.splitlines() if "agree" in line]
+    assert len(agree) == 2 and max(agree) < 1e-12
 
 
 def test_catalog_serving_spaces_ship_as_package_data():
