@@ -93,6 +93,7 @@ from paraspace.explorer.evaluate import MIB, pack_hardware
 from paraspace.kernels import params
 from paraspace.kernels.collectives import flat_time_s, link_bytes_per_s, size_fraction
 from paraspace.kernels.ops import gemm_time_s
+from paraspace.results.writer import publish
 from paraspace.spaces import catalog
 from paraspace.spaces.enums import Collective, Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
@@ -205,6 +206,14 @@ class GemmFit:
     @property
     def table(self) -> tuple[tuple[int, int, int, float], ...]:
         return tuple((p.measured.m, p.measured.n, p.measured.k, p.efficiency) for p in self.points)
+
+    def lines_of(self, field: str) -> list[int]:
+        """The CSV lines behind a profile field: a ``device.gemm_efficiency.I`` point's, else every line."""
+        parts = field.split(".")
+        if parts[:2] == ["device", "gemm_efficiency"] and len(parts) > 2 and parts[2].isdigit() \
+                and int(parts[2]) < len(self.points):
+            return list(self.points[int(parts[2])].measured.lines)
+        return sorted(line for p in self.points for line in p.measured.lines)
 
     def hardware(self, name: str | None = None, description: str | None = None) -> Hardware:
         """The base with the fitted table (not validated; the written file is)."""
@@ -331,6 +340,16 @@ class CommFit:
     curve_op: str
     #: (bytes, fraction) ascending
     curve: tuple[tuple[float, float], ...]
+
+    def lines_of(self, field: str) -> list[int]:
+        """The CSV lines behind a profile field: an op's bandwidth comes from that op's lines, the size
+        curve from its op's lines, the latency (and anything else) from every line."""
+        parts = field.split(".")
+        key = parts[2] if parts[0] == "links" and len(parts) > 2 else ""
+        op = parts[3] if key == "op_bandwidth_GB_per_s" and len(parts) > 3 else (
+            self.curve_op if key == "size_curve" else "")
+        chosen = [c for c in self.measured if c.op == op] or list(self.measured)
+        return sorted(line for c in chosen for line in c.lines)
 
     @property
     def tier(self) -> LinkTier:
@@ -644,14 +663,36 @@ class Calibration:
     summary: str
 
 
-def _written(out: Path, text: str) -> Hardware:
+def _lines_text(lines: list[int]) -> str:
+    shown = ", ".join(map(str, lines[:6])) + (f" and {len(lines) - 6} more" if len(lines) > 6 else "")
+    return f"line {shown}" if len(lines) == 1 else f"lines {shown}"
+
+
+def _written(out: Path, text: str, measurements: Path, lines_of: Callable[[str], list[int]]) -> Hardware:
+    """Check the profile, then write it: ``text`` is loaded from a file beside ``out`` (so a relative
+    ``extends`` resolves as it will) and renamed onto ``out`` only when it loads. A profile that
+    does not load is never written, and the error names the CSV lines whose fit broke it
+    (``lines_of`` maps the profile field to them), not the file that was never written."""
     out = Path(out)
+    staged = out.with_name(f"{out.stem}.partial{out.suffix or '.toml'}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        staged.write_text(text, encoding="utf-8")
     except OSError as err:
-        raise CatalogError("command line", "--out", str(out), f"a file that can be written ({err})") from None
-    return catalog.load_hardware(str(out))
+        raise CatalogError("command line", "--out", str(out), f"a file that can be written ({err.strerror or err})") \
+            from None
+    try:
+        loaded = catalog.load_hardware(str(staged.resolve()))
+    except CatalogError as err:
+        staged.unlink(missing_ok=True)
+        kept = f"{out} left as it was" if out.exists() else f"{out} not written"
+        raise CatalogError(measurements, f"{_lines_text(lines_of(err.field))} (fitted {err.field})", err.value,
+                           f"{err.expected}; these measurements give no valid profile ({kept})") from None
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    publish(staged, out)
+    return loaded
 
 
 def _rel_errors(predicted: list[float], measured: list[float]) -> list[float]:
@@ -669,7 +710,8 @@ def calibrate_gemm(measurements: Path, hardware_ref: str, out: Path, name: str |
                    f"measured in {Path(measurements).name}")
     shapes = [(p.measured.m, p.measured.n, p.measured.k) for p in fit.points]
     in_memory = predict_gemm(fit.hardware(), dtype, shapes)
-    loaded = _written(out, gemm_toml(fit, base_ref, name, description, measurements, in_memory))
+    loaded = _written(out, gemm_toml(fit, base_ref, name, description, measurements, in_memory), measurements,
+                      fit.lines_of)
     predicted = predict_gemm(loaded, dtype, shapes)
     errors = _rel_errors(predicted, [p.measured.seconds for p in fit.points])
     points = tuple({"m": p.measured.m, "n": p.measured.n, "k": p.measured.k, "rows": len(p.measured.lines),
@@ -709,7 +751,8 @@ def calibrate_comm(measurements: Path, hardware_ref: str, tier: str, out: Path,
                    f"{len(measured)} collective measurements in {Path(measurements).name}")
     keys = [(c.op, c.ranks, c.bytes) for c in measured]
     in_memory = predict_comm(fit.hardware(), index, keys)
-    loaded = _written(out, comm_toml(fit, base_ref, name, description, measurements, in_memory))
+    loaded = _written(out, comm_toml(fit, base_ref, name, description, measurements, in_memory), measurements,
+                      fit.lines_of)
     predicted = predict_comm(loaded, index, keys)
     errors = _rel_errors(predicted, [c.seconds for c in measured])
     points = tuple({"op": c.op, "ranks": c.ranks, "bytes": c.bytes, "rows": len(c.lines), "measured_s": c.seconds,

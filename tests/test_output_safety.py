@@ -331,3 +331,39 @@ def test_an_unreachable_dask_scheduler_is_one_line(tmp_path, monkeypatch):
                            "scheduler (tcp://HOST:PORT) or 'local' (could not connect: Timed out trying to connect to "
                            "tcp://127.0.0.1:9 after 0.5 s)")
     assert not (tmp_path / "d").exists()
+
+
+# --------------------------------------------------------------------------- 10. calibrate checks, then writes
+
+
+@pytest.mark.parametrize(("kind", "header", "rows", "extra", "blamed"), [
+    ("gemm", "m,n,k,dtype,tflops", ["4096,4096,4096,bf16,600", "1,1,1,bf16,1e-20"], [],
+     "line 3 (fitted device.gemm_efficiency.0.3) = 1.010713563776046e-23"),
+    ("comm", "op,ranks,bytes,gbps", ["all_gather,8,1000000000,50", "all_reduce,8,1000000000,1e-300"],
+     ["--tier", "ib"], "line 3 (fitted links.1.op_bandwidth_GB_per_s.all_reduce) = 1.0000000000000514e-300"),
+])
+def test_calibrate_blames_the_csv_line_and_writes_nothing(tmp_path, kind, header, rows, extra, blamed):
+    csv = tmp_path / "m.csv"
+    csv.write_text("\n".join([header, *rows]) + "\n")
+    out = tmp_path / "profile.toml"
+    out.write_text("# an earlier profile\n")
+    before = sha(out)
+    result = run("calibrate", kind, str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(out), *extra)
+    expected = "0.000001" if kind == "gemm" else "0.001"
+    one_line_error(result, f"{csv}: {blamed}: expected greater than or equal to {expected}; these measurements give "
+                           f"no valid profile ({out} left as it was)")
+    assert sha(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "profile.toml"]
+    out.unlink()
+    result = run("calibrate", kind, str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(out), *extra)
+    assert result.output.endswith(f"({out} not written)\n") and not out.exists()
+
+
+def test_calibrate_writes_a_valid_profile_in_a_new_folder(tmp_path):
+    csv = tmp_path / "m.csv"
+    csv.write_text("m,n,k,dtype,tflops\n4096,4096,4096,bf16,600\n")
+    out = tmp_path / "new" / "profile.toml"
+    result = run("calibrate", "gemm", str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {out}: h100-sxm5-80gb-calibrated")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["profile.toml"]
