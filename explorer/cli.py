@@ -26,6 +26,7 @@ from paraspace.explorer.sweep import (
     shard_range,
 )
 from paraspace.results.rank import Results, ResultsError, compare, open_results, pareto, top
+from paraspace.results.schema import STEP_PARTS
 from paraspace.results.writer import ensure_folder, to_arrow
 from paraspace.spaces import catalog
 from paraspace.spaces.catalog import LoadedSpace
@@ -584,9 +585,9 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
                      f"stage 0 holds {row['inflight_peak_stage0']:.2f} micro-batches at peak")
     analytic = row["step_time_analytic_s"]
     lines.append(f"closed-form breakdown (bottleneck device), step {analytic:.4f} s:")
-    for col in ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s"):
-        lines.append(f"  {col:<14}{row[col]:>10.4f} s  {100 * row[col] / analytic:5.1f}%")
-    lines.append(f"  {'(recompute_s)':<14}{row['recompute_s']:>10.4f} s  included above")
+    for col in STEP_PARTS:  # they add up to the step (dualpipe_credit_s <= 0)
+        lines.append(f"  {col:<18}{row[col]:>10.4f} s  {100 * row[col] / analytic:6.1f}%")
+    lines.append(f"  {'(recompute_s)':<18}{row['recompute_s']:>10.4f} s  included above")
     cap = loaded.hardware.device.hbm_capacity_bytes
     lines.append(f"memory (stage {row['mem_peak_stage']}, the most loaded device):")
     for col in ("mem_weights_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_activations_bytes",

@@ -81,6 +81,7 @@ OUTPUTS = (
     "expert_gemm_rows",
     "expert_gemm_efficiency",
     "bubble_s",
+    "dualpipe_credit_s",
     "optimizer_s",
     "recompute_s",
     "offload_s",
@@ -103,7 +104,8 @@ OUTPUTS = (
 )
 N_OUT = len(OUTPUTS)
 (
-    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_DISPATCH, O_EROWS, O_EEFF, O_BUBBLE, O_OPT, O_RECOMPUTE, O_OFFLOAD,
+    O_STEP, O_COMPUTE, O_TP, O_CP, O_PP, O_DP, O_EP, O_DISPATCH, O_EROWS, O_EEFF, O_BUBBLE, O_CREDIT, O_OPT, O_RECOMPUTE,
+    O_OFFLOAD,
     O_FWD, O_BWD, O_TOKENS, O_MFU, O_FLOP, O_MW, O_MG, O_MO, O_MA, O_MMOE, O_MHOST, O_MOV, O_MPEAK, O_MSTAGE, O_FEAS,
     O_REASON,
 ) = range(N_OUT)
@@ -1151,6 +1153,9 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     out[O_PP] = pp_comm
     out[O_DP] = dp_comm
     out[O_BUBBLE] = bubble
+    # the per-stage parts above count m passes of the slowest stage; a DualPipe device runs
+    # two stages, m / 2 passes each, so its steady work is m * t_steady <= m * t_max
+    out[O_CREDIT] = m * (t_steady - t_max)
     out[O_OPT] = optimizer_s
     out[O_RECOMPUTE] = m * best_rc
     out[O_OFFLOAD] = m * best_off

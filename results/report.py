@@ -16,8 +16,11 @@ from pathlib import Path
 import polars as pl
 
 from paraspace.results.rank import pareto, ranked, scan
+from paraspace.results.schema import STEP_PARTS
 
-BREAKDOWN = ("compute_s", "tp_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s", "optimizer_s")
+#: the step-time parts drawn as stacked bars (they add up to step_time_analytic_s; the DualPipe credit
+#: is negative and draws back from the end)
+BREAKDOWN = STEP_PARTS
 GIB = 1024**3
 
 

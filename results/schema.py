@@ -30,6 +30,13 @@ class Column:
 ROW_ID = Column("row_id", pa.int64(), "index", "position of the combination in the space's flat product (stable id)")
 N_MICROBATCHES = Column("n_microbatches", pa.int32(), "count", "micro-batches per pipeline per step")
 
+#: the breakdown columns that add up to step_time_analytic_s, for every row (tests/test_breakdown.py):
+#: the bottleneck stage's m passes, the bubble, DualPipe's credit (<= 0), then the step's other parts.
+#: recompute_s is not among them (it is part of compute_s and tp_comm_s), nor moe_dispatch_s (one
+#: dispatch, inside ep_comm_s and compute_s)
+STEP_PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "offload_s", "bubble_s", "dualpipe_credit_s",
+              "pp_comm_s", "dp_comm_s", "optimizer_s")
+
 #: Metric columns, in output order: the prediction used for ranking first, then
 #: the analytic tier's closed form with its breakdown (kernels.training.OUTPUTS),
 #: then the event tier's extras (kernels.event_tier.SIM_OUTPUTS).
@@ -38,7 +45,7 @@ METRICS: tuple[Column, ...] = (
     Column("simulated", pa.bool_(), "bool", "step_time_s comes from the event engine"),
     Column("tokens_per_s_per_gpu", pa.float64(), "tokens/s", "global_batch * seq_len / (step_time_s * devices)"),
     Column("mfu", pa.float64(), "fraction", "model FLOP (3 passes, causal attention) / (step_time_s * devices * dense peak)"),
-    Column("step_time_analytic_s", pa.float64(), "s", "closed-form step time; the breakdown columns below add up to it", kernel="kernels.training.evaluate_one"),
+    Column("step_time_analytic_s", pa.float64(), "s", "closed-form step time: " + " + ".join(STEP_PARTS), kernel="kernels.training.evaluate_one"),
     Column("compute_s", pa.float64(), "s", "compute on the bottleneck device: GEMMs, attention, memory-bound ops, recompute", kernel="kernels.ops.gemm_time_s, attention_qkv_fwd_bwd_s, memory_bound_s; kernels.moe.grouped_gemm_s"),
     Column("tp_comm_s", pa.float64(), "s", "exposed tensor-parallel collectives (incl. vocab-parallel embedding and loss)", kernel="kernels.collectives.collective_time_s (all-reduce / all-gather / reduce-scatter); kernels.training.overlapped_s"),
     Column("cp_comm_s", pa.float64(), "s", "context-parallel K/V ring traffic not hidden behind attention", kernel="kernels.collectives.collective_time_s (send/recv ring)"),
@@ -49,6 +56,7 @@ METRICS: tuple[Column, ...] = (
     Column("expert_gemm_rows", pa.float64(), "rows", "tokens per local expert on the busiest rank: the grouped GEMM's m"),
     Column("expert_gemm_efficiency", pa.float64(), "fraction", "achieved / peak of the expert gate/up GEMM at expert_gemm_rows (kernels.ops)", kernel="kernels.ops.gemm_efficiency"),
     Column("bubble_s", pa.float64(), "s", "pipeline bubble: idle time of the bottleneck device", kernel="kernels.training.evaluate_one (closed form per schedule)"),
+    Column("dualpipe_credit_s", pa.float64(), "s", "<= 0, a negative part that the sum includes: a DualPipe device runs two stages (d and pp-1-d), so its steady work is m times the mean of its two stages' passes, less than the m passes of the slowest stage that compute_s, tp_comm_s, cp_comm_s, ep_comm_s and offload_s count; 0 on every other schedule", kernel="kernels.training.evaluate_one (DualPipe steady work)"),
     Column("optimizer_s", pa.float64(), "s", "optimizer step of this device's shard (on the device; host-link paging and the CPU step for the host-side optimizers)", kernel="kernels.training.optimizer_step_s"),
     Column("recompute_s", pa.float64(), "s", "part of compute_s and tp_comm_s spent recomputing activations", kernel="kernels.ops (the recomputed forward); kernels.training.layers_pass_s"),
     Column("offload_s", pa.float64(), "s", "host-link transfers of offloaded activations / weights not hidden behind compute", kernel="kernels.training.host_exposed_s"),

@@ -516,6 +516,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "expert_gemm_rows": 0.0,
         "expert_gemm_efficiency": 0.0,
         "bubble_s": fill_drain,
+        "dualpipe_credit_s": 0.0,  # no DualPipe here: the device runs one stage
         "optimizer_s": optimizer,
         "recompute_s": m * slowest["rc"],
         "stage_fwd_s": slowest["fwd"],
