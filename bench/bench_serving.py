@@ -60,11 +60,12 @@ def bench_analytic(space, n_rows: int, n_ref: int) -> None:
     cols = tiled(base, n_rows)
     packed = serve.pack_serving(space)
     srv = serve.serving_records(space, cols)
-    serve.analytic(packed, srv, cols)  # compile / load the cache
+    prefill = serve.serving_records(space, cols, prefill=True)
+    serve.analytic(packed, srv, cols, prefill)  # compile / load the cache
     began = time.perf_counter()
-    metrics = serve.analytic(packed, srv, cols)
+    metrics = serve.analytic(packed, srv, cols, prefill)
     kernel_s = time.perf_counter() - began
-    ok = np.flatnonzero(metrics["reason"] != ks.WEIGHTS_OOM)
+    ok = np.flatnonzero((metrics["reason"] != ks.WEIGHTS_OOM) & (cols["mode"] == ks.AGG))
     ok = ok[metrics["reason"][ok] != ks.KV_TOO_SMALL][:n_ref]
     began = time.perf_counter()
     refs = [reference_row(packed, srv, cols, int(i)) for i in ok]
@@ -81,8 +82,8 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
     cols = serve.encode(space).columns
     packed = serve.pack_serving(space)
     srv = serve.serving_records(space, cols)
-    metrics = serve.analytic(packed, srv, cols)
-    fits = np.flatnonzero(np.isin(metrics["reason"], [ks.OK, ks.SLA_TTFT, ks.SLA_TPOT]))
+    metrics = serve.analytic(packed, srv, cols, serve.serving_records(space, cols, prefill=True))
+    fits = np.flatnonzero(np.isin(metrics["reason"], [ks.OK, ks.SLA_TTFT, ks.SLA_TPOT]) & (cols["mode"] == ks.AGG))
     rows = np.resize(fits, n_configs)
     began = time.perf_counter()
     g, h, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,

@@ -31,6 +31,7 @@ from paraspace.spaces.serving import (  # noqa: F401 - load_serving re-exported 
     Feasible,
     Lengths,
     LoadedServing,
+    Mode,
     ServingReason,
     dtype_bytes_table,
     encode,
@@ -74,15 +75,17 @@ def pack_serving(space: LoadedServing) -> PackedServing:
     return PackedServing(pack_model(space.model), devs.view(np.recarray), tiers, tiles, workload)
 
 
-def serving_records(space: LoadedServing, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """One ``kernels.inference.SERVING`` record per row (built column by column)."""
+def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefill: bool = False) -> np.ndarray:
+    """One ``kernels.inference.SERVING`` record per row (built column by column): the
+    row's (decode) replica, or with ``prefill`` its prefill replica (prefill_tp
+    devices, pp 1, TP attention, the row's ep)."""
     nbytes = dtype_bytes_table()
     n = cols["tp"].shape[0]
     rec = np.zeros(n, inference.SERVING)
-    rec["tp"] = cols["tp"]
-    rec["pp"] = cols["pp"]
+    rec["tp"] = cols["prefill_tp"] if prefill else cols["tp"]
+    rec["pp"] = 1 if prefill else cols["pp"]
     rec["ep"] = cols["ep"]
-    rec["attention_dp"] = cols["attention_dp"]
+    rec["attention_dp"] = 0 if prefill else cols["attention_dp"]
     rec["n_gpus"] = space.spec.devices
     rec["weight_bytes"] = nbytes[cols["dtype"]]
     rec["act_bytes"] = ACT_BYTES
@@ -93,10 +96,11 @@ def serving_records(space: LoadedServing, cols: dict[str, np.ndarray]) -> np.nda
     return rec.view(np.recarray)
 
 
-def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out = ks.analytic_rows(packed.model, packed.devs, packed.tiers, packed.tiles, srv, cols["dtype"],
-                           cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["instances"],
-                           packed.workload)
+def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
+             prefill: np.ndarray) -> dict[str, np.ndarray]:
+    out = ks.analytic_rows(packed.model, packed.devs, packed.tiers, packed.tiles, srv, prefill, cols["dtype"],
+                           cols["mode"], cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["instances"],
+                           cols["prefill_instances"], packed.workload)
     return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(ks.OUTPUTS)}
 
 
@@ -186,13 +190,15 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     cols = enc.columns
     packed = pack_serving(space)
     srv = serving_records(space, cols)
-    metrics = analytic(packed, srv, cols)
+    metrics = analytic(packed, srv, cols, serving_records(space, cols, prefill=True))
     n = enc.n_rows
     metrics["simulated"] = np.zeros(n)
     metrics["ttft_p90_s"] = np.full(n, np.nan)
     metrics["tpot_p90_s"] = np.full(n, np.nan)
     top = space.spec.simulate_top if simulate_top is None else simulate_top
-    runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)])
+    # the simulation runs aggregated engines; disaggregated rows keep the analytic tier's values
+    runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)]) \
+        & (cols["mode"] == Mode.AGG)
     candidates = np.flatnonzero(runnable)
     order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
     simulate(space, packed, srv, cols, metrics, np.sort(candidates[order[:top]]))
@@ -241,8 +247,8 @@ def explain_table(summary: ServeSummary) -> str:
 
 
 #: columns of the printed ranking
-TABLE_COLUMNS = ("tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens", "scheduler",
-                 "instances", "ttft_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "output_tokens_per_s_per_gpu",
+TABLE_COLUMNS = ("mode", "tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens",
+                 "scheduler", "instances", "prefill_tp", "prefill_instances", "ttft_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "output_tokens_per_s_per_gpu",
                  "output_tokens_per_s_per_user", "requests_per_s", "feasible", "infeasible_reason", "simulated")
 
 

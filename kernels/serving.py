@@ -57,6 +57,9 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
 - Poisson, static: waves of the B requests that arrived during the last one, B
   = lambda period(B) (fixed point); TTFT = period / 2 + prefill.
 
+Disaggregated candidates (``disagg_one``): prefill replicas and decode
+replicas apart, the prompt's KV cache sent between them (``kv_transfer_s``).
+
 The simulation (``kernels.serving_sim``) takes the same iteration cost, as a
 table over token counts, and in the degenerate cases reproduces these closed
 forms exactly.
@@ -70,6 +73,7 @@ import numpy as np
 from numba import prange
 
 from paraspace.kernels.inference import (
+    attention_block_s,
     device_weight_bytes,
     forward_s,
     head_s,
@@ -81,6 +85,10 @@ from paraspace.kernels.ops import attention_peak
 # spaces.serving.Scheduler
 STATIC = 0
 CONTINUOUS = 1
+
+# spaces.serving.Mode
+AGG = 0
+DISAGG = 1
 
 # spaces.serving.Feasible
 OK = 0
@@ -116,6 +124,7 @@ OUTPUTS = (
     "batch",  # mean running requests per engine
     "prefill_s",  # prefill of one wave (closed loop, static Poisson) or of one prompt's iterations (Poisson)
     "decode_step_s",  # one decode iteration at the batch and mean KV length
+    "kv_transfer_s",  # disaggregated: one prompt's KV cache from its prefill to its decode replica (0 aggregated)
     "ttft_s",
     "tpot_s",
     "e2e_latency_s",
@@ -130,13 +139,15 @@ OUTPUTS = (
 )
 N_OUT = len(OUTPUTS)
 (
-    O_ENGINES, O_BATCH, O_PREFILL, O_DECODE_STEP, O_TTFT, O_TPOT, O_E2E, O_TPS_GPU, O_TPS_USER, O_RPS, O_KV_CAP,
+    O_ENGINES, O_BATCH, O_PREFILL, O_DECODE_STEP, O_KV_TRANSFER, O_TTFT, O_TPOT, O_E2E, O_TPS_GPU, O_TPS_USER, O_RPS, O_KV_CAP,
     O_MEM_W, O_MEM_KV, O_MEM_PEAK, O_REASON,
 ) = range(N_OUT)
 
 #: the fixed points stop when a step moves less than this share
 FIXED_POINT_RTOL = 1e-12
 FIXED_POINT_ITERATIONS = 200
+#: halvings of the disaggregated decode batch's bisection (2^-60 of max_batch)
+BISECTIONS = 60
 
 
 @jit
@@ -159,14 +170,17 @@ def head_rows_s(model, dev, tiers, tiles, srv, rows: float) -> float:
 @jit
 def kv_s_per_token(model, dev, tiers, tiles, srv) -> float:
     """Decode-step seconds per cached token read: the slope of ``forward_s`` in
-    the KV length between 0 and ``s`` (one sequence; linear while the decode
+    the KV length between 0 and ``s`` (one sequence; its attention halves, the
+    only terms that depend on the KV length; linear while the decode
     attention stays on one side of its roofline, which holds from s = 0 for
     both its memory-bound GQA and its compute-bound absorbed-MLA forms)."""
     s = 4096.0
     if model.sliding_window > 0.0:
         s = min(s, model.sliding_window)
-    return (forward_s(model, dev, tiers, tiles, srv, 1.0, 1.0, s) - forward_s(model, dev, tiers, tiles, srv, 1.0,
-                                                                             1.0, 0.0)) / s
+    # the attention half is forward_s's only term that depends on the KV length, the same in every layer
+    per_layer = attention_block_s(model, dev, tiers, tiles, srv, 1.0, 1.0, s) - attention_block_s(
+        model, dev, tiers, tiles, srv, 1.0, 1.0, 0.0)
+    return model.layers * per_layer / s
 
 
 @jit
@@ -221,12 +235,14 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     prompt = b * inl * (1.0 - wl.prefix_hit_rate)
     chunks = 1.0 if static else max(math.ceil(prompt / max_tokens), 1.0)
     last = prompt - (chunks - 1.0) * max_tokens
-    pre = chunks * host + (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, max_tokens)
-    pre += rows_s(model, dev, tiers, tiles, srv, last) + head_rows_s(model, dev, tiers, tiles, srv, b)
+    head = head_rows_s(model, dev, tiers, tiles, srv, b)
+    pre = chunks * host + rows_s(model, dev, tiers, tiles, srv, last) + head
+    if chunks > 1.0:
+        pre += (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, max_tokens)
     pre += pair_coef * b * prompt_pairs(inl, wl.prefix_hit_rate)
     dec = 0.0
     if nd > 0.0:
-        step = host + rows_s(model, dev, tiers, tiles, srv, b) + head_rows_s(model, dev, tiers, tiles, srv, b)
+        step = host + rows_s(model, dev, tiers, tiles, srv, b) + head
         dec = nd * step + kv_coef * b * (nd * inl + 0.5 * nd * (nd + 1.0))
     return pre, dec
 
@@ -263,6 +279,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     per_token = kv_bytes_per_token(model, srv)
     cap = kv_capacity_tokens(model, dev, srv)
     out[O_ENGINES] = engines
+    out[O_KV_TRANSFER] = 0.0
     out[O_KV_CAP] = cap
     out[O_MEM_W] = weights
     out[O_MEM_KV] = 0.0
@@ -357,16 +374,137 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     out[O_REASON] = reason
 
 
+@jit
+def kv_transfer_s(model, tiers, prefill_srv, input_len: float, devices: float) -> float:
+    """One prompt's KV cache from a prefill replica to a decode replica: every
+    prefill rank sends its share, input_len x its KV bytes a token
+    (``kernels.inference.kv_bytes_per_token``), at once over its own link of
+    the tier between the groups: the innermost when the whole deployment fits
+    in its domain, else the outermost (the groups on different nodes)."""
+    tier = tiers.shape[0] - 1
+    if tiers[0].domain_devices > 0.0 and devices <= tiers[0].domain_devices:
+        tier = 0
+    size = input_len * kv_bytes_per_token(model, prefill_srv)
+    return size / tiers[tier].bytes_per_s + tiers[tier].latency_s
+
+
+@jit
+def decode_only_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, b: float, kv_mean: float) -> float:
+    """A decode-only iteration of ``b`` requests at a mean KV length ``kv_mean``."""
+    return host + rows_s(model, dev, tiers, tiles, srv, b) + head_rows_s(model, dev, tiers, tiles, srv, b) \
+        + kv_coef * b * kv_mean
+
+
+@jit
+def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_tokens: float, instances: float,
+               prefill_instances: float, out) -> None:
+    """``OUTPUTS`` of a disaggregated candidate (``out`` holds the decode replica's
+    memory columns already). Prefill replicas (one engine each) pack k =
+    floor(max_tokens / in) prompts an iteration of t_p, serving mu = x k / t_p
+    prompts/s, an M/D/1 queue in front: wait rho / (2 (1 - rho)) t_p at rho =
+    X / mu. The KV cache then moves (``kv_transfer_s``); the decode engines run
+    decode-only iterations t_d(B) at batch B, completing X(B) = engines B /
+    ((out - 1) t_d(B)) requests/s. Poisson rate R: B solves X(B) = R
+    (bisection). Closed loop, C users: B solves engines B + X (wait + t_p +
+    transfer) = C, or B = max_batch when the decode side is the bottleneck;
+    e2e = C / X (Little). TTFT = e2e - transfer - (out - 1) t_d."""
+    inl = wl.input_len
+    nd = max(wl.output_len - 1.0, 1.0)
+    new = inl * (1.0 - wl.prefix_hit_rate)
+    host = wl.host_s
+    if dev.hbm_capacity_bytes - device_weight_bytes(model, psrv) - dev.memory_overhead_bytes <= 0.0:
+        out[O_REASON] = WEIGHTS_OOM
+        return
+    k = max(math.floor(max_tokens / new), 1.0)
+    t_p = host + rows_s(model, dev, tiers, tiles, psrv, k * new) + head_rows_s(model, dev, tiers, tiles, psrv, k)
+    t_p += pair_s(model, dev, psrv) * k * prompt_pairs(inl, wl.prefix_hit_rate)
+    mu = prefill_instances * k / t_p
+    xfer = kv_transfer_s(model, tiers, psrv, inl, wl.devices)
+    engines = instances * srv.pp
+    bmax = min(max_batch, math.floor(out[O_KV_CAP] / srv.pp / (inl + wl.output_len)))
+    kv_coef = kv_s_per_token(model, dev, tiers, tiles, srv)
+    kv_mean = inl + 0.5 * wl.output_len
+    lo = 0.0
+    hi = bmax
+    reason = OK
+    if wl.concurrency > 0.0:
+        t_top = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, bmax, kv_mean)
+        x_top = engines * bmax / (nd * t_top)
+        rho = x_top / mu
+        users = np.inf if rho >= 1.0 else engines * bmax + x_top * (rho / (2.0 * (1.0 - rho)) * t_p + t_p + xfer)
+        if users <= wl.concurrency:  # the decode side bounds the rate; the other users wait to be prefilled
+            lo = bmax
+        else:
+            for _ in range(BISECTIONS):
+                mid = 0.5 * (lo + hi)
+                x = engines * mid / (nd * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
+                rho = x / mu
+                users = np.inf if rho >= 1.0 else engines * mid + x * (rho / (2.0 * (1.0 - rho)) * t_p + t_p + xfer)
+                if users <= wl.concurrency:
+                    lo = mid
+                else:
+                    hi = mid
+        b = lo
+        t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+        rate = engines * b / (nd * t_d)
+        e2e = wl.concurrency / rate
+    else:
+        rate = wl.rate_per_s
+        rho = rate / mu
+        t_top = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, bmax, kv_mean)
+        if rho >= 1.0 or engines * bmax / (nd * t_top) < rate:
+            reason = OVERLOADED
+            b = bmax
+        else:
+            for _ in range(BISECTIONS):
+                mid = 0.5 * (lo + hi)
+                x = engines * mid / (nd * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
+                if x < rate:
+                    lo = mid
+                else:
+                    hi = mid
+            b = hi
+        t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+        wait = rho / (2.0 * (1.0 - rho)) * t_p if rho < 1.0 else np.inf
+        e2e = wait + t_p + xfer + nd * t_d
+    tpot = (xfer + nd * t_d) / nd
+    ttft = e2e - nd * tpot
+    out[O_BATCH] = b
+    out[O_PREFILL] = t_p
+    out[O_DECODE_STEP] = t_d
+    out[O_KV_TRANSFER] = xfer
+    out[O_TTFT] = ttft
+    out[O_TPOT] = tpot
+    out[O_E2E] = e2e
+    out[O_RPS] = rate
+    out[O_TPS_GPU] = rate * wl.output_len / wl.devices
+    out[O_TPS_USER] = 1.0 / tpot
+    ranks = srv.tp if srv.attention_dp > 0 else 1.0
+    out[O_MEM_KV] = kv_bytes_per_token(model, srv) * srv.pp * b * (inl + wl.output_len) / ranks
+    out[O_MEM_PEAK] = out[O_MEM_W] + dev.memory_overhead_bytes + out[O_MEM_KV]
+    if reason == OK:
+        reason = sla_reason(wl, ttft, np.nan, tpot, np.nan)
+    out[O_REASON] = reason
+
+
 @jit(parallel=True)
-def analytic_rows(model, devs, tiers, tiles, srv_rows, dtype, max_batch, max_tokens, scheduler, instances, wl):
-    """``OUTPUTS`` for every row: ``srv_rows`` the rows' ``kernels.inference.SERVING``
-    records, ``devs`` one DEVICE record per Dtype code (indexed by ``dtype``),
-    ``model`` and ``wl`` one-element record arrays. Returns (n, N_OUT) float64."""
+def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode, max_batch, max_tokens, scheduler,
+                  instances, prefill_instances, wl):
+    """``OUTPUTS`` for every row: ``srv_rows`` the rows' (decode) replicas as
+    ``kernels.inference.SERVING`` records, ``prefill_rows`` their prefill
+    replicas (read where ``mode`` is DISAGG), ``devs`` one DEVICE record per
+    Dtype code (indexed by ``dtype``), ``model`` and ``wl`` one-element record
+    arrays. Returns (n, N_OUT) float64."""
     n = srv_rows.shape[0]
     out = np.empty((n, N_OUT))
     for i in prange(n):
+        row = out[i]
         analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
-                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), out[i])
+                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), row)
+        if mode[i] == DISAGG and row[O_REASON] != WEIGHTS_OOM and row[O_REASON] != KV_TOO_SMALL:
+            disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
+                       float(max_batch[i]), float(max_tokens[i]), float(instances[i]), float(prefill_instances[i]),
+                       row)
     return out
 
 

@@ -18,7 +18,9 @@ from paraspace.results.schema import Column
 #: identity and strategy columns, in output order
 STRATEGY: tuple[Column, ...] = (
     Column("row_id", pa.int64(), "index", "position of the combination in the serving space's flat product"),
-    Column("tp", pa.int32(), "count", "tensor-parallel ranks of a replica"),
+    Column("mode", pa.dictionary(pa.int8(), pa.string()), "enum",
+           "agg: replicas prefill and decode; disagg: prefill replicas and decode replicas apart"),
+    Column("tp", pa.int32(), "count", "tensor-parallel ranks of a (decode) replica"),
     Column("pp", pa.int32(), "count", "pipeline stages of a replica (each runs pp engines)"),
     Column("ep", pa.int32(), "count", "expert-parallel ranks among the tp ranks"),
     Column("attention_dp", pa.bool_(), "bool", "attention data parallelism (each rank its own requests)"),
@@ -27,7 +29,10 @@ STRATEGY: tuple[Column, ...] = (
     Column("max_batch", pa.int32(), "requests", "most requests an engine runs at once"),
     Column("max_tokens", pa.int32(), "tokens", "tokens per iteration (chunked-prefill budget)"),
     Column("scheduler", pa.dictionary(pa.int8(), pa.string()), "enum", "static or continuous batching"),
-    Column("instances", pa.int32(), "count", "replicas: devices / (tp * pp)"),
+    Column("prefill_tp", pa.int32(), "count", "disagg: tensor-parallel ranks of a prefill replica"),
+    Column("prefill_instances", pa.int32(), "count", "disagg: prefill replicas"),
+    Column("instances", pa.int32(), "count",
+           "(decode) replicas: devices / (tp * pp), disagg (devices - prefill_instances * prefill_tp) / (tp * pp)"),
 )
 
 #: metric columns, in output order
@@ -49,6 +54,8 @@ METRICS: tuple[Column, ...] = (
            kernel="kernels.serving.wave_s"),
     Column("decode_step_s", pa.float64(), "s", "one decode iteration at the batch (analytic tier)",
            kernel="kernels.serving.wave_s"),
+    Column("kv_transfer_s", pa.float64(), "s", "disagg: one prompt's KV cache from prefill to decode replica",
+           kernel="kernels.serving.kv_transfer_s"),
     Column("kv_capacity_tokens", pa.float64(), "tokens", "tokens the KV cache of one replica holds",
            kernel="kernels.serving.kv_capacity_tokens"),
     Column("mem_weights_bytes", pa.float64(), "bytes", "weights on the fullest device",

@@ -20,8 +20,12 @@ A serving space is TOML in ``spaces/catalog/serving/NAME.toml`` (or any path)::
 It is validated like a training space (``CatalogError`` naming file, field,
 value and what was expected) and encoded into columns, one row per valid
 candidate; each dropped combination is charged to the first ``ServingReason``
-it breaks. A candidate runs ``instances = devices / (tp * pp)`` copies of one
-engine; the serving enums below are mirrored as integers in
+it breaks. An aggregated candidate runs ``instances = devices / (tp * pp)``
+replicas that prefill and decode; a disaggregated one runs
+``prefill_instances`` prefill replicas of ``prefill_tp`` devices (pp 1, TP
+attention, the row's ep) and ``instances = (devices - prefill_instances *
+prefill_tp) / (tp * pp)`` decode replicas of the row's shape, the KV cache of
+each prompt moving from the one to the other; the serving enums below are mirrored as integers in
 ``kernels.serving`` (pinned by ``tests/test_serving.py``).
 """
 
@@ -59,6 +63,13 @@ class Scheduler(IntEnum):
     CONTINUOUS = 1  #: requests join and leave every iteration; prompts chunked under max_tokens
 
 
+class Mode(IntEnum):
+    """Where prompts are prefilled."""
+
+    AGG = 0  #: every replica prefills and decodes (chunked prefill mixed into decode iterations)
+    DISAGG = 1  #: prefill replicas and decode replicas apart; the KV cache moves between them
+
+
 class ServingReason(IntEnum):
     """Why a combination of serving dimension values is not a candidate (precedence order)."""
 
@@ -71,6 +82,9 @@ class ServingReason(IntEnum):
     ATTENTION_DP_TP1 = 6  #: attention DP with tp = 1 is the same row without it
     TOKEN_BUDGET = 7  #: continuous batching with max_tokens < max_batch: a full batch's decode tokens do not fit
     STATIC_TOKENS = 8  #: static batching has no token budget: only the first max_tokens value is kept
+    AGG_PREFILL_GROUP = 9  #: aggregated: the prefill group's dimensions are unused, only their first values kept
+    DISAGG_BUDGET = 10  #: disaggregated: the prefill replicas leave no whole decode replica, or ep does not divide prefill_tp
+    DISAGG_STATIC = 11  #: disaggregated decode replicas batch continuously: the static scheduler is not kept
 
 
 REASON_TEXT: dict[ServingReason, str] = {
@@ -83,6 +97,10 @@ REASON_TEXT: dict[ServingReason, str] = {
     ServingReason.ATTENTION_DP_TP1: "attention_dp with tp=1 (same as without)",
     ServingReason.TOKEN_BUDGET: "continuous: max_tokens < max_batch",
     ServingReason.STATIC_TOKENS: "static: no token budget, only the first max_tokens kept",
+    ServingReason.AGG_PREFILL_GROUP: "agg: prefill_tp / prefill_instances unused, only the first kept",
+    ServingReason.DISAGG_BUDGET: "disagg: devices - prefill_instances*prefill_tp not a multiple of tp*pp (or 0), "
+                                 "or ep does not divide prefill_tp",
+    ServingReason.DISAGG_STATIC: "disagg with the static scheduler (decode replicas batch continuously)",
 }
 
 
@@ -187,6 +205,12 @@ class ServingDimensions(Record):
     #: tokens per iteration (decode tokens plus prefill chunks): the chunked-prefill budget
     max_tokens: tuple[PositiveInt, ...] = (8192,)
     scheduler: tuple[Literal["static", "continuous"], ...] = ("continuous",)
+    #: aggregated replicas, or prefill and decode replicas apart
+    mode: tuple[Literal["agg", "disagg"], ...] = ("agg",)
+    #: disaggregated: tensor-parallel size of a prefill replica
+    prefill_tp: tuple[PositiveInt, ...] = (8,)
+    #: disaggregated: prefill replicas (the decode replicas take the devices left)
+    prefill_instances: tuple[PositiveInt, ...] = (1,)
 
 
 class ServingSpec(Record):
@@ -266,9 +290,10 @@ def check_serving(space: LoadedServing) -> None:
 # --------------------------------------------------------------------------- encoding
 
 #: the product's dimensions, slowest first (the Parquet strategy columns, with instances)
-DIMENSIONS = ("tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens", "scheduler")
+DIMENSIONS = ("mode", "tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens", "scheduler",
+              "prefill_tp", "prefill_instances")
 #: enum-valued dimensions: Parquet dictionary columns with these labels
-DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler)}
+DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler), "mode": enum_labels(Mode)}
 
 
 def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
@@ -278,8 +303,9 @@ def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
         raw = getattr(dims, name)
         if name in ("dtype", "kv_dtype"):
             out[name] = np.asarray([int(parse(Dtype, v)) for v in raw], np.int8)
-        elif name == "scheduler":
-            out[name] = np.asarray([int(Scheduler[v.upper()]) for v in raw], np.int8)
+        elif name in ("scheduler", "mode"):
+            enum = Scheduler if name == "scheduler" else Mode
+            out[name] = np.asarray([int(enum[v.upper()]) for v in raw], np.int8)
         elif name == "attention_dp":
             out[name] = np.asarray(raw, np.int8)
         else:
@@ -312,7 +338,9 @@ def encode(space: LoadedServing) -> EncodedServing:
     keep = reason == ServingReason.VALID
     out = {k: np.ascontiguousarray(v[keep]) for k, v in cols.items()}
     out["row_id"] = flat[keep]
-    out["instances"] = (space.spec.devices // (out["tp"] * out["pp"])).astype(np.int32)
+    decode_devices = space.spec.devices - np.where(out["mode"] == Mode.DISAGG,
+                                                   out["prefill_instances"] * out["prefill_tp"], 0)
+    out["instances"] = (decode_devices // (out["tp"] * out["pp"])).astype(np.int32)
     return EncodedServing(out, n, np.bincount(reason, minlength=len(ServingReason)).astype(np.int64), breaks)
 
 
@@ -325,9 +353,12 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
     experts = moe.experts if moe is not None else 1
     expert_ffn = moe.expert_ffn if moe is not None else 1
     continuous = c["scheduler"] == Scheduler.CONTINUOUS
+    disagg = c["mode"] == Mode.DISAGG
+    ptp = c["prefill_tp"].astype(np.int64)
+    left = space.spec.devices - c["prefill_instances"].astype(np.int64) * ptp  # devices for decode replicas
     safe_ep = np.maximum(ep, 1)
     rules: dict[ServingReason, np.ndarray] = {
-        ServingReason.DEVICE_BUDGET: space.spec.devices % (tp * pp) != 0,
+        ServingReason.DEVICE_BUDGET: ~disagg & (space.spec.devices % (tp * pp) != 0),
         ServingReason.TP_HEADS: (model.heads % tp != 0) | (~adp & (model.ffn % tp != 0)),
         ServingReason.PP_LAYERS: pp > model.layers,
         ServingReason.EP_DENSE: np.full(tp.shape, moe is None) & ((ep > 1) | adp),
@@ -336,6 +367,11 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
         ServingReason.ATTENTION_DP_TP1: adp & (tp == 1),
         ServingReason.TOKEN_BUDGET: continuous & (c["max_tokens"] < c["max_batch"]),
         ServingReason.STATIC_TOKENS: ~continuous & (c["max_tokens"] != values["max_tokens"][0]),
+        ServingReason.AGG_PREFILL_GROUP: ~disagg & ((c["prefill_tp"] != values["prefill_tp"][0])
+                                                    | (c["prefill_instances"] != values["prefill_instances"][0])),
+        ServingReason.DISAGG_BUDGET: disagg & ((left < tp * pp) | (left % (tp * pp) != 0) | (ptp % safe_ep != 0)
+                                               | (model.heads % ptp != 0) | ((moe is None) & (model.ffn % ptp != 0))),
+        ServingReason.DISAGG_STATIC: disagg & ~continuous,
     }
     reason = np.zeros(tp.shape[0], np.int64)
     breaks = np.zeros(len(ServingReason), np.int64)
@@ -354,7 +390,7 @@ def dtype_bytes_table() -> np.ndarray:
 
 
 __all__ = [
-    "DIMENSIONS", "DTYPE_BYTES", "EncodedServing", "Feasible", "LoadedServing", "REASON_TEXT", "Scheduler",
+    "DIMENSIONS", "DTYPE_BYTES", "EncodedServing", "Feasible", "LoadedServing", "Mode", "REASON_TEXT", "Scheduler",
     "ServingReason", "ServingSpec", "dimension_values", "dtype_bytes_table", "encode", "enum_labels",
     "load_serving", "names", "serving_from_raw",
 ]

@@ -68,10 +68,14 @@ def fast(make_device, make_tiers, toy_tiles):
                 tiles=toy_tiles)
 
 
-def analytic(env, srv, wl, *, max_batch=256.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS, instances=1.0):
-    out = ks.analytic_rows(env["model"], env["dev"], env["tiers"], env["tiles"], srv, np.zeros(1, np.int8),
+def analytic(env, srv, wl, *, max_batch=256.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS, instances=1.0,
+             prefill=None, prefill_instances=1.0):
+    """The analytic tier on one row: aggregated, or disaggregated with ``prefill`` replicas."""
+    mode = ks.AGG if prefill is None else ks.DISAGG
+    out = ks.analytic_rows(env["model"], env["dev"], env["tiers"], env["tiles"], srv,
+                           srv if prefill is None else prefill, np.zeros(1, np.int8), np.array([mode], np.int8),
                            np.array([max_batch]), np.array([max_tokens]), np.array([scheduler], np.int8),
-                           np.array([instances]), wl)
+                           np.array([instances]), np.array([prefill_instances]), wl)
     return dict(zip(ks.OUTPUTS, out[0]))
 
 
@@ -96,6 +100,7 @@ def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_ba
 
 def test_kernel_codes_mirror_the_enums():
     assert (ks.STATIC, ks.CONTINUOUS) == (sp.Scheduler.STATIC, sp.Scheduler.CONTINUOUS)
+    assert (ks.AGG, ks.DISAGG) == (sp.Mode.AGG, sp.Mode.DISAGG)
     assert serving_sim.STATIC == sp.Scheduler.STATIC
     codes = {name: getattr(ks, name) for name in sp.Feasible.__members__}
     assert codes == {m.name: int(m) for m in sp.Feasible}
@@ -248,6 +253,73 @@ def test_decode_never_beats_the_memory_bandwidth_ceiling(h100_fp8, tp, batch, kv
     step = ks.iteration_s(m, d, tiers, tiles, srv, 0.0, ks.kv_s_per_token(m, d, tiers, tiles, srv), 0.0,
                           batch, batch, batch * kv_len, 0.0)
     assert step >= (weights + kv_read) / d.hbm_bytes_per_s
+
+
+# --------------------------------------------------------------------------- disaggregation
+
+
+def test_kv_transfer_by_hand(fast, make_tiers):
+    """A 512-token prompt's KV cache on a one-device prefill replica: 512 x 2048 bytes
+    = 1048576 bytes, sent over NVLink (1e11 B/s, 2 us) when the deployment fits in a node
+    of 8, else over the NIC (1e10 B/s, 5 us): 1.248576e-5 s and 1.098576e-4 s. With
+    prefill_tp = 2 each rank sends its KV head's half at once: 5.24288e-6 + 2e-6 s."""
+    tiers = make_tiers((8, 1e11, 2e-6), (0, 1e10, 5e-6))
+    m = fast["model"][0]
+    assert ks.kv_transfer_s(m, tiers, toy_srv()[0], 512.0, 2.0) == pytest.approx(1048576 / 1e11 + 2e-6, rel=REL)
+    assert ks.kv_transfer_s(m, tiers, toy_srv()[0], 512.0, 16.0) == pytest.approx(1048576 / 1e10 + 5e-6, rel=REL)
+    assert ks.kv_transfer_s(m, tiers, toy_srv(tp=2.0)[0], 512.0, 2.0) == pytest.approx(524288 / 1e11 + 2e-6,
+                                                                                        rel=REL)
+
+
+def test_disaggregated_poisson_row_by_its_definition(fast):
+    """Poisson 20 requests/s, 512 in / 16 out, one prefill replica and one decode replica of
+    one device each: the prefill iteration packs floor(4096 / 512) = 8 prompts in t_p =
+    rows_s(4096) + head(8) + pair 8 x 512 x 256, so mu = 8 / t_p prompts/s and the wait is
+    rho / (2 (1 - rho)) t_p at rho = 20 / mu; the decode batch B makes B / (15 t_d(B)) = 20;
+    TTFT = wait + t_p; TPOT = (transfer + 15 t_d) / 15."""
+    m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
+    srv = toy_srv(n_gpus=2.0)
+    out = analytic(fast, srv, workload(concurrency=0.0, rate_per_s=20.0, devices=2.0), max_tokens=4096.0,
+                   prefill=toy_srv(n_gpus=2.0))
+    t_p = ks.rows_s(m, d, tiers, tiles, srv[0], 4096.0) + ks.head_rows_s(m, d, tiers, tiles, srv[0], 8.0) \
+        + ks.pair_s(m, d, srv[0]) * 8 * 512 * 256
+    rho = 20.0 / (8.0 / t_p)
+    b = out["batch"]
+    t_d = ks.decode_only_s(m, d, tiers, tiles, srv[0], 0.0, ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), b, 520.0)
+    xfer = 1048576 / 1e11
+    assert out["prefill_s"] == pytest.approx(t_p, rel=REL)
+    assert b / (15 * t_d) == pytest.approx(20.0, rel=1e-9)
+    assert out["kv_transfer_s"] == pytest.approx(xfer, rel=REL)
+    assert out["ttft_s"] == pytest.approx(rho / (2 * (1 - rho)) * t_p + t_p, rel=1e-9)
+    assert out["tpot_s"] == pytest.approx((xfer + 15 * t_d) / 15, rel=1e-9)
+    assert out["output_tokens_per_s_per_gpu"] == pytest.approx(20.0 * 16 / 2, rel=REL)
+    assert out["reason"] == ks.OK
+    # the prefill replica saturates: 8 prompts per t_p ~ 0.25 ms is ~32,000 prompts/s
+    over = analytic(fast, srv, workload(concurrency=0.0, rate_per_s=1e6, devices=2.0), max_tokens=4096.0,
+                    prefill=toy_srv(n_gpus=2.0))
+    assert over["reason"] == ks.OVERLOADED
+
+
+def test_disaggregated_closed_loop_obeys_littles_law(fast):
+    """Closed loop, 64 users: the decode batch B and rate X = B / (15 t_d(B)) put every user
+    somewhere: B decoding + X (prefill wait + t_p + transfer) = 64, and e2e = 64 / X."""
+    srv = toy_srv(n_gpus=2.0)
+    out = analytic(fast, srv, workload(concurrency=64.0, devices=2.0), max_tokens=4096.0, prefill=toy_srv(n_gpus=2.0))
+    x = out["requests_per_s"]
+    assert out["e2e_latency_s"] == pytest.approx(64 / x, rel=REL)
+    t_p, xfer = out["prefill_s"], out["kv_transfer_s"]
+    rho = x / (8 / t_p)
+    assert out["batch"] + x * (rho / (2 * (1 - rho)) * t_p + t_p + xfer) == pytest.approx(64, rel=1e-9)
+
+
+def test_disaggregated_encoding_sizes_groups_from_the_budget():
+    """8 devices, prefill replicas of 2 devices: 1 of them leaves 6 devices (3 decode replicas
+    at tp 2, none whole at tp 4), 2 of them leave 4 (2 at tp 2, 1 at tp 4)."""
+    raw = space(dimensions={"tp": [2, 4], "mode": ["disagg"], "prefill_tp": [2], "prefill_instances": [1, 2]})
+    enc = sp.encode(sp.serving_from_raw(raw, "toy.toml", Path(".")))
+    kept = list(zip(enc.columns["tp"], enc.columns["prefill_instances"], enc.columns["instances"]))
+    assert kept == [(2, 1, 3), (2, 2, 2), (4, 2, 1)]
+    assert enc.first_reason[sp.ServingReason.DISAGG_BUDGET] == 1
 
 
 # --------------------------------------------------------------------------- simulation against the closed forms
