@@ -64,7 +64,9 @@ def pack_serving(space: LoadedServing) -> PackedServing:
     wl = spec.workload
     sla = spec.sla
     workload = np.zeros(1, ks.SERVING_WORKLOAD).view(np.recarray)
-    values = dict(input_len=wl.input_len.mean, output_len=wl.output_len.mean, prefix_hit_rate=wl.prefix_hit_rate,
+    in_len, out_len, _ = sample_requests(space)
+    values = dict(input_len=wl.input_len.mean, output_len=wl.output_len.mean,
+                  longest_seq_len=float((in_len + out_len).max()), prefix_hit_rate=wl.prefix_hit_rate,
                   concurrency=wl.concurrency or 0.0, rate_per_s=wl.rate_per_s or 0.0, devices=spec.devices,
                   host_s=spec.host_overhead_us * 1e-6, kv_fraction=spec.kv_fraction,
                   sla_ttft_s=sla.ttft_s or 0.0, sla_ttft_p90_s=sla.ttft_p90_s or 0.0, sla_tpot_s=sla.tpot_s or 0.0,

@@ -105,6 +105,7 @@ SERVING_WORKLOAD = np.dtype(
     [
         ("input_len", np.float64),  # mean prompt tokens
         ("output_len", np.float64),  # mean generated tokens (the first comes from the prefill iteration)
+        ("longest_seq_len", np.float64),  # the longest request (prompt + output) the workload sends
         ("prefix_hit_rate", np.float64),  # share of a prompt found in the prefix cache
         ("concurrency", np.float64),  # closed-loop users of the deployment (0: Poisson)
         ("rate_per_s", np.float64),  # Poisson requests/s of the deployment (0: closed loop)
@@ -292,7 +293,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
         return
     b_kv = math.floor(cap / pp / seq)
     bmax = min(max_batch, b_kv)
-    if bmax < 1.0:
+    if bmax < 1.0 or cap / pp < wl.longest_seq_len:  # the longest request could never be admitted
         out[O_REASON] = KV_TOO_SMALL
         return
     host = wl.host_s

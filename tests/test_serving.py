@@ -50,7 +50,7 @@ def toy_srv(**overrides: float) -> np.ndarray:
 
 
 def workload(**overrides: float) -> np.ndarray:
-    values = dict(input_len=512.0, output_len=16.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
+    values = dict(input_len=512.0, output_len=16.0, longest_seq_len=0.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
                   devices=1.0, host_s=0.0, kv_fraction=0.9, sla_ttft_s=0.0, sla_ttft_p90_s=0.0, sla_tpot_s=0.0,
                   sla_tpot_p90_s=0.0)
     values.update(overrides)
@@ -492,6 +492,21 @@ def test_bench_runs_and_agrees(capsys):
     out = capsys.readouterr().out
     agree = [float(line.rsplit("agree", 1)[1].split()[-1]) for line in out.splitlines() if "agree" in line]
     assert len(agree) == 2 and max(agree) < 1e-12
+
+
+def test_lengths_the_cache_cannot_hold_are_an_explained_row_not_a_traceback(tmp_path):
+    """Llama 3 8B on one H100 holds ~0.47M KV tokens; lognormal prompts of mean 100k and sigma 1.5
+    send some of several million tokens: every candidate is infeasible with kv-too-small."""
+    path = tmp_path / "long.toml"
+    path.write_text('name = "long"\ndescription = "d"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
+                    'devices = 1\nsimulate_top = 2\n[workload]\n'
+                    'input_len = { distribution = "lognormal", mean = 100000, sigma = 1.5 }\noutput_len = 100\n'
+                    'concurrency = 4\nn_requests = 200\n')
+    target = tmp_path / "long.parquet"
+    result = CliRunner().invoke(main, ["serve", str(path), "--out", str(target)])
+    assert result.exit_code == 0, result.output
+    frame = pq.read_table(target).to_pydict()
+    assert frame["infeasible_reason"] == ["kv-too-small"] and frame["feasible"] == [False]
 
 
 def test_catalog_serving_spaces_ship_as_package_data():
