@@ -451,6 +451,46 @@ def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
         assert out[key] == pytest.approx(ref[key], rel=1e-10), key
 
 
+def ranked_digest(name: str) -> str:
+    import hashlib
+
+    ranked, _ = __import__("paraspace.explorer.serve", fromlist=["evaluate_space"]).evaluate_space(
+        sp.load_serving(name), simulate_top=3)
+    digest = hashlib.sha256()
+    for key in sorted(ranked):
+        digest.update(key.encode())
+        digest.update(np.ascontiguousarray(ranked[key]).tobytes())
+    return digest.hexdigest()
+
+
+def test_serve_is_deterministic_across_processes():
+    """The ranked columns (analytic and simulated, lognormal Poisson workload) are bit-identical
+    in another process."""
+    import subprocess
+    import sys
+
+    here = ranked_digest("qwen3-235b-a22b-h200-8")
+    code = ("import sys; sys.path.insert(0, %r); from test_serving import ranked_digest; "
+            "print(ranked_digest('qwen3-235b-a22b-h200-8'))" % str(Path(__file__).parent))
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert other == here
+
+
+@pytest.mark.parametrize("slow, fast_", [(1e12, 2e12), (2e12, 8e12)])
+def test_more_bandwidth_never_slows_an_iteration(make_device, make_tiers, toy_tiles, slow, fast_):
+    """Monotonicity: the same iterations on faster HBM and links take no longer."""
+    m = toy_model(experts=8.0, top_k=2.0, expert_ffn=512.0)[0]
+    srv = toy_srv(tp=2.0, n_gpus=2.0)[0]
+    times = []
+    for bw in (slow, fast_):
+        dev = make_device(hbm_bytes_per_s=bw, launch_s=4e-6)[0]
+        tiers = make_tiers((8, bw / 10, 2e-6), (0, bw / 100, 5e-6))
+        kv = ks.kv_s_per_token(m, dev, tiers, toy_tiles, srv)
+        times.append([ks.iteration_s(m, dev, tiers, toy_tiles, srv, 1e-4, kv, ks.pair_s(m, dev, srv), t, r, t * 900, 0.0)
+                      for t, r in ((1, 1), (16, 16), (600, 8), (4096, 64))])
+    assert all(b <= a for a, b in zip(*times))
+
+
 # --------------------------------------------------------------------------- the command line
 
 
