@@ -147,8 +147,8 @@ N_OUT = len(OUTPUTS)
 #: the fixed points stop when a step moves less than this share
 FIXED_POINT_RTOL = 1e-12
 FIXED_POINT_ITERATIONS = 200
-#: halvings of the disaggregated decode batch's bisection (2^-60 of max_batch)
-BISECTIONS = 60
+#: halvings of the disaggregated decode batch's bisection (to 2^-48 of max_batch)
+BISECTIONS = 48
 
 
 @jit
@@ -270,8 +270,10 @@ def clients_per_engine(concurrency: float, engines: float) -> float:
 
 @jit
 def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
-                 instances: float, out) -> None:
-    """Fill ``out`` (``OUTPUTS``) for one candidate (module doc)."""
+                 instances: float, memory_only: bool, out) -> None:
+    """Fill ``out`` (``OUTPUTS``) for one aggregated candidate (module doc); with
+    ``memory_only`` stop after the memory columns and the memory reasons (a
+    disaggregated row's decode replica, ``disagg_one`` does the rest)."""
     for k in range(N_OUT):
         out[k] = np.nan
     pp = srv.pp
@@ -295,6 +297,9 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     bmax = min(max_batch, b_kv)
     if bmax < 1.0 or cap / pp < wl.longest_seq_len:  # the longest request could never be admitted
         out[O_REASON] = KV_TOO_SMALL
+        return
+    out[O_REASON] = OK
+    if memory_only:
         return
     host = wl.host_s
     kv_coef = kv_s_per_token(model, dev, tiers, tiles, srv)
@@ -500,9 +505,10 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
     out = np.empty((n, N_OUT))
     for i in prange(n):
         row = out[i]
+        disagg = mode[i] == DISAGG
         analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
-                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), row)
-        if mode[i] == DISAGG and row[O_REASON] != WEIGHTS_OOM and row[O_REASON] != KV_TOO_SMALL:
+                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), disagg, row)
+        if disagg and row[O_REASON] == OK:
             disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
                        float(max_batch[i]), float(max_tokens[i]), float(instances[i]), float(prefill_instances[i]),
                        row)
