@@ -105,6 +105,8 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 TOLERANCE = 0.05
 #: bytes per element of each GEMM precision (the memory-roofline check)
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "tf32": 4.0, "fp32": 4.0}
+#: no collective completes faster than this: a shorter measured time is a unit mistake
+MIN_COLLECTIVE_S = 1e-9
 #: keep alpha strictly below every point's time / steps (a bandwidth term remains)
 _ALPHA_HEADROOM = 0.999
 
@@ -390,6 +392,10 @@ def read_comm_csv(path: Path) -> list[CommMeasurement]:
         size = _number(path, row, "bytes")
         value = _number(path, row, timing)
         seconds = value if timing == "seconds" else size * bus_factor(op, ranks) / (value * GB)
+        if not MIN_COLLECTIVE_S <= seconds < math.inf:  # a unit mistake; the fit would divide by ~0
+            raise CatalogError(path, f"line {row.line}, {timing}", row.cells[timing],
+                               f"a measurement of at least {MIN_COLLECTIVE_S * 1e9:g} ns per collective "
+                               f"(this row gives {seconds:.3g} s)")
         groups.setdefault((op, ranks, size), []).append((row.line, seconds))
     out = [CommMeasurement(op, ranks, size, float(np.mean([s for _, s in got])), tuple(line for line, _ in got))
            for (op, ranks, size), got in groups.items()]

@@ -376,3 +376,12 @@ def test_calibrate_writes_a_valid_profile_in_a_new_folder(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"wrote {out}: h100-sxm5-80gb-calibrated")
     assert sorted(p.name for p in out.parent.iterdir()) == ["profile.toml"]
+
+
+def test_calibrate_refuses_a_collective_faster_than_a_nanosecond(tmp_path):
+    csv = tmp_path / "c.csv"
+    csv.write_text("op,ranks,bytes,gbps\nall_reduce,8,1000000000,1e300\n")
+    result = run("calibrate", "comm", str(csv), "--hardware", "h100-sxm5-80gb", "--tier", "ib", "--out",
+                 str(tmp_path / "o.toml"))
+    one_line_error(result, f"{csv}: line 2, gbps = '1e300': expected a measurement of at least 1 ns per collective "
+                           "(this row gives 0 s)")
