@@ -145,7 +145,8 @@ def open_results(path: str | Path | Results) -> Results:
         raise ResultsError(f"{path}: RESULTS = {str(path)!r}: expected a paraspace Parquet file or a folder of them")
     footers = {f: _footer(f) for f in files}
     digest, space = _one_space(path, footers)
-    _complete_shards(path, files)
+    if path.is_dir():  # one part given on its own is a file to read, not a dataset to complete
+        _complete_shards(path, files)
     frame, repeats = _keyed(path, files)
     return Results(path, frame, tuple(files), digest, space, repeats)
 

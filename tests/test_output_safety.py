@@ -256,6 +256,7 @@ def test_missing_shards_are_named(small, tmp_path):
     one_line_error(result, f"{folder}: shards = 2 of 4 missing (part-1-of-4.parquet, part-2-of-4.parquet): expected "
                            "part-0-of-4 to part-3-of-4 (a shard that failed or has not finished; rerun it with "
                            "--shard I/N)")
+    assert top(folder / "part-0-of-4.parquet", 1).height == 1  # one part on its own is a file, not a dataset
     _part(small, folder / "part-1-of-2.parquet", lambda rid: pc.equal(rid, -1))
     one_line_error(run("top", str(folder)), f"{folder}: shards = parts of 2 and of 4 shards: expected the parts of "
                                             "one shard array (remove the other run's parts)")
