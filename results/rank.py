@@ -1,7 +1,12 @@
 """Ranking, Pareto fronts and comparisons of result files, on polars lazy scans.
 
 Every function takes a result file or a folder of them (a partitioned
-dataset) and never loads more than the query needs.
+dataset) and never loads more than the query needs. A folder is read only when
+it is one problem's complete results (``open_results``): every file written by
+paraspace for one space definition (the ``paraspace.space_sha256`` footer key),
+every ``part-I-of-N`` of a shard array present, and one result per row_id
+(study folders evaluate a row in several batches: exact repeats are dropped,
+and said; different results for one row are refused).
 """
 
 from __future__ import annotations
@@ -55,10 +60,14 @@ class Results:
                 "more than once, e.g. by several study batches); each is shown once")
 
 
+def _listed(items: list[str]) -> str:
+    """The first few items, and how many more."""
+    more = f" and {len(items) - _LISTED} more" if len(items) > _LISTED else ""
+    return ", ".join(items[:_LISTED]) + more
+
+
 def _names(files: list[Path], root: Path) -> str:
-    shown = [str(f.relative_to(root)) if root.is_dir() else f.name for f in files[:_LISTED]]
-    more = f" and {len(files) - _LISTED} more" if len(files) > _LISTED else ""
-    return ", ".join(shown) + more
+    return _listed([str(f.relative_to(root)) if root.is_dir() else f.name for f in files])
 
 
 def _footer(file: Path) -> dict[bytes, bytes]:
@@ -108,15 +117,14 @@ def _complete_shards(path: Path, files: list[Path]) -> None:
         missing = sorted(set(range(count)) - present)
         extra = sorted(present - set(range(count)))
         if missing or extra:
-            names = [f"part-{i}-of-{count}.parquet" for i in missing]
-            shown = ", ".join(names[:_LISTED]) + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
+            shown = _listed([f"part-{i}-of-{count}.parquet" for i in missing])
             what = f"{len(missing)} of {count} missing ({shown})" if missing else f"part-{extra[0]}-of-{count} found"
             raise ResultsError(f"{folder}: shards = {what}: expected part-0-of-{count} to part-{count - 1}-of-{count} "
                                "(a shard that failed or has not finished; rerun it with --shard I/N)")
 
 
 def _keyed(path: Path, files: list[Path]) -> tuple[pl.LazyFrame, int]:
-    """``frame`` with exact repeats dropped and the count dropped; a ``ResultsError`` when one
+    """The files' rows with exact repeats dropped, and how many were; a ``ResultsError`` when one
     row_id holds different results (two evaluations of one row disagree)."""
     frame = pl.scan_parquet(files)
     n_rows, n_ids = frame.select(pl.len(), pl.col("row_id").n_unique()).collect().row(0)
