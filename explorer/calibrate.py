@@ -11,8 +11,8 @@ published; the target is per source too):
 * ``gemm_max_efficiency``: the achieved fraction of the dense peak of a large,
   perfectly tiled GEMM (every row);
 * ``attention_efficiency_flash1``: the achieved fraction of the 16-bit peak of
-  first-generation fused attention (only rows whose source ran it,
-  ``explorer.validate.FLASH1_SOURCES``; with none in the fit set it is not fitted).
+  first-generation fused attention (only rows whose ``attention`` column says
+  ``flash1``; with none in the fit set it is not fitted).
 
 The FlashAttention-2 ``attention_efficiency`` keeps its documented value (fitting
 it as well drove it to the grid's floor, below anything FlashAttention-2
@@ -39,8 +39,8 @@ from paraspace.explorer import validate
 from paraspace.spaces import catalog
 from paraspace.spaces.schema import Hardware
 
-FAMILIES = {"a100": ("a100-sxm4-40gb", "a100-sxm4-80gb"), "h100": ("h100-sxm5-80gb", "h800-sxm5-80gb",
-                                                                  "h200-sxm-141gb")}
+FAMILIES = {"a100": ("a100-sxm4-40gb", "a100-sxm4-80gb"),
+            "h100": ("h100-sxm5-80gb", "h800-sxm5-80gb", "h200-sxm-141gb", "h100-sxm5-96gb-500w")}
 #: the knobs fitted, in coordinate-descent order, with their grids
 GRIDS = {
     "gemm_max_efficiency": tuple(float(g) for g in np.round(np.arange(0.40, 0.901, 0.025), 3)),
@@ -97,7 +97,7 @@ def fit_knobs(pool: ProcessPoolExecutor, rows: list[dict], path: str, profiles: 
     a knob no row exercises keeps its ``start`` value."""
     chosen = dict(start)
     knobs = [k for k in GRIDS if k != "attention_efficiency_flash1"
-             or any(r["source"] in validate.FLASH1_SOURCES for r in rows)]
+             or any(r.get("attention") == "flash1" for r in rows)]
     halves = [rows[0::2], rows[1::2]]  # both processes work on every grid point
     for _ in range(ROUNDS):
         for knob in knobs:

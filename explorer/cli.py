@@ -491,33 +491,56 @@ def _finite(value: Any) -> Any:
 @main.command("validate")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: rows and summary.")
+@click.option("--loso", is_flag=True,
+              help="Training files: also fit the calibrated knobs without each source and predict it "
+                   "(leave-one-source-out; about two minutes on 2 cores).")
 @_guard
-def validate_cmd(file: Path, as_json: bool) -> None:
+def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
     """Predict every row of a published-measurement CSV and report the errors."""
     from paraspace.explorer import validate
 
     kind, results = validate.run(file)
     stats = validate.summary(results)
+    held = held_stats = None
+    if loso and kind == "training":
+        from paraspace.explorer import loso as loso_mod
+
+        held = loso_mod.run(str(file), results)
+        held_stats = loso_mod.summary(results, held)
     if as_json:
         rows = [{"id": r.id, "metric": r.metric, "measured": r.measured, "predicted": r.predicted,
                  "error": r.error, "status": r.status, "reason": r.reason, "quality": r.quality, "source": r.source,
-                 "chosen": r.chosen}
-                for r in results]
-        click.echo(json.dumps(_finite({"kind": kind, "rows": rows, "summary": stats}), allow_nan=False))
+                 "chosen": r.chosen, "mem_peak_bytes": r.mem_peak_bytes, "measured_mem_bytes": r.measured_mem_bytes}
+                | ({"loso_predicted": held[i]} if held is not None else {})
+                for i, r in enumerate(results)]
+        out = {"kind": kind, "rows": rows, "summary": stats} | ({"loso": held_stats} if held_stats else {})
+        click.echo(json.dumps(_finite(out), allow_nan=False))
         return
     click.echo(validate.table(results))
     click.echo(f"\n{kind} rows: " + ", ".join(f"{v} {k}" for k, v in stats["status"].items()))
     for group in ("ok", "uncertain"):
         st = stats[group]
         if st["n"]:
-            click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%  median {100 * st['median_ape']:.1f}%"
-                       f"  mean signed {100 * st['mean_signed']:+.1f}%")
+            held_text = ""
+            if held_stats and held_stats[group]["n"]:
+                held_text = f"  (leave-one-source-out {100 * held_stats[group]['mape']:.1f}%)"
+            click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%{held_text}  median "
+                       f"{100 * st['median_ape']:.1f}%  mean signed {100 * st['mean_signed']:+.1f}%")
             click.echo("  worst: " + ", ".join(f"{rid} {100 * err:+.1f}%" for rid, err in st["worst"]))
     for key in ("by_source", "by_gpu"):
         for name, st in stats[key].items():
             if st["n"]:
+                held_st = (held_stats or {}).get(key, {}).get(name)
+                held_text = f"  left out {100 * held_st['mape']:5.1f}%" if held_st and held_st["n"] else ""
                 click.echo(f"  {name:<34} n={st['n']:>3}  MAPE {100 * st['mape']:5.1f}%  "
-                           f"signed {100 * st['mean_signed']:+6.1f}%")
+                           f"signed {100 * st['mean_signed']:+6.1f}%{held_text}")
+    rank, mem = stats["ranking"], stats["memory"]
+    if rank["pairs"]:
+        click.echo(f"ranking: {rank['pairs']} pairs of one job differing by >= 5% measured; predicted order right "
+                   f"in {100 * rank['agreement']:.0f}%")
+    if mem["n"]:
+        click.echo(f"memory: {mem['n']} rows with a measured peak; MAPE {100 * mem['mape']:.1f}%, "
+                   f"mean signed {100 * mem['mean_signed']:+.1f}%")
 
 
 # --------------------------------------------------------------------------- calibrate (issue 4)

@@ -60,6 +60,50 @@ ATTENTION_KERNELS: dict[str, tuple[bool, str]] = {
 UNKNOWN_ATTENTION = "flash2"
 #: 0/1 flag columns of the schema
 FLAGS = ("glu", "mla", "sequence_parallel")
+#: columns that name one training job; its rows are configurations of it
+JOB_COLUMNS = ("model", "gpu", "n_gpus", "seq", "global_batch", "dtype")
+#: measured peak memory in a row's notes (README: "peak memory X GiB", "memory/GPU X GB")
+_MEMORY = re.compile(r"\b(?:peak memory|memory/GPU) ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
+#: pairs of one job whose measured step times differ by less than this are not ranked
+RANK_MIN_GAP = 0.05
+
+
+def noted_memory_bytes(notes: str) -> float | None:
+    """The first measured peak memory the notes give, in bytes (GiB binary, GB decimal)."""
+    found = _MEMORY.search(notes)
+    if not found:
+        return None
+    return float(found.group(1)) * (2.0**30 if found.group(2) == "GiB" else 1e9)
+
+
+def ranking(results: list[RowResult]) -> dict[str, Any]:
+    """Pairwise order agreement: over pairs of predicted rows of one job whose
+    measured step times differ by at least ``RANK_MIN_GAP`` (of the faster), the
+    share whose predicted order is the measured one."""
+    by_job: dict[tuple[str, ...], list[RowResult]] = {}
+    for r in results:
+        if r.job and r.predicted is not None and r.measured is not None:
+            by_job.setdefault(r.job, []).append(r)
+    pairs = agree = 0
+    for rows in by_job.values():
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                if abs(a.measured - b.measured) < RANK_MIN_GAP * min(a.measured, b.measured):
+                    continue
+                pairs += 1
+                agree += (a.predicted - b.predicted) * (a.measured - b.measured) > 0
+    return {"pairs": pairs, "agreement": agree / pairs if pairs else None}
+
+
+def memory_error(results: list[RowResult]) -> dict[str, Any]:
+    """Mean absolute error of the predicted peak memory where a source measured it
+    (rows predicted, in memory or not: a measured run that we call out of memory
+    is an error of the memory model too)."""
+    errs = [(r.mem_peak_bytes - r.measured_mem_bytes) / r.measured_mem_bytes for r in results
+            if r.mem_peak_bytes is not None and r.measured_mem_bytes]
+    if not errs:
+        return {"n": 0}
+    return {"n": len(errs), "mape": float(np.mean(np.abs(errs))), "mean_signed": float(np.mean(errs))}
 
 
 @dataclass
@@ -76,6 +120,13 @@ class RowResult:
     chosen: dict[str, Any] = field(default_factory=dict)
     #: why a row is unsupported: the field, its value and what was expected
     reason: str = ""
+    #: the chosen candidate's predicted peak memory per device, and the source's
+    #: measured peak where its notes give one (training rows)
+    mem_peak_bytes: float | None = None
+    measured_mem_bytes: float | None = None
+    #: what makes two rows the same job (model, GPU, GPU count, sequence, batch,
+    #: dtype): pairs of one job rank its configurations (``ranking``)
+    job: tuple[str, ...] = ()
 
     @property
     def error(self) -> float | None:
@@ -287,6 +338,8 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
                      gpu=row.get("gpu") or "", metric="step_time_s", measured=None, predicted=None,
                      status="unsupported")
     base.measured = _measured(row, "step_time_s", source)
+    base.measured_mem_bytes = noted_memory_bytes(row.get("notes") or "")
+    base.job = tuple(row.get(k) or "" for k in JOB_COLUMNS)
     space, searched = training_space(row, source)
     enc = Encoder(space).encode_all()
     if enc.n_rows == 0:
@@ -297,6 +350,7 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     pool = np.flatnonzero(feasible) if feasible.any() else np.arange(enc.n_rows)
     best = pool[np.argmin(out["step_time_s"][pool])]
     base.predicted = float(out["step_time_s"][best])
+    base.mem_peak_bytes = float(out["mem_peak_bytes"][best])
     base.status = "ok" if feasible.any() else "oom"
     for key in searched:
         value = enc.columns[key][best]
@@ -525,6 +579,8 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
                 if st["n"]:
                     out[key][name + suffix] = st
     out["status"] = {s: sum(r.status == s for r in results) for s in ("ok", "oom", "no-candidate", "unsupported")}
+    out["ranking"] = ranking(results)
+    out["memory"] = memory_error(results)
     return out
 
 

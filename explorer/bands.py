@@ -1,0 +1,126 @@
+"""Calibrated uncertainty bands on predicted step times.
+
+A prediction's 80% band comes from the leave-one-source-out residuals of the
+published training runs (``explorer.loso``): r = log(measured / predicted) of
+every ``ok`` row predicted without its own source. The rows are grouped by what
+they exercise, from the finest class to the coarsest:
+
+1. dense or MoE x GPU family x pipelined or not x scale (up to 64 GPUs, more);
+2. dense or MoE x GPU family;
+3. dense or MoE;
+4. all rows.
+
+A prediction takes the finest class holding at least ``MIN_RESIDUALS``
+residuals, and its band is [t exp(q10), t exp(q90)] of that class's residuals:
+``step_time_lo_s`` and ``step_time_hi_s``. The band table is data, written by
+``tools/validation_report.py`` into ``spaces/catalog/bands/training.toml`` with
+its provenance; nothing in it is keyed to a source, model or row.
+
+Coverage is checked the same way the band is meant to be used, on a source it
+was not fitted on: for each source, the table is fitted on the other sources'
+residuals and applied to its LOSO predictions; ``coverage`` is the share of
+rows whose measured time falls inside (target 75-85%).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: the band's quantiles of log(measured / predicted)
+QUANTILES = (0.10, 0.90)
+#: fewest residuals a class needs before it gives a band of its own
+MIN_RESIDUALS = 12
+#: GPUs above which a run is "large" for the scale split
+LARGE_SCALE_GPUS = 64
+TABLE = Path(__file__).resolve().parents[1] / "spaces" / "catalog" / "bands" / "training.toml"
+
+
+@dataclass(frozen=True)
+class RowTraits:
+    """What a prediction exercises, as the band classes see it."""
+
+    moe: bool
+    family: str
+    pipelined: bool
+    gpus: int
+
+
+def family_of(hardware: str) -> str:
+    """The calibration family of a catalog hardware name (``explorer.calibrate.FAMILIES``), else "other"."""
+    from paraspace.explorer.calibrate import FAMILIES
+
+    return next((f for f, names in FAMILIES.items() if hardware in names), "other")
+
+
+def traits_of_row(row: dict[str, str | None]) -> RowTraits:
+    """A validation row's traits from its columns."""
+    return RowTraits(moe=bool(row.get("n_experts")), family=family_of(row.get("gpu") or ""),
+                     pipelined=int(float(row.get("pp") or 1)) > 1, gpus=int(float(row.get("n_gpus") or 1)))
+
+
+def class_keys(traits: RowTraits) -> tuple[str, ...]:
+    """The row's classes, finest first, ending in "all"."""
+    kind = "moe" if traits.moe else "dense"
+    scale = "large" if traits.gpus > LARGE_SCALE_GPUS else "small"
+    pipe = "pp" if traits.pipelined else "nopp"
+    return (f"{kind}/{traits.family}/{pipe}/{scale}", f"{kind}/{traits.family}", kind, "all")
+
+
+def fit(residuals: np.ndarray, traits: list[RowTraits]) -> dict[str, tuple[float, float, int]]:
+    """Per class with at least ``MIN_RESIDUALS`` residuals: (q10, q90, n)."""
+    groups: dict[str, list[float]] = {}
+    for r, t in zip(residuals, traits):
+        if math.isfinite(r):
+            for key in class_keys(t):
+                groups.setdefault(key, []).append(float(r))
+    return {k: (float(np.quantile(v, QUANTILES[0])), float(np.quantile(v, QUANTILES[1])), len(v))
+            for k, v in sorted(groups.items()) if len(v) >= MIN_RESIDUALS or k == "all"}
+
+
+def band(table: dict[str, tuple[float, float, int]], traits: RowTraits, seconds: float) -> tuple[float, float]:
+    """``seconds``' 80% band from the finest class of ``traits`` the table holds."""
+    for key in class_keys(traits):
+        if key in table:
+            lo, hi, _ = table[key]
+            return seconds * math.exp(lo), seconds * math.exp(hi)
+    raise KeyError("the band table has no 'all' class")
+
+
+def coverage(residuals: np.ndarray, traits: list[RowTraits], sources: np.ndarray) -> dict[str, float | int]:
+    """Share of rows inside the band fitted without their source (see the module doc)."""
+    inside = total = 0
+    for held in np.unique(sources):
+        mine = sources == held
+        table = fit(residuals[~mine], [t for t, m in zip(traits, mine) if not m])
+        for r, t in zip(residuals[mine], [t for t, m in zip(traits, mine) if m]):
+            if not math.isfinite(r):
+                continue
+            lo, hi = band(table, t, 1.0)
+            total += 1
+            inside += math.log(lo) <= r <= math.log(hi)
+    return {"n": total, "coverage": inside / total if total else float("nan")}
+
+
+def load(path: Path = TABLE) -> dict[str, tuple[float, float, int]]:
+    """The committed band table (class -> (q10, q90, n))."""
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    return {k: (float(v["q10"]), float(v["q90"]), int(v["n"])) for k, v in data["classes"].items()}
+
+
+def to_toml(table: dict[str, tuple[float, float, int]], provenance: str) -> str:
+    """The band table as TOML (``tomli_w``), with its provenance as comments."""
+    import tomli_w
+
+    body = tomli_w.dumps({"classes": {k: {"q10": round(lo, 6), "q90": round(hi, 6), "n": n}
+                                      for k, (lo, hi, n) in table.items()}})
+    header = "".join(f"# {line}\n" for line in provenance.splitlines())
+    return header + body
+
+
+__all__ = ["RowTraits", "band", "class_keys", "coverage", "family_of", "fit", "load", "to_toml", "traits_of_row"]

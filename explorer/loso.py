@@ -1,0 +1,161 @@
+"""Leave-one-source-out (LOSO) accuracy of ``paraspace validate`` on training rows.
+
+The headline error of a model whose knobs are fitted on published runs is how it
+does on a source it was not fitted on. For each source of ``training.csv``, the
+calibrated knobs of ``explorer.calibrate`` (per GPU family: ``gemm_max_efficiency``
+and ``attention_efficiency_flash1``) are fitted on every other source and that
+source is predicted with them; the in-sample figure (the catalog profiles, fitted
+on all sources) is reported beside it.
+
+To make this a minute rather than an hour, each row is predicted once per point
+of a coarse knob grid (``COARSE``: its whole search of unknown fields at each
+point), and its step time between the points is interpolated linearly in
+log(time) over log(knob) on the fine grid the fit searches (``FINE``): step
+time falls smoothly as an efficiency rises (roughly as its inverse where that
+knob's kernel dominates). The fit is ``explorer.calibrate``'s criterion, the mean
+over fit sources of each source's mean absolute error on its ``ok`` dense rows,
+minimised here exhaustively over the fine grid instead of by coordinate descent.
+A family none of whose other sources is in the fit set takes the knobs fitted on
+the other sources of every family. Nothing is keyed on a row, model or source
+beyond which rows are left out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+
+from paraspace.explorer import calibrate, validate
+
+KNOBS = ("gemm_max_efficiency", "attention_efficiency_flash1")
+#: knob values each row is predicted at
+COARSE = {"gemm_max_efficiency": (0.40, 0.50, 0.60, 0.70, 0.85),
+          "attention_efficiency_flash1": (0.10, 0.18, 0.28, 0.40, 0.50)}
+#: knob values the fit chooses among (interpolated from COARSE)
+FINE = {k: tuple(float(x) for x in np.round(np.linspace(v[0], v[-1], 19), 4)) for k, v in COARSE.items()}
+
+
+@dataclass(frozen=True)
+class Surfaces:
+    """Per row: its family's index (-1: no fitted family) and its predicted step
+    time at every FINE knob pair (rows x len(FINE gemm) x len(FINE flash1))."""
+
+    family: np.ndarray
+    seconds: np.ndarray
+
+
+def interpolate(coarse: np.ndarray, xs: tuple[float, ...], fine: tuple[float, ...], axis: int) -> np.ndarray:
+    """``coarse`` sampled at knob values ``xs`` along ``axis``, at ``fine`` values:
+    linear in log(time) over log(knob), flat outside."""
+    lx, lf = np.log(xs), np.log(fine)
+    moved = np.moveaxis(np.log(coarse), axis, -1)
+    out = np.empty(moved.shape[:-1] + (len(fine),))
+    for idx in np.ndindex(*moved.shape[:-1]):
+        out[idx] = np.interp(lf, lx, moved[idx])
+    return np.exp(np.moveaxis(out, -1, axis))
+
+
+def _predict(args: tuple[list[dict], str, dict[str, dict[str, float]]]) -> list[float]:
+    results = calibrate.predict_all(*args)
+    return [r.predicted if r.predicted is not None else np.nan for r in results]
+
+
+def surfaces(rows: list[dict], path: str, workers: int = 2) -> Surfaces:
+    """Predict ``rows`` at every COARSE knob pair of their family, then interpolate onto FINE."""
+    families = list(calibrate.FAMILIES)
+    family = np.array([next((i for i, f in enumerate(families) if r.get("gpu") in calibrate.FAMILIES[f]), -1)
+                       for r in rows])
+    pairs = list(product(COARSE[KNOBS[0]], COARSE[KNOBS[1]]))
+    coarse = np.full((len(rows), len(pairs)), np.nan)
+    profiles = [p for f in families for p in calibrate.FAMILIES[f]]
+    jobs = []
+    for g, a in pairs:
+        update = {p: {KNOBS[0]: g, KNOBS[1]: a} for p in profiles}
+        jobs += [(rows[i::workers], path, update) for i in range(workers)]
+    # spawned, not forked: the parent has run numba's OpenMP threads already
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_predict, jobs))
+    for j in range(len(pairs)):
+        for i in range(workers):
+            coarse[i::workers, j] = parts[j * workers + i]
+    cube = coarse.reshape(len(rows), len(COARSE[KNOBS[0]]), len(COARSE[KNOBS[1]]))
+    cube = interpolate(cube, COARSE[KNOBS[0]], FINE[KNOBS[0]], axis=1)
+    cube = interpolate(cube, COARSE[KNOBS[1]], FINE[KNOBS[1]], axis=2)
+    return Surfaces(family=family, seconds=cube)
+
+
+def fit_index(seconds: np.ndarray, measured: np.ndarray, sources: np.ndarray,
+              prior: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The knob grid point minimising the mean over sources of each source's mean
+    absolute error (``calibrate.source_score``) of ``seconds`` (rows x grid...).
+    Among equally good points (a knob no fit row exercises: flash1 without a
+    flash1 source) the one nearest ``prior``, the knob's value before fitting."""
+    ape = np.abs(seconds / measured.reshape((-1,) + (1,) * (seconds.ndim - 1)) - 1.0)
+    with warnings.catch_warnings():  # a grid point no row of a source could be predicted at: NaN, skipped
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_source = [np.nanmean(ape[sources == s], axis=0) for s in np.unique(sources)]
+        score = np.nanmean(np.stack(per_source), axis=0)
+    best = np.argwhere(score <= np.nanmin(score) + 1e-12)
+    if prior is not None:
+        best = best[np.argsort(np.abs(best - np.array(prior)).sum(axis=1), kind="stable")]
+    return tuple(int(i) for i in best[0])
+
+
+def leave_one_source_out(family: np.ndarray, seconds: np.ndarray, measured: np.ndarray, sources: np.ndarray,
+                         fit_rows: np.ndarray, priors: dict[int, tuple[int, ...]] | None = None) -> np.ndarray:
+    """Each row's step time with its family's knobs fitted on the ``fit_rows`` of
+    every other source (``seconds``: rows x knob grid; ``family`` -1: a row no knob
+    is fitted for, predicted at the grid point fitted on the other sources of all
+    families). Rows of a family with no other source in the fit set take that pooled
+    point too. ``priors``: per family, the grid point of its knobs before fitting
+    (the tie-break of ``fit_index``)."""
+    priors = priors or {}
+    out = np.full(len(measured), np.nan)
+    for held in np.unique(sources):
+        train = fit_rows & (sources != held)
+        if not train.any():
+            continue
+        for fam in np.unique(family[sources == held]):
+            rows = (sources == held) & (family == fam)
+            mine = train & (family == fam)
+            pool = mine if fam >= 0 and mine.any() else train
+            point = fit_index(seconds[pool], measured[pool], sources[pool], priors.get(int(fam)))
+            out[rows] = seconds[(rows,) + point]
+    return out
+
+
+def run(path: str, results: list[validate.RowResult], workers: int = 2) -> list[float | None]:
+    """LOSO step time of every training row of ``path`` (None where the row has no
+    prediction); ``results`` are ``validate.run``'s, in the file's order."""
+    rows = list(validate.read(path).iter_rows(named=True))
+    keep = [i for i, r in enumerate(results) if r.status in ("ok", "oom")]
+    surf = surfaces([rows[i] for i in keep], path, workers)
+    measured = np.array([results[i].measured or np.nan for i in keep])
+    sources = np.array([results[i].source for i in keep])
+    fit_rows = np.array([results[i].status == "ok" and results[i].quality == "ok" and not rows[i].get("n_experts")
+                         and surf.family[j] >= 0 for j, i in enumerate(keep)])
+    priors = {}
+    for i, name in enumerate(calibrate.FAMILIES):
+        device = validate.load_hardware(calibrate.FAMILIES[name][0]).device
+        # before fitting: the profile's GEMM knob, and for FA1 the FA2 value (calibrate's start)
+        start = (device.gemm_max_efficiency, device.attention_efficiency)
+        priors[i] = tuple(int(np.argmin(np.abs(np.array(FINE[k]) - v))) for k, v in zip(KNOBS, start))
+    held = leave_one_source_out(surf.family, surf.seconds, measured, sources, fit_rows, priors)
+    out: list[float | None] = [None] * len(results)
+    for j, i in enumerate(keep):
+        out[i] = None if np.isnan(held[j]) else float(held[j])
+    return out
+
+
+def summary(results: list[validate.RowResult], loso_seconds: list[float | None]) -> dict:
+    """``validate.summary`` of the LOSO predictions (same rows, held-out step times)."""
+    held = [validate.RowResult(**{**r.__dict__, "predicted": p}) for r, p in zip(results, loso_seconds)]
+    return validate.summary(held)
+
+
+__all__ = ["COARSE", "FINE", "leave_one_source_out", "run", "summary", "surfaces"]
