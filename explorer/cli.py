@@ -224,6 +224,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         from paraspace.explorer.distributed import run_on_dask
 
         check_shard_count(shards, encoder.n_combinations, "--shards", shards)
+        check_shard_count(shards, encoder.n_combinations, "--shards", shards)
         folder = out or Path("results") / loaded.spec.name
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows)
         rows = sum(p["n_rows"] for p in parts)
@@ -263,6 +264,15 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
         click.echo(_top_table(top(summary.path, n_top)))
+
+
+def _opened(results: Path) -> Results:
+    """The checked results (one space, every shard, one row per row_id); what was done to
+    their rows (exact repeats dropped) is said on stderr."""
+    opened = open_results(results)
+    if opened.note:
+        click.echo(opened.note, err=True)
+    return opened
 
 
 def _opened(results: Path) -> Results:
@@ -316,9 +326,9 @@ def report_cmd(results: Path, out: Path, n_top: int) -> None:
     """A self-contained HTML page: best rows, Pareto front, breakdown and sensitivity."""
     from paraspace.results.report import write
 
-    opened = _opened(results)
+    _opened(results)
     ensure_folder(out.parent)
-    click.echo(f"wrote {write(opened, out, list(DIMENSION_NAMES), n_top)}")
+    click.echo(f"wrote {write(results, out, list(DIMENSION_NAMES), n_top)}")
 
 
 @main.command("compare")
