@@ -37,6 +37,8 @@ from paraspace.spaces.schema import Dimensions
 
 DEFAULT_SPACE = "llama3-70b-h100-1024"
 GIB = 1024**3
+#: a sampler's seed seeds numpy's generator (optuna.samplers), which takes 0 .. 2**32 - 1
+MAX_SEED = 2**32 - 1
 #: columns shown in the top-N table after the strategy columns
 TOP_METRICS = ("step_time_s", "simulated", "step_time_analytic_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_bytes",
                "feasible")
@@ -347,13 +349,14 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random", "grid"]), default="tpe", show_default=True)
 @click.option("--objective", type=click.Choice(["time-memory", "time"]), default="time-memory", show_default=True,
               help="Minimise step time and peak memory, or step time alone (under the memory cap either way).")
-@click.option("--max-mem", "max_mem", type=click.FloatRange(min=0), default=None,
+@click.option("--max-mem", "max_mem", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Memory cap in GiB [default: the device's HBM].")
 @click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql://...) [default: a journal file "
                                               "in the output folder].")
 @click.option("--study-name", default=None, help="[default: the space's name]")
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Trials asked per batch.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="Seed of the sampler (numpy's range).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="Folder for the journal and the Parquet parts.")
 @_guard

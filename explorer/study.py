@@ -4,13 +4,30 @@ The Optuna search space is the TOML space's own dimensions (a categorical
 distribution over each dimension's values; an omitted dp stays derived, as in
 a sweep). Trials are asked in batches so the kernels see arrays: each batch is
 encoded with the sweep's validity rules and evaluated by the same analytic and
-event tiers, then told back. Infeasible candidates (a broken rule, or peak
-memory over the cap) are constraint violations (``constraints_func``), never
-exceptions (``Trial.set_constraint``, Optuna 5's replacement for
-``constraints_func``, which TPE and NSGA-II honour). Objectives: step time and peak memory (multi-objective), or step
-time alone. Storage defaults to a journal file in the results folder, so a
-study resumes after a crash or Ctrl-C; any Optuna storage URL (an RDB such as
-PostgreSQL) lets many processes share one study. Every trial's metrics row is
+event tiers, then told back. Objectives: step time and peak memory
+(multi-objective), or step time alone. Infeasibility is only ever a constraint,
+never a made-up objective value: one constraint value per trial, ``fits``,
+stored where ``constraints_func`` stores it (the trial's system attribute
+``constraints``, a list) since that is the form both read: Optuna's samplers
+(TPE and NSGA-II rank infeasible trials last) and optuna-dashboard (which
+greys infeasible trials out; it does not read ``Trial.set_constraint``'s
+per-name keys). It is set before the trial is told, so no sampler sees a
+finished trial without it:
+
+* over the memory cap: COMPLETE with its real step time and memory, and the
+  constraint ``fits`` = (peak - cap) / cap > 0; optuna-dashboard draws it as an
+  infeasible point on the same axes as the feasible ones.
+* breaking a validity rule (tp not dividing the heads, ...): the combination
+  has no prediction at all, so it is told PRUNED, with no values, the
+  constraint ``fits`` = 1 and the rule's name in the user attribute ``rule``.
+  The dashboard lists it in the trials table and leaves it out of the plots
+  (their axes stay on real step times and memory, where a sentinel such as
+  1e30 squashed every real point onto zero); TPE counts it among the
+  infeasible, "above" trials, so it learns to avoid the rule.
+
+Storage defaults to a journal file in the results folder, so a study resumes
+after a crash or Ctrl-C; any Optuna storage URL (an RDB such as PostgreSQL)
+lets many processes share one study. Every trial's metrics row is
 written to Parquet with the sweep's schema, one part file per batch, so
 studies and sweeps are analysed the same way.
 
@@ -33,9 +50,12 @@ lost and none is left dangling:
   runs at start and after each batch.
 
 A batch's Parquet part is written before its trials are told and moved into
-the dataset only after: a part left behind by a dead worker keeps exactly the
-rows of the trials it had told, so the Parquet output neither loses nor
-repeats a trial.
+the dataset only after. It holds one row per trial with a prediction, and its
+footer lists those trials' numbers row by row (``paraspace.study`` ->
+``trials``), so a part left behind by a dead worker keeps exactly the rows of
+the trials it had told, keyed by trial number (a batch may sample one
+combination twice, once told and once not): the Parquet output neither loses
+nor repeats a trial.
 """
 
 from __future__ import annotations
@@ -59,7 +79,6 @@ from typing import Any, Self
 import numpy as np
 import optuna
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from optuna.trial import TrialState
 
@@ -74,7 +93,8 @@ from paraspace.explorer.sweep import (
 from paraspace.results.writer import ResultWriter, read_metadata, to_arrow
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSIONS, Encoder
-from paraspace.spaces.enums import labels
+from paraspace.spaces.enums import Reason, labels
+from paraspace.spaces.errors import CatalogError
 
 try:
     import fcntl
@@ -85,10 +105,12 @@ _log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "nsga2", "random", "grid")
 OBJECTIVES = ("time-memory", "time")
-#: objective values told for a combination that breaks a rule (it has no prediction)
-PENALTY = 1e30
-#: the one constraint: > 0 when a rule is broken (1) or memory exceeds the cap (relative excess)
-CONSTRAINT = "fits"
+#: the grid sampler lists every combination in memory (``optuna.samplers.GridSampler``): at most this many
+MAX_GRID = 100_000
+#: the system attribute of a trial's constraint values, as ``constraints_func`` writes it
+#: (``optuna.study._constrained_optimization``): here one value, ``fits``, > 0 when a rule
+#: is broken (1) or memory exceeds the cap (the relative excess)
+CONSTRAINTS_ATTR = "constraints"
 #: Optuna's heartbeat on RDB storages: each trial of the batch in flight beats every HEARTBEAT_S
 #: seconds; a RUNNING trial silent for GRACE_S is failed and queued again by whichever worker looks
 HEARTBEAT_S = 10
@@ -146,6 +168,26 @@ def make_sampler(name: str, seed: int | None, space: dict[str, list[Any]]) -> op
     return optuna.samplers.GridSampler(space, seed=seed)
 
 
+def check_options(loaded: LoadedSpace, space: dict[str, list[Any]], *, sampler: str, storage: str | None) -> None:
+    """Refuse, before anything is created, a grid too large to list and a storage URL that is not one."""
+    if sampler == "grid":
+        n = int(np.prod([len(v) for v in space.values()], dtype=object))
+        if n > MAX_GRID:
+            raise CatalogError("command line", "--sampler", sampler,
+                               f"a space of at most {MAX_GRID:,} combinations for a grid (Optuna's GridSampler lists "
+                               f"them all in memory; {loaded.spec.name} has {n:,}): use --sampler tpe or random")
+    if storage is not None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            make_url(storage).get_dialect()
+        except (ArgumentError, NoSuchModuleError, ValueError) as err:
+            raise CatalogError("command line", "--storage", storage,
+                               "an Optuna storage URL such as postgresql://user:password@host/db or "
+                               f"sqlite:///study.db ({str(err).splitlines()[0]})") from None
+
+
 def default_storage(out_dir: Path, study_name: str) -> optuna.storages.BaseStorage:
     from optuna.storages.journal import JournalFileBackend
 
@@ -158,8 +200,9 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
               max_mem_gib: float | None = None, batch: int = 64, timeout_s: float | None = None,
               seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> StudySummary:
     encoder = Encoder(loaded)
-    packed = pack(loaded)
     space = search_space(encoder)
+    check_options(loaded, space, sampler=sampler, storage=storage)
+    packed = pack(loaded)
     name = study_name or loaded.spec.name
     directions = ["minimize", "minimize"] if objective == "time-memory" else ["minimize"]
     with _optuna_quiet():
@@ -187,7 +230,7 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
         with _DeadWorkers(worker) as dead:
             if storage is None and not dead.live:
                 _release_stale_journal_lock(out_dir / f"{name}.journal")
-            study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space))
+            study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space), storage)
             if study.metric_names is None:  # objective names, as optuna-dashboard shows them
                 study.set_metric_names(["step_time_s", "mem_peak_bytes"][:len(directions)])
             dead.reclaim(study, part_dir, retry, journal=storage is None)
@@ -232,28 +275,36 @@ def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], encoder:
                        space: dict[str, list[Any]], cap: float, n_objectives: int, pending: Path, part_dir: Path,
                        table_schema: pa.Schema, labels_: dict[str, list[str]], loaded: LoadedSpace,
                        name: str) -> Path | None:
-    """One batch: evaluate, write its Parquet part aside, tell every trial, then publish the part."""
+    """One batch: evaluate, write its Parquet part aside, tell every trial, then publish the part.
+
+    Row ``i`` of the part is the prediction of trial ``trials[i]`` of its footer; a trial that breaks
+    a validity rule has no row and is told PRUNED with a violated constraint (module docstring)."""
     params = [t.params for t in trials]
     ids = encoder.row_ids(_positions(encoder, params, space))
     enc = encoder.encode_ids(ids)
-    kept = {int(r): i for i, r in enumerate(enc.columns["row_id"])}
+    # the kept row ids are the valid ones of ids, in order (validity depends on the combination only)
+    row_of: dict[int, int] = {}
+    for trial, rid in zip(trials, ids):
+        if len(row_of) < enc.n_rows and enc.columns["row_id"][len(row_of)] == rid:
+            row_of[trial.number] = len(row_of)
     cols = evaluate_encoded(packed, enc) if enc.n_rows else None
     staged = None
     if cols is not None:
         staged = pending / f"part-{int(time.time() * 1e6)}-{trials[0].number}.parquet{PENDING}"
         with ResultWriter(staged, table_schema, provenance(loaded), column_docs()) as writer:
             writer.write(to_arrow(cols, table_schema, labels_))
-            writer.close({"paraspace.study": {"name": name, "trials": [t.number for t in trials]}})
+            writer.close({"paraspace.study": {"name": name, "trials": list(row_of)}})
     for trial, rid in zip(trials, ids):
-        row = kept.get(int(rid))
+        row = row_of.get(trial.number)
         trial.set_user_attr("row_id", int(rid))
-        if row is None:  # breaks a validity rule: a constraint violation, no prediction
-            trial.set_constraint(CONSTRAINT, 1.0)
+        if row is None:  # breaks a validity rule: no prediction, a violated constraint, PRUNED
+            _set_fits(trial, 1.0)
             trial.set_user_attr("feasible", False)
-            study.tell(trial, [PENALTY] * n_objectives)
+            trial.set_user_attr("rule", _broken_rule(encoder, int(rid)))
+            study.tell(trial, state=TrialState.PRUNED)
             continue
         step, mem = float(cols["step_time_s"][row]), float(cols["mem_peak_bytes"][row])
-        trial.set_constraint(CONSTRAINT, (mem - cap) / cap)
+        _set_fits(trial, (mem - cap) / cap)
         trial.set_user_attr("feasible", mem <= cap)
         study.tell(trial, [step, mem] if n_objectives == 2 else [step])
     if staged is None:
@@ -262,6 +313,17 @@ def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], encoder:
     final = part_dir / staged.name.removesuffix(PENDING)
     os.replace(staged, final)
     return final
+
+
+def _set_fits(trial: optuna.Trial, value: float) -> None:
+    """The trial's constraint values, as ``constraints_func`` would set them after its tell."""
+    trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [float(value)])
+
+
+def _broken_rule(encoder: Encoder, row_id: int) -> str:
+    """The name of the first validity rule a combination breaks (``spaces.enums.Reason``)."""
+    first = encoder.encode_ids(np.array([row_id], dtype=np.int64)).first_reason
+    return Reason(int(np.flatnonzero(first[1:])[0]) + 1).name.lower()
 
 
 class _Retry(optuna.storages.RetryHeartbeatStaleTrialCallback):
@@ -495,10 +557,15 @@ def _settle(study: optuna.Study, pending: Path, part_dir: Path) -> None:
             table = pq.read_table(path)
             meta = dict(table.schema.metadata or {})
             info = json.loads(read_metadata(path)["paraspace.study"])  # a footer key, added at close
-            trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-            told = [n for n in info["trials"] if n in trials and trials[n].state == TrialState.COMPLETE]
-            rows = pa.array(sorted({int(trials[n].user_attrs["row_id"]) for n in told}), type=table["row_id"].type)
-            table = table.filter(pc.is_in(table["row_id"], value_set=rows))
+            states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+            if len(info["trials"]) != table.num_rows:  # staged before parts listed one trial per row
+                _log.warning("dropped %s: staged by an older paraspace, its rows cannot be matched to trials; "
+                             "their parameters stay in the study", path)
+                path.unlink()
+                continue
+            keep = [states.get(n) == TrialState.COMPLETE for n in info["trials"]]  # row i is trial trials[i]
+            told = [n for n, k in zip(info["trials"], keep) if k]
+            table = table.filter(pa.array(keep, type=pa.bool_()))
             if table.num_rows:
                 meta[b"paraspace.study"] = json.dumps({**info, "trials": told}, sort_keys=True).encode()
                 part_dir.mkdir(parents=True, exist_ok=True)
@@ -510,9 +577,10 @@ def _settle(study: optuna.Study, pending: Path, part_dir: Path) -> None:
 
 
 def _open_study(name: str, open_storage: Callable[[], Any], directions: list[str],
-                sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+                sampler: optuna.samplers.BaseSampler, url: str | None) -> optuna.Study:
     """Create or join the study. Workers started together on a fresh database race
-    to create Optuna's tables and the study; the loser retries and joins."""
+    to create Optuna's tables and the study; the loser retries and joins. A database
+    that still refuses afterwards is the ``--storage`` URL's error (``url``)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     for attempt in range(5):
@@ -521,8 +589,12 @@ def _open_study(name: str, open_storage: Callable[[], Any], directions: list[str
                                        sampler=sampler, load_if_exists=True)
         except (SQLAlchemyError, optuna.exceptions.DuplicatedStudyError):
             time.sleep(0.5 * (attempt + 1))
-    return optuna.create_study(study_name=name, storage=open_storage(), directions=directions, sampler=sampler,
-                               load_if_exists=True)
+    try:
+        return optuna.create_study(study_name=name, storage=open_storage(), directions=directions, sampler=sampler,
+                                   load_if_exists=True)
+    except SQLAlchemyError as err:  # still failing after the retries: the database itself
+        raise CatalogError("command line", "--storage", url, "a database that accepts connections "
+                           f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
 
 
 def _constraint(trial: optuna.trial.FrozenTrial) -> list[float]:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import optuna
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from optuna.trial import TrialState
 
+from paraspace.explorer import study as study_mod
 from paraspace.explorer.cli import main
-from paraspace.explorer.study import run_study, search_space
-from paraspace.explorer.sweep import result_schema
+from paraspace.explorer.evaluate import pack
+from paraspace.explorer.study import default_storage, run_study, search_space
+from paraspace.explorer.sweep import enum_labels, result_schema
+from paraspace.results.writer import read_metadata
 from paraspace.spaces.catalog import load_space
-from paraspace.spaces.encode import Encoder
+from paraspace.spaces.encode import DIMENSION_NAMES, Encoder
+from paraspace.spaces.enums import Reason
+from paraspace.spaces.errors import CatalogError
 
 SMALL = "llama3-8b-h100-64"
 
@@ -74,3 +83,98 @@ def test_cli_study_with_a_memory_cap(tmp_path):
 def test_unknown_sampler_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["study", SMALL, "--sampler", "cmaes", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "cmaes" in result.output
+
+
+def test_infeasible_trials_are_constraints_never_sentinel_values(tmp_path):
+    """A rule-breaking combination has no prediction: PRUNED, no values, constraint 1, its rule named.
+    Every COMPLETE trial carries real seconds and bytes, and its constraint: (peak - cap) / cap."""
+    loaded = load_space(SMALL)
+    run_study(loaded, n_trials=40, out_dir=tmp_path, batch=20, sampler="random", seed=5)
+    trials = optuna.load_study(study_name=SMALL, storage=default_storage(tmp_path, SMALL)).trials
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert pruned and complete and len(pruned) + len(complete) == 40
+    rules = {r.name.lower() for r in Reason if r != Reason.VALID}
+    for t in pruned:
+        assert t.values is None and list(t.constraints.values()) == [1.0]
+        assert t.user_attrs["rule"] in rules and t.user_attrs["feasible"] is False
+        assert t.system_attrs["constraints"] == [1.0]  # the list optuna-dashboard reads
+    cap = loaded.hardware.device.hbm_capacity_bytes
+    for t in complete:
+        step, mem = t.values
+        assert 0 < step < 1e3 and 0 < mem < 2**50
+        assert t.system_attrs["constraints"] == [pytest.approx((mem - cap) / cap, rel=1e-12)]
+
+
+def _params_of(encoder: Encoder, space: dict, row_id: int) -> dict:
+    """A combination's Optuna parameters (the search space's values at its position)."""
+    index = np.unravel_index(row_id, encoder.shape)
+    return {name: space[name][int(index[DIMENSION_NAMES.index(name)])] for name in space}
+
+
+def test_a_part_keeps_exactly_the_told_trials(tmp_path, monkeypatch):
+    """One batch asks the same combination twice and dies after telling the first: the staged part
+    settles with that trial's row only (keyed by trial number, not row_id), the other stays RUNNING."""
+    loaded = load_space(SMALL)
+    encoder = Encoder(loaded)
+    space = search_space(encoder)
+    valid = int(encoder.encode_all().columns["row_id"][0])
+    study = optuna.create_study(study_name="s", storage=default_storage(tmp_path, "s"),
+                                directions=["minimize", "minimize"])
+    trials = []
+    for _ in range(2):
+        study.enqueue_trial(_params_of(encoder, space, valid))
+        trial = study.ask()
+        for key, values in space.items():
+            trial.suggest_categorical(key, values)
+        trials.append(trial)
+    tell = study.tell
+
+    def dies_after_one(*args, **kwargs):
+        if study.get_trials(states=(TrialState.COMPLETE,)):
+            raise KeyboardInterrupt
+        return tell(*args, **kwargs)
+
+    monkeypatch.setattr(study, "tell", dies_after_one)
+    pending, part_dir = tmp_path / "pending", tmp_path / "parts"
+    pending.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        study_mod._evaluate_and_tell(study, trials, encoder, pack(loaded), space, 80 * 2**30, 2, pending, part_dir,
+                                     result_schema(), enum_labels(), loaded, "s")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.RUNNING]
+    study_mod._settle(study, pending, part_dir)
+    (part,) = part_dir.glob("*.parquet")
+    assert json.loads(read_metadata(part)["paraspace.study"])["trials"] == [trials[0].number]
+    assert pl.read_parquet(part)["row_id"].to_list() == [valid]
+
+
+def test_grid_sampler_refuses_a_space_too_large_to_list(tmp_path):
+    with pytest.raises(CatalogError) as err:
+        run_study(load_space("llama3-70b-h100-1024"), n_trials=5, out_dir=tmp_path / "out", sampler="grid")
+    message = str(err.value)
+    assert "--sampler = 'grid'" in message and f"{study_mod.MAX_GRID:,}" in message and "414,720" in message
+    assert "--sampler tpe or random" in message
+    assert not (tmp_path / "out").exists()  # refused before any storage or folder was made
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--max-mem", "0"], ["--max-mem", "0<x"]),
+        (["--seed", "-1"], ["--seed", "-1 is not in the range 0<=x<=4294967295"]),
+        (["--storage", "garbage"], ["--storage = 'garbage'", "an Optuna storage URL", "postgresql://"]),
+        (["--storage", "nosuchdb://host/db"], ["--storage = 'nosuchdb://host/db'", "an Optuna storage URL"]),
+        (["--sampler", "grid", "--space-is", "llama3-70b-h100-1024"], ["--sampler = 'grid'", "tpe or random"]),
+    ],
+)
+def test_cli_study_refuses_bad_options_in_one_line(tmp_path, args, needles):
+    if "--space-is" in args:  # the space is the command's argument
+        args = [args[-1], *args[:2]]
+    result = CliRunner().invoke(main, ["study", *args, "--trials", "1", "--out", str(tmp_path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1
+    for needle in needles:
+        assert needle in error[0]

@@ -49,16 +49,23 @@ def test_dashboard_lists_the_study_and_its_trials(tmp_path: Path, kind: str):
     detail = get(app, f"/api/studies/{studies[0]['study_id']}")
     assert detail["objective_names"] == ["step_time_s", "mem_peak_bytes"]
     trials = detail["trials"]
-    assert [t["number"] for t in trials] == list(range(24)) and {t["state"] for t in trials} == {"Complete"}
+    assert [t["number"] for t in trials] == list(range(24))
+    # a rule-breaking combination has no prediction: Pruned, no values, the rule named; the others Complete
+    assert {t["state"] for t in trials} == {"Complete", "Pruned"}
     space = search_space(Encoder(loaded))
     for trial in trials:
         assert {p["name"] for p in trial["params"]} == set(space)
         attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
-        assert set(attrs) == {"row_id", "feasible"} and attrs["feasible"] in ("True", "False")
-        assert int(attrs["row_id"]) >= 0
-    assert {a["key"] for a in detail["union_user_attrs"]} == {"row_id", "feasible"}
-    # the Pareto front of step time and memory among the trials (infeasible ones carry the penalty)
-    assert detail["best_trials"] and all(b["values"][0] < 1e30 for b in detail["best_trials"])
+        assert int(attrs["row_id"]) >= 0 and attrs["feasible"] in ("True", "False")
+        if trial["state"] == "Pruned":
+            assert set(attrs) == {"row_id", "feasible", "rule"} and attrs["feasible"] == "False"
+            assert not trial.get("values") and trial["constraints"] == [1.0]
+        else:  # real step times (seconds) and peak memory (bytes) only: no sentinel squashes the plots
+            assert set(attrs) == {"row_id", "feasible"}
+            assert 0 < trial["values"][0] < 1e3 and 0 < trial["values"][1] < 2**50
+    assert {a["key"] for a in detail["union_user_attrs"]} == {"row_id", "feasible", "rule"}
+    # the Pareto front of step time and memory among the feasible trials
+    assert detail["best_trials"] and all(b["values"][0] < 1e3 for b in detail["best_trials"])
     best = min(summary.best, key=lambda b: b["step_time_s"])
     by_number = {t["number"]: t for t in trials}
     assert by_number[best["trial"]]["values"][0] == pytest.approx(best["step_time_s"])

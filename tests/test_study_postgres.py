@@ -101,6 +101,7 @@ def test_two_processes_share_one_study(postgres_url, tmp_path):
     study = optuna.load_study(study_name="shared", storage=postgres_url)
     numbers = [t.number for t in study.trials]
     assert len(numbers) == 48 and len(set(numbers)) == 48  # both processes' trials, none lost or repeated
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    told = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)  # PRUNED: a broken rule
+    assert all(t.state in told for t in study.trials)
     parts = list((tmp_path / "shared").glob("*.parquet"))
     assert parts and pl.read_parquet(parts).height > 0

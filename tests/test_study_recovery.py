@@ -22,14 +22,15 @@ import polars as pl
 import pytest
 
 from paraspace.explorer import study as study_mod
-from paraspace.explorer.study import PENALTY, default_storage, run_study, search_space
+from paraspace.explorer.study import default_storage, run_study, search_space
 from paraspace.results.writer import read_metadata
 from paraspace.spaces.catalog import load_space
 from paraspace.spaces.encode import Encoder
 
 SMALL = "llama3-8b-h100-64"
-RUNNING, COMPLETE, FAIL, WAITING = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE,
-                                    optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING)
+RUNNING, COMPLETE, PRUNED, FAIL, WAITING = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE,
+                                            optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL,
+                                            optuna.trial.TrialState.WAITING)
 
 
 @pytest.fixture(autouse=True)
@@ -58,23 +59,24 @@ def assert_recovered(study: optuna.Study, lost: dict[int, dict]) -> None:
     for number, params in lost.items():
         assert trials[number].state == FAIL
         # the same candidate (a trial killed while its parameters were being written gets the rest sampled)
-        assert retries[number].state == COMPLETE and params.items() <= retries[number].params.items()
+        # told: COMPLETE, or PRUNED where the combination breaks a validity rule
+        assert retries[number].state in (COMPLETE, PRUNED) and params.items() <= retries[number].params.items()
     assert len([t for t in trials if t.state == FAIL]) == len(lost)
 
 
 def assert_parquet_matches_trials(study: optuna.Study, part_dir: Path) -> None:
-    """Each told trial with a prediction has its row in exactly one part; no part lists an untold trial."""
+    """Each told trial with a prediction (COMPLETE) has its row in exactly one part, row i of a part being
+    trial i of its footer; no part holds a row of an untold or rule-breaking (PRUNED) trial."""
     trials = study.get_trials(deepcopy=False)
     listed: list[int] = []
     for path in sorted(part_dir.glob("*.parquet")):
         numbers = json.loads(read_metadata(path)["paraspace.study"])["trials"]
         assert all(trials[n].state == COMPLETE for n in numbers), path.name
-        valid = {trials[n].user_attrs["row_id"] for n in numbers if trials[n].values[0] < PENALTY}
-        assert set(pl.read_parquet(path)["row_id"].to_list()) == valid, path.name
+        rows = pl.read_parquet(path)["row_id"].to_list()
+        assert rows == [trials[n].user_attrs["row_id"] for n in numbers], path.name
         listed += numbers
     assert len(listed) == len(set(listed))  # no trial in two parts
-    predicted = {t.number for t in trials if t.state == COMPLETE and t.values[0] < PENALTY}
-    assert predicted <= set(listed)
+    assert {t.number for t in trials if t.state == COMPLETE} == set(listed)
     assert not list(part_dir.glob("*.partial"))
 
 
@@ -176,10 +178,11 @@ def test_a_batch_cut_during_its_tells_keeps_exactly_the_told_rows(tmp_path, load
     real_tell = optuna.Study.tell
 
     def tell(self, trial, values=None, state=None, skip_if_finished=False):
-        if state is None and len(told) == 6:
+        batch = state != FAIL  # the batch's tells (COMPLETE, or PRUNED for a broken rule); FAIL is the give-back's
+        if batch and len(told) == 6:
             raise Interrupt
         out = real_tell(self, trial, values, state, skip_if_finished)
-        if state is None:
+        if batch:
             told.append(trial.number)
         return out
 
