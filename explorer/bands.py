@@ -24,6 +24,7 @@ rows whose measured time falls inside (target 75-85%).
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from dataclasses import dataclass
@@ -91,6 +92,26 @@ def band(table: dict[str, tuple[float, float, int]], traits: RowTraits, seconds:
     raise KeyError("the band table has no 'all' class")
 
 
+def band_factors(table: dict[str, tuple[float, float, int]], moe: bool, family: str, pipelined: np.ndarray,
+                 gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the factors exp(q10) and exp(q90) of its class (rows of one space
+    share moe and family; pipelining and scale vary by row)."""
+    lo = np.empty(len(pipelined))
+    hi = np.empty(len(pipelined))
+    for pp in (False, True):
+        for large in (False, True):
+            rows = (pipelined == pp) & ((gpus > LARGE_SCALE_GPUS) == large)
+            if rows.any():
+                lo[rows], hi[rows] = band(table, RowTraits(moe, family, pp, LARGE_SCALE_GPUS + 1 if large else 1), 1.0)
+    return lo, hi
+
+
+@functools.cache
+def committed() -> dict[str, tuple[float, float, int]]:
+    """The committed band table, read once per process."""
+    return load(TABLE)
+
+
 def coverage(residuals: np.ndarray, traits: list[RowTraits], sources: np.ndarray) -> dict[str, float | int]:
     """Share of rows inside the band fitted without their source (see the module doc)."""
     inside = total = 0
@@ -123,4 +144,4 @@ def to_toml(table: dict[str, tuple[float, float, int]], provenance: str) -> str:
     return header + body
 
 
-__all__ = ["RowTraits", "band", "class_keys", "coverage", "family_of", "fit", "load", "to_toml", "traits_of_row"]
+__all__ = ["RowTraits", "band", "band_factors", "committed", "class_keys", "coverage", "family_of", "fit", "load", "to_toml", "traits_of_row"]

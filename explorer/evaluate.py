@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from paraspace.explorer import bands
+from paraspace.results.schema import BAND_COLUMNS
 from paraspace.kernels import params
 from paraspace.kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from paraspace.kernels.training import OUTPUTS, evaluate_rows
@@ -36,6 +38,9 @@ class Packed:
     tiers: np.ndarray
     tiles: np.ndarray
     workload: np.ndarray
+    #: the hardware's calibration family (``explorer.bands.family_of``): which
+    #: uncertainty band a prediction carries
+    family: str = "other"
 
 
 def pack_model(model: Model) -> np.ndarray:
@@ -111,7 +116,7 @@ def pack(space: LoadedSpace) -> Packed:
         moe_imbalance=spec.moe_imbalance,
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
     )
-    return Packed(pack_model(space.model), device, tiers, tiles, workload)
+    return Packed(pack_model(space.model), device, tiers, tiles, workload, family=bands.family_of(space.hardware.name))
 
 
 def pin(space: LoadedSpace, strategy: Mapping[str, Any]) -> LoadedSpace:
@@ -205,6 +210,12 @@ def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = Tr
         rows = ", ".join(f"row_id {cols['row_id'][i]}" for i in stuck[:5])
         raise ScheduleError(f"{stuck.size} candidates' schedules deadlocked in the event engine ({rows}); "
                             "run 'paraspace trace' on one to see the stuck tasks")
+    # the 80% band of the prediction, from the validation's leave-one-source-out residuals
+    lo, hi = bands.band_factors(bands.committed(), bool(packed.model["experts"][0] > 0), packed.family,
+                                cols["pp"] > 1, cols["devices"])
+    low, high = BAND_COLUMNS
+    metrics[low] = metrics["step_time_s"] * lo
+    metrics[high] = metrics["step_time_s"] * hi
     return metrics
 
 

@@ -42,6 +42,8 @@ STEP_PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "offload_s", "
 #: then the event tier's extras (kernels.event_tier.SIM_OUTPUTS).
 METRICS: tuple[Column, ...] = (
     Column("step_time_s", pa.float64(), "s", "predicted step time: simulated by the event engine where simulated, else the analytic step_time_analytic_s", kernel="kernels.event_tier.simulate_rows (kernels.engine.simulate) or kernels.training.evaluate_one"),
+    Column("step_time_lo_s", pa.float64(), "s", "low end of step_time_s's 80% band: the 10% quantile of measured / predicted over the validation's leave-one-source-out predictions of the row's class", kernel="explorer.bands.band_factors (a factor on the prediction)"),
+    Column("step_time_hi_s", pa.float64(), "s", "high end of step_time_s's 80% band: the 90% quantile", kernel="explorer.bands.band_factors (a factor on the prediction)"),
     Column("simulated", pa.bool_(), "bool", "step_time_s comes from the event engine"),
     Column("tokens_per_s_per_gpu", pa.float64(), "tokens/s", "global_batch * seq_len / (step_time_s * devices)"),
     Column("mfu", pa.float64(), "fraction", "model FLOP (3 passes, causal attention) / (step_time_s * devices * dense peak)"),
@@ -82,6 +84,8 @@ METRICS: tuple[Column, ...] = (
     Column("infeasible_reason", pa.dictionary(pa.int8(), pa.string()), "enum", "why not feasible ('ok' when feasible)"),
 )
 METRIC_NAMES = tuple(c.name for c in METRICS)
+#: metric columns computed beside the kernels: the prediction's 80% band (explorer.bands)
+BAND_COLUMNS = ("step_time_lo_s", "step_time_hi_s")
 BY_NAME = {c.name: c for c in (ROW_ID, N_MICROBATCHES, *METRICS)}
 
 #: default ranking: feasible first, then fastest, then least memory

@@ -62,3 +62,25 @@ def test_toml_round_trip(tmp_path):
     path.write_text(bands.to_toml(table, "made by a test\nsecond line"))
     assert path.read_text().startswith("# made by a test\n# second line\n")
     assert bands.load(path) == table
+
+
+def test_every_evaluated_row_carries_its_class_band():
+    """llama3-8b on 64 H100: dense, H100 family, 64 GPUs (small). A row without a
+    pipeline takes "dense/h100/nopp/small"; a pipelined one has no class of its own
+    in the table and takes "dense/h100". lo = t exp(q10), hi = t exp(q90)."""
+    from paraspace.explorer.evaluate import evaluate, pack
+    from paraspace.spaces.catalog import load_space
+    from paraspace.spaces.encode import Encoder
+
+    space = load_space("llama3-8b-h100-64")
+    enc = Encoder(space).encode(0, 4000)
+    out = evaluate(pack(space), enc.columns, simulate=False)
+    table = bands.committed()
+    for pp, key in ((1, "dense/h100/nopp/small"), (2, "dense/h100/pp/small")):
+        rows = enc.columns["pp"] == pp
+        assert rows.any()
+        cls = key if key in table else "dense/h100"
+        lo, hi, _ = table[cls]
+        np.testing.assert_allclose(out["step_time_lo_s"][rows], out["step_time_s"][rows] * math.exp(lo), rtol=1e-15)
+        np.testing.assert_allclose(out["step_time_hi_s"][rows], out["step_time_s"][rows] * math.exp(hi), rtol=1e-15)
+    assert np.all(out["step_time_lo_s"] < out["step_time_s"]) and np.all(out["step_time_s"] < out["step_time_hi_s"])
