@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,10 @@ from paraspace.results.schema import STEP_PARTS
 from paraspace.results.writer import ensure_folder, to_arrow
 from paraspace.spaces import catalog
 from paraspace.spaces.catalog import LoadedSpace
-from paraspace.spaces.encode import DIMENSION_NAMES, REASON_TEXT, Encoder
+from paraspace.spaces.encode import DIMENSION_NAMES, MAX_COMBINATIONS, REASON_TEXT, Encoder
 from paraspace.spaces.enums import Reason
 from paraspace.spaces.errors import CatalogError
-from paraspace.spaces.schema import Dimensions
+from paraspace.spaces.schema import MAX_COUNT, MAX_GIB, Dimensions
 
 DEFAULT_SPACE = "llama3-70b-h100-1024"
 GIB = 1024**3
@@ -51,6 +52,25 @@ class InputError(click.ClickException):
 
     def format_message(self) -> str:
         return self.message
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A ``click.FloatRange`` that also refuses nan, which every comparison lets through."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{number} is not in the range {self._describe_range()}.", param, ctx)
+        return number
+
+
+#: numbers on the command line take the schema's bounds (spaces.schema): counts of
+#: devices, tokens and sequences at most MAX_COUNT, rows and row ids at most
+#: MAX_COMBINATIONS (int64), memory at most MAX_GIB
+COUNT = click.IntRange(1, MAX_COUNT)
+ROWS = click.IntRange(1, MAX_COMBINATIONS)
+#: seconds a study may run: up to a year
+MAX_TIMEOUT_S = 365 * 24 * 3600.0
 
 
 def _guard(fn):  # noqa: ANN001, ANN202 - decorator
@@ -87,8 +107,8 @@ def catalog_cmd() -> None:
 
 @main.command("topology")
 @click.argument("name")
-@click.option("--src", type=click.IntRange(min=0), default=0, show_default=True, help="Rank whose routes are listed.")
-@click.option("--mib", type=click.FloatRange(min=0), default=7.0, show_default=True,
+@click.option("--src", type=click.IntRange(0, MAX_COUNT - 1), default=0, show_default=True, help="Rank whose routes are listed.")
+@click.option("--mib", type=FiniteFloatRange(0, MAX_GIB * 1024), default=7.0, show_default=True,
               help="MiB every die sends every other die in the all-to-all bound.")
 @_guard
 def topology_cmd(name: str, src: int, mib: float) -> None:
@@ -180,28 +200,28 @@ def _top_table(frame: pl.DataFrame) -> str:
 @click.option("--space", "space_opt", default=None, help="Space name or TOML path (same as the argument).")
 @click.option("--model", default=None, help="Replace the space's model (catalog name or TOML path).")
 @click.option("--hardware", default=None, help="Replace the space's hardware (catalog name or TOML path).")
-@click.option("--devices", type=int, default=None, help="Replace the space's device count.")
+@click.option("--devices", type=COUNT, default=None, help="Replace the space's device count.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output Parquet file [default: results/SPACE.parquet].")
-@click.option("-n", "--top", "n_top", type=click.IntRange(min=0), default=10, show_default=True,
+@click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_COMBINATIONS), default=10, show_default=True,
               help="Rows of the ranking to print.")
-@click.option("--chunk-rows", type=click.IntRange(min=1), default=DEFAULT_CHUNK, show_default=True,
+@click.option("--chunk-rows", type=COUNT, default=DEFAULT_CHUNK, show_default=True,
               help="Combinations encoded and evaluated per chunk.")
 @click.option("--explain", is_flag=True, help="Print how many combinations each validity rule removed.")
 @click.option("--dry-run", is_flag=True, help="Encode and explain only; evaluate and write nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
 @click.option("--simulate/--no-simulate", default=True, show_default=True,
               help="Run the event engine on every feasible candidate (ranking uses its step time).")
-@click.option("--max-tasks", type=click.IntRange(min=1), default=DEFAULT_MAX_TASKS, show_default=True,
+@click.option("--max-tasks", type=COUNT, default=DEFAULT_MAX_TASKS, show_default=True,
               help="Candidates whose step graph has more tasks keep the analytic step time.")
-@click.option("--simulate-top", type=click.IntRange(min=1), default=DEFAULT_SIMULATE_TOP, show_default=True,
+@click.option("--simulate-top", type=ROWS, default=DEFAULT_SIMULATE_TOP, show_default=True,
               help="With more feasible candidates than this, simulate only this many best by analytic step time.")
 @click.option("--shard", default=None, metavar="I/N",
               help="Evaluate only shard I of N (0-based) of the combinations, e.g. for a nightly job array; "
                    "writes results/SPACE/part-I-of-N.parquet.")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Run the shards on a Dask distributed scheduler (tcp://host:8786, or 'local' for a LocalCluster).")
-@click.option("--shards", type=click.IntRange(min=1), default=8, show_default=True, help="Shards to submit with --dask.")
+@click.option("--shards", type=COUNT, default=8, show_default=True, help="Shards to submit with --dask.")
 @_guard
 def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
           out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool,
@@ -295,9 +315,10 @@ def _with_frame_config(frame: pl.DataFrame) -> str:
 @main.command("top")
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("--by", default="step_time_s", show_default=True, help="Column to rank by (ascending).")
-@click.option("--max-mem", "max_mem", type=click.FloatRange(min=0), default=None, help="Keep rows with peak memory <= GiB.")
+@click.option("--max-mem", "max_mem", type=FiniteFloatRange(0, MAX_GIB), default=None,
+              help="Keep rows with peak memory <= GiB.")
 @click.option("--where", default=None, help="SQL condition, e.g. \"tp = 8 AND schedule = 'interleaved'\".")
-@click.option("-n", "n_top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("-n", "n_top", type=ROWS, default=10, show_default=True)
 @_guard
 def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int) -> None:
     """The best rows of a result file or dataset (feasible first)."""
@@ -322,7 +343,7 @@ def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
 @main.command("report")
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"), show_default=True)
-@click.option("-n", "n_top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("-n", "n_top", type=ROWS, default=10, show_default=True)
 @_guard
 def report_cmd(results: Path, out: Path, n_top: int) -> None:
     """A self-contained HTML page: best rows, Pareto front, breakdown and sensitivity."""
@@ -335,7 +356,7 @@ def report_cmd(results: Path, out: Path, n_top: int) -> None:
 
 @main.command("compare")
 @click.argument("results", type=click.Path(path_type=Path))
-@click.option("--ids", "ids", type=int, multiple=True, required=True, help="row_id to compare (give two or more).")
+@click.option("--ids", "ids", type=click.IntRange(0, MAX_COMBINATIONS), multiple=True, required=True, help="row_id to compare (give two or more).")
 @_guard
 def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
     """Rows side by side, with the difference of every column for two rows."""
@@ -344,8 +365,8 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 
 @main.command("study")
 @click.argument("space", required=False, default=None)
-@click.option("--trials", "n_trials", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds.")
+@click.option("--trials", "n_trials", type=COUNT, default=200, show_default=True)
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(0, MAX_TIMEOUT_S), default=None, help="Stop after this many seconds.")
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random", "grid"]), default="tpe", show_default=True)
 @click.option("--objective", type=click.Choice(["time-memory", "time"]), default="time-memory", show_default=True,
               help="Minimise step time and peak memory, or step time alone (under the memory cap either way).")
@@ -354,7 +375,7 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 @click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql://...) [default: a journal file "
                                               "in the output folder].")
 @click.option("--study-name", default=None, help="[default: the space's name]")
-@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Trials asked per batch.")
+@click.option("--batch", type=COUNT, default=64, show_default=True, help="Trials asked per batch.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
               help="Seed of the sampler (numpy's range).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
@@ -427,9 +448,9 @@ def config_options(fn):  # noqa: ANN001, ANN201 - decorator
         click.option("--space", default=None, help="Take model, hardware, devices, batch and sequence from this space."),
         click.option("--model", default=None, help="Model: catalog name or TOML path."),
         click.option("--hardware", default=None, help="Hardware: catalog name or TOML path."),
-        click.option("--devices", type=int, default=None, help="Number of devices."),
-        click.option("--global-batch", type=int, default=None, help="Sequences per optimizer step."),
-        click.option("--seq-len", type=int, default=None, help="Tokens per sequence."),
+        click.option("--devices", type=COUNT, default=None, help="Number of devices."),
+        click.option("--global-batch", type=COUNT, default=None, help="Sequences per optimizer step."),
+        click.option("--seq-len", type=COUNT, default=None, help="Tokens per sequence."),
         click.option("--dtype", default=None, help="GEMM precision (bf16, fp16, fp8, ...) [default: bf16]."),
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                      help="A strategy value, e.g. --set tp=8 --set recompute=selective "
@@ -638,9 +659,9 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
 @click.argument("space")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output Parquet file [default: results/SPACE.parquet].")
-@click.option("-n", "--top", "n_top", type=click.IntRange(min=0), default=10, show_default=True,
+@click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_COMBINATIONS), default=10, show_default=True,
               help="Rows of the ranking to print.")
-@click.option("--simulate-top", type=click.IntRange(min=0), default=None,
+@click.option("--simulate-top", type=click.IntRange(0, MAX_COUNT), default=None,
               help="Simulate this many best candidates by analytic throughput [default: the space's simulate_top].")
 @click.option("--explain", is_flag=True, help="Print how many combinations each validity rule removed.")
 @click.option("--dry-run", is_flag=True, help="Encode and explain only; evaluate and write nothing.")

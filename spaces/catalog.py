@@ -52,9 +52,20 @@ def resolve(kind: str, ref: str, *, relative_to: Path | None = None, source: str
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables; a ``CatalogError`` naming the file when it cannot be
+    read, is not UTF-8 (TOML's encoding) or is not TOML."""
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        data = path.read_bytes()
+    except OSError as err:
+        raise CatalogError(path, "(file)", path.name, f"a readable file ({err.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise CatalogError(path, "(file)", path.name,
+                           f"UTF-8 text (byte {err.start} on line {line} is {data[err.start:err.start + 1]!r})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise CatalogError(path, "(file)", path.name, f"valid TOML ({err})") from None
 

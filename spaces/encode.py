@@ -8,6 +8,7 @@ dropped combination is charged to the first rule it breaks (``Reason`` order).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -64,6 +65,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
 )
 DIMENSION_NAMES = tuple(d.name for d in DIMENSIONS)
 BY_NAME = {d.name: d for d in DIMENSIONS}
+
+#: The most combinations a space may have: row ids are int64.
+MAX_COMBINATIONS = 2**63 - 1
 
 #: Columns the encoder derives from the dimensions.
 DERIVED = {
@@ -139,7 +143,12 @@ class Encoder:
         self.values = dimension_values(space)
         self.derive_dp = space.spec.dimensions.dp is None
         self.shape = tuple(len(self.values[n]) for n in DIMENSION_NAMES)
-        self.n_combinations = int(np.prod(self.shape, dtype=np.int64))
+        # counted in Python ints: an int64 product would wrap around
+        self.n_combinations = math.prod(self.shape)
+        if self.n_combinations > MAX_COMBINATIONS:
+            raise CatalogError(space.source, "dimensions", self.n_combinations,
+                               f"at most {MAX_COMBINATIONS:,} combinations (row ids are int64): fewer values per "
+                               f"dimension (they have {' x '.join(map(str, self.shape))})")
 
     def encode(self, start: int = 0, stop: int | None = None) -> Encoded:
         """Rows ``start:stop`` of the flat product, filtered."""

@@ -21,17 +21,65 @@ MIB = 1024**2  #: bytes in a MiB
 GB = 1e9  #: bytes in a GB (decimal: bandwidths, as vendors quote them)
 TFLOP = 1e12
 
-Positive = Annotated[float, Field(gt=0)]
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
+# --------------------------------------------------------------------------- bounds
+# Every number a record holds is bounded by one of the types below (issue 16: a
+# schema-valid ``layers = 2**63 - 1`` ranked first with memory -1 and MFU 1e22).
+# The kernels take model and hardware numbers as float64 (integers exact below
+# 2**53), strategy values as int32 and their products as int64 (spaces.encode:
+# tp * pp * dp * cp), and the event tier times tasks in int64 nanoseconds. Each
+# upper bound lies orders of magnitude beyond any real model or cluster (the
+# catalog's largest: 126 layers, hidden 18432, vocab 256k, 128 heads, 256
+# experts, 1024 devices) and keeps those products in range: tp, pp, cp (<= 2**12
+# each) times dp (<= 2**24) stays below 2**63. Floats are finite (the Record
+# config refuses inf and nan), and rates have a floor: a 5e-324 GB/s link makes a
+# transfer take inf seconds, and a NaN MFU on a row that fits.
+
+#: devices, heads, experts, vocabulary, tokens per sequence, sequences per step and
+#: any other count: 16.7M (the largest clusters hold ~1e5 devices)
+MAX_COUNT = 2**24
+#: transformer layers (and layer counts within them): the deepest models have ~1e2
+MAX_LAYERS = 10**5
+#: widths (hidden, ffn, head and latent dims, GEMM tiles): the widest models ~5e4
+MAX_WIDTH = 2**20
+#: tp, pp, cp, vpp, ep, expert_tp: 4096-way (real runs: up to 64-way, EP 256);
+#: three of them times dp (<= MAX_COUNT) stays below 2**63 in int64
+MAX_PARALLEL = 2**12
+#: a GEMM's m, n or k: up to the tokens of a step (MAX_COUNT sequences x MAX_COUNT tokens)
+MAX_GEMM_DIM = MAX_COUNT * MAX_COUNT
+#: memory sizes in GiB (1 PiB per device; the largest HBM today is ~0.3 TiB)
+MAX_GIB = 2**20
+#: GB/s and TFLOP/s: from 1 MB/s and 1 GFLOP/s (below any link or device worth
+#: modelling; keeps times finite) to 1 EB/s and 1 ZFLOP/s per device
+MIN_RATE, MAX_RATE = 1e-3, 1e9
+#: per-message latency and launch overhead in microseconds: up to one second
+MAX_LATENCY_US = 1e6
+#: efficiencies and curve fractions: at least one part per million (a smaller one
+#: makes times overflow to inf), at most 1
+MIN_FRACTION = 1e-6
+
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+LayerCount = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+Parallel = Annotated[int, Field(gt=0, le=MAX_PARALLEL)]
+GemmDim = Annotated[int, Field(gt=0, le=MAX_GEMM_DIM)]
+#: a positive real number of things (NICs per device, tokens over the mean)
+Positive = Annotated[float, Field(gt=0, le=MAX_COUNT)]
+Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE)]
+CapacityGiB = Annotated[float, Field(gt=0, le=MAX_GIB)]
+SizeGiB = Annotated[float, Field(ge=0, le=MAX_GIB)]
+SizeMiB = Annotated[float, Field(ge=0, le=MAX_GIB * 1024)]
+MessageMiB = Annotated[float, Field(gt=0, le=MAX_GIB * 1024)]
+Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_US)]
+Fraction = Annotated[float, Field(ge=MIN_FRACTION, le=1)]
 Text = Annotated[str, Field(min_length=1)]
 
 
 class Record(BaseModel):
     """Base of every catalog record: frozen, strict, no unknown keys."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- hardware
@@ -42,9 +90,9 @@ class Link(Record):
 
     name: Text
     #: unidirectional bandwidth per device (decimal GB/s, as vendors quote them)
-    bandwidth_GB_per_s: Positive
+    bandwidth_GB_per_s: Rate
     #: per-message start-up cost (alpha) per algorithm step or hop
-    latency_us: NonNegative
+    latency_us: Latency
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -67,10 +115,10 @@ class LinkTier(Link):
     shared_by: PositiveInt = 1
     #: measured achieved bus bandwidth of particular collectives (keys: Collective
     #: labels), replacing bandwidth x efficiency / shared_by for that operation
-    op_bandwidth_GB_per_s: dict[str, Positive] = {}
+    op_bandwidth_GB_per_s: dict[str, Rate] = {}
     #: bandwidth-vs-message-size curve, (message MiB, fraction of the large-message
     #: bandwidth) with sizes ascending; interpolated in log size, flat outside
-    size_curve: tuple[tuple[Positive, Fraction], ...] = ()
+    size_curve: tuple[tuple[MessageMiB, Fraction], ...] = ()
     #: how an all-reduce runs at this tier's level of the hierarchy (AllReduceAlgorithm
     #: labels): "ring" (2(n-1) steps, 2(n-1)/n of the buffer), "tree" (NCCL's double
     #: binary tree: 2 ceil(log2 n) steps, twice the buffer) or "auto" (the faster of
@@ -94,20 +142,20 @@ class Device(Record):
     """One accelerator (a chip, or one die of a multi-die card)."""
 
     #: dense tensor-core peak per GEMM precision (keys: Dtype labels)
-    peak_TFLOP_per_s: dict[str, Positive]
-    hbm_capacity_GiB: Positive
-    hbm_bandwidth_GB_per_s: Positive
+    peak_TFLOP_per_s: dict[str, Rate]
+    hbm_capacity_GiB: CapacityGiB
+    hbm_bandwidth_GB_per_s: Rate
     #: streaming multiprocessors (or equivalent) for wave quantization
     compute_units: PositiveInt
-    launch_overhead_us: NonNegative
+    launch_overhead_us: Latency
     #: achieved / peak FLOP/s of a large, perfectly tiled GEMM
     gemm_max_efficiency: Fraction
     #: output tile shapes (rows, cols) the GEMM library chooses from
-    gemm_tiles: tuple[tuple[PositiveInt, PositiveInt], ...]
+    gemm_tiles: tuple[tuple[Width, Width], ...]
     #: measured GEMM efficiency (achieved / peak) at (m, n, k) points; where given it
     #: replaces the tile model (kernels.ops: interpolated in log m among the points
     #: of the nearest (n, k)); ``paraspace calibrate gemm`` writes it
-    gemm_efficiency: tuple[tuple[PositiveInt, PositiveInt, PositiveInt, Fraction], ...] = ()
+    gemm_efficiency: tuple[tuple[GemmDim, GemmDim, GemmDim, Fraction], ...] = ()
     #: achieved / peak (16-bit) FLOP/s of FlashAttention-2-class kernels (FA2, cuDNN /
     #: Transformer Engine fused attention)
     attention_efficiency: Fraction
@@ -129,7 +177,7 @@ class Device(Record):
     #: context and framework workspace (cuBLAS, attention kernels). A profile that
     #: leaves the two constants below at 0 folds fragmentation and communication
     #: buffers in here, as profiles did before they were split out
-    memory_overhead_GiB: NonNegative
+    memory_overhead_GiB: SizeGiB
     #: the caching allocator's fragmentation: reserved but unusable memory as a
     #: fraction of the tensors' bytes (weights, gradients, optimizer states,
     #: activations, MoE buffers) of the device
@@ -137,14 +185,14 @@ class Device(Record):
     #: communication buffers of one process group (NCCL allocates channel buffers
     #: per communicator); a device holds one set per group of more than one rank
     #: it belongs to (TP, CP, DP x CP, PP; with experts EP, expert TP, expert DP)
-    comm_buffer_MiB: NonNegative = 0.0
+    comm_buffer_MiB: SizeMiB = 0.0
     #: achieved host <-> device bandwidth per device, each direction (PCIe)
-    host_link_GB_per_s: Positive
+    host_link_GB_per_s: Rate
     #: host DRAM bandwidth available per device (the host's total / devices per host),
     #: streamed by the CPU optimizer step
-    host_memory_GB_per_s: Positive
+    host_memory_GB_per_s: Rate
     #: host DRAM available per device for offloaded tensors (the host's total / devices per host)
-    host_capacity_GiB: Positive
+    host_capacity_GiB: CapacityGiB
 
     @model_validator(mode="after")
     def _known_dtypes(self) -> Device:
@@ -267,13 +315,13 @@ class Moe(Record):
     #: experts each token is routed to
     top_k: PositiveInt
     #: intermediate width of one expert's gated MLP
-    expert_ffn: PositiveInt
+    expert_ffn: Width
     #: shared experts every token passes through (same width as a routed one)
-    shared_experts: Annotated[int, Field(ge=0)] = 0
+    shared_experts: Count = 0
     #: the first layers keep a dense MLP of the model's ``ffn`` width
-    dense_layers: Annotated[int, Field(ge=0)] = 0
+    dense_layers: LayerCount = 0
     #: node-limited routing: a token's experts lie on at most this many nodes (0: no limit)
-    max_nodes: Annotated[int, Field(ge=0)] = 0
+    max_nodes: Count = 0
 
     @model_validator(mode="after")
     def _top_k(self) -> Moe:
@@ -286,14 +334,14 @@ class Mla(Record):
     """DeepSeek multi-head latent attention: low-rank Q and KV with decoupled RoPE dims."""
 
     #: query compression rank (0: queries projected directly, as in DeepSeek-V2-Lite)
-    q_lora_rank: Annotated[int, Field(ge=0)]
+    q_lora_rank: Annotated[int, Field(ge=0, le=MAX_WIDTH)]
     #: key/value latent rank (what the KV cache stores, with the RoPE key)
-    kv_lora_rank: PositiveInt
+    kv_lora_rank: Width
     #: per-head query/key dims without and with rotary embedding
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
     #: per-head value dim
-    v_head_dim: PositiveInt
+    v_head_dim: Width
 
 
 class Model(Record):
@@ -301,14 +349,14 @@ class Model(Record):
 
     name: Text
     description: Text
-    layers: PositiveInt
-    hidden: PositiveInt
+    layers: Layers
+    hidden: Width
     heads: PositiveInt
     kv_heads: PositiveInt
     #: per-head width; hidden / heads when omitted
-    head_dim: PositiveInt | None = None
+    head_dim: Width | None = None
     #: intermediate width of the MLP
-    ffn: PositiveInt
+    ffn: Width
     vocab: PositiveInt
     #: gated MLP with three matrices (SwiGLU); two matrices (GeLU) otherwise
     glu: bool
@@ -319,14 +367,14 @@ class Model(Record):
     #: dropout after attention and MLP (adds masks to the stored activations)
     dropout: bool = False
     #: sliding-window attention: each query attends to at most this many keys (0: full)
-    sliding_window: Annotated[int, Field(ge=0)] = 0
+    sliding_window: Count = 0
     #: mixture-of-experts MLPs (``ffn`` is then the width of the first dense layers)
     moe: Moe | None = None
     #: multi-head latent attention instead of MHA/GQA (``kv_heads`` = ``heads`` then)
     mla: Mla | None = None
     #: multi-token prediction modules on the last stage (DeepSeek-V3: 1), each one
     #: more transformer layer plus a 2h x h projection, sharing embedding and head
-    mtp_depth: Annotated[int, Field(ge=0)] = 0
+    mtp_depth: LayerCount = 0
 
     @model_validator(mode="after")
     def _heads(self) -> Model:
@@ -351,17 +399,17 @@ Values = tuple[Any, ...]
 class Dimensions(Record):
     """The values each strategy dimension may take. Omitted: its default."""
 
-    tp: tuple[PositiveInt, ...] = (1,)
-    pp: tuple[PositiveInt, ...] = (1,)
+    tp: tuple[Parallel, ...] = (1,)
+    pp: tuple[Parallel, ...] = (1,)
     #: omitted (or "auto"): derived per candidate as devices / (tp * pp * cp)
     dp: tuple[PositiveInt, ...] | None = None
-    cp: tuple[PositiveInt, ...] = (1,)
-    vpp: tuple[PositiveInt, ...] = (1,)
+    cp: tuple[Parallel, ...] = (1,)
+    vpp: tuple[Parallel, ...] = (1,)
     micro_batch: tuple[PositiveInt, ...] = (1,)
     recompute: tuple[str, ...] = ("none",)
     #: with recompute = full: recompute only the last k layers of each device (0: all of
     #: them), the asynchronous runtime's recompute_ratio / Megatron's recompute-num-layers
-    recompute_layers: tuple[Annotated[int, Field(ge=0)], ...] = (0,)
+    recompute_layers: tuple[LayerCount, ...] = (0,)
     #: stored activations copied to host memory after the forward and back before the
     #: backward, overlapped with compute over the host link
     offload_activations: tuple[bool, ...] = (False,)
@@ -375,9 +423,9 @@ class Dimensions(Record):
     schedule: tuple[str, ...] = ("1f1b",)
     #: expert-parallel size: the routed experts of a layer are split over ep ranks
     #: of the stage's tp * cp * dp (MoE models only)
-    ep: tuple[PositiveInt, ...] = (1,)
+    ep: tuple[Parallel, ...] = (1,)
     #: tensor-parallel size inside each expert (expert TP)
-    expert_tp: tuple[PositiveInt, ...] = (1,)
+    expert_tp: tuple[Parallel, ...] = (1,)
     #: where the EP group lies in the rank layout (inner: adjacent ranks; outer: spread)
     ep_placement: tuple[str, ...] = ("inner",)
     #: token dispatch/combine algorithm
@@ -424,8 +472,9 @@ class SpaceSpec(Record):
     #: L mod p stages one more); otherwise pp * vpp must divide the layers
     uneven_layers: bool = False
     #: tokens of the busiest expert rank over the mean (1: balanced routing); the
-    #: step waits for the busiest rank, and its token buffers are sized for it
-    moe_imbalance: Annotated[float, Field(ge=1)] = 1.0
+    #: step waits for the busiest rank, and its token buffers are sized for it (at
+    #: most all tokens on one rank: the EP size, <= MAX_PARALLEL)
+    moe_imbalance: Annotated[float, Field(ge=1, le=MAX_PARALLEL)] = 1.0
     #: with an 8-bit dtype, which GEMMs run in it: "all", or "mlp" (the MLP and expert
     #: GEMMs; the attention projections stay in 16 bits, a common FP8 recipe)
     quantized_gemms: Literal["all", "mlp"] = "all"

@@ -41,11 +41,12 @@ from pydantic import Field
 
 from paraspace.spaces.catalog import CATALOG_DIR, read_toml
 from paraspace.spaces.errors import CatalogError
-from paraspace.spaces.schema import Link, Record, Text, validate
+from paraspace.spaces.schema import MAX_COUNT, Link, Record, Text, validate
 
 TOPOLOGY_DIR = CATALOG_DIR / "topologies"
 
-RankId = Annotated[int, Field(ge=0)]
+#: a die's rank: a count of devices bounds it (spaces.schema)
+RankId = Annotated[int, Field(ge=0, lt=MAX_COUNT)]
 
 
 # --------------------------------------------------------------------------- records

@@ -382,4 +382,4 @@ def test_peers_not_a_virtual_node(tmp_path):
 
 def test_bad_bandwidth(tmp_path):
     path = mutated(tmp_path, "bandwidth_GB_per_s = 53.687", "bandwidth_GB_per_s = -53.687")
-    assert "tiers.1.bandwidth_GB_per_s = -53.687: expected greater than 0" in load_error(path)
+    assert "tiers.1.bandwidth_GB_per_s = -53.687: expected greater than or equal to 0.001" in load_error(path)
