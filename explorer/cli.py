@@ -544,7 +544,8 @@ def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
     if as_json:
         rows = [{"id": r.id, "metric": r.metric, "measured": r.measured, "predicted": r.predicted,
                  "error": r.error, "status": r.status, "reason": r.reason, "quality": r.quality, "source": r.source,
-                 "chosen": r.chosen, "mem_peak_bytes": r.mem_peak_bytes, "measured_mem_bytes": r.measured_mem_bytes}
+                 "chosen": r.chosen, "band": [r.predicted_lo, r.predicted_hi], "mem_peak_bytes": r.mem_peak_bytes,
+                 "measured_mem_bytes": r.measured_mem_bytes}
                 | ({"loso_predicted": held[i]} if held is not None else {})
                 for i, r in enumerate(results)]
         out = {"kind": kind, "rows": rows, "summary": stats} | ({"loso": held_stats} if held_stats else {})

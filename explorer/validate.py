@@ -124,6 +124,9 @@ class RowResult:
     #: measured peak where its notes give one (training rows)
     mem_peak_bytes: float | None = None
     measured_mem_bytes: float | None = None
+    #: the prediction's 80% band (``explorer.bands``; training rows)
+    predicted_lo: float | None = None
+    predicted_hi: float | None = None
     #: what makes two rows the same job (model, GPU, GPU count, sequence, batch,
     #: dtype): pairs of one job rank its configurations (``ranking``)
     job: tuple[str, ...] = ()
@@ -351,6 +354,8 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     best = pool[np.argmin(out["step_time_s"][pool])]
     base.predicted = float(out["step_time_s"][best])
     base.mem_peak_bytes = float(out["mem_peak_bytes"][best])
+    base.predicted_lo = float(out["step_time_lo_s"][best])
+    base.predicted_hi = float(out["step_time_hi_s"][best])
     base.status = "ok" if feasible.any() else "oom"
     for key in searched:
         value = enc.columns[key][best]

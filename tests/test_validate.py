@@ -168,7 +168,9 @@ def test_cli_json_and_table(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     (row,) = data["rows"]
-    assert set(row) >= {"id", "metric", "measured", "predicted", "error"}
+    assert set(row) >= {"id", "metric", "measured", "predicted", "error", "band"}
+    lo, hi = row["band"]
+    assert lo < row["predicted"] < hi
     assert data["summary"]["ok"]["n"] == 1
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert "MAPE" in result.output and "t-1" in result.output
