@@ -246,7 +246,6 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         from paraspace.explorer.distributed import run_on_dask
 
         check_shard_count(shards, encoder.n_combinations, "--shards", shards)
-        check_shard_count(shards, encoder.n_combinations, "--shards", shards)
         folder = out or Path("results") / loaded.spec.name
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows)
         rows = sum(p["n_rows"] for p in parts)
@@ -286,15 +285,6 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
         click.echo(_top_table(top(summary.path, n_top)))
-
-
-def _opened(results: Path) -> Results:
-    """The checked results (one space, every shard, one row per row_id); what was done to
-    their rows (exact repeats dropped) is said on stderr."""
-    opened = open_results(results)
-    if opened.note:
-        click.echo(opened.note, err=True)
-    return opened
 
 
 def _opened(results: Path) -> Results:
