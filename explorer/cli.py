@@ -435,7 +435,8 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
 def config_options(fn):  # noqa: ANN001, ANN201 - decorator
     """The options that name one configuration (shared by eval and trace)."""
     options = [
-        click.option("--space", default=None, help="Take model, hardware, devices, batch and sequence from this space."),
+        click.option("--space", default=None, help="Take every setting from this space (model, hardware, devices, "
+                     "workload, dtype, uneven_layers, ...): the row a sweep of it gives."),
         click.option("--model", default=None, help="Model: catalog name or TOML path."),
         click.option("--hardware", default=None, help="Hardware: catalog name or TOML path."),
         click.option("--devices", type=COUNT, default=None, help="Number of devices."),
@@ -443,8 +444,8 @@ def config_options(fn):  # noqa: ANN001, ANN201 - decorator
         click.option("--seq-len", type=COUNT, default=None, help="Tokens per sequence."),
         click.option("--dtype", default=None, help="GEMM precision (bf16, fp16, fp8, ...) [default: bf16]."),
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                     help="A strategy value, e.g. --set tp=8 --set recompute=selective "
-                          "(dp defaults to devices/(tp*pp*cp))."),
+                     help="A strategy value, e.g. --set tp=8 --set recompute=selective; a dimension not set "
+                          "takes the space's value where it has one, else its default (dp: devices/(tp*pp*cp))."),
     ]
     for option in reversed(options):
         fn = option(fn)
