@@ -224,6 +224,8 @@ def test_where_still_filters(small):
 
 def test_every_file_carries_its_space_digest(small):
     assert read_metadata(small)[schema.META_DIGEST] == sweep_mod.space_digest(load_space(SMALL))
+    opened = open_results(small.parent)
+    assert (opened.space, opened.digest, opened.files) == (SMALL, sweep_mod.space_digest(load_space(SMALL)), (small,))
     assert sweep_mod.space_digest(load_space(SMALL)) != sweep_mod.space_digest(load_space(SMALL, {"devices": 128}))
 
 
