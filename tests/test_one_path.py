@@ -122,3 +122,22 @@ def test_eval_without_a_space_still_works(tmp_path: Path):
                     "--global-batch", "16", "--seq-len", "2048", "--set", "tp=8", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["dp"] == 1
+
+
+def test_study_rows_are_the_sweep_rows(tmp_path):
+    """A study's trials go through the same path: each row of its Parquet parts equals the sweep's row
+    of that combination, every column (the sweep simulates all of this small space's feasible rows)."""
+    import optuna
+
+    from paraspace.explorer.study import run_study
+
+    name = "llama3-8b-h100-64"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = catalog.load_space(name)
+    run_sweep(space, tmp_path / "sweep.parquet", progress=False)
+    run_study(space, n_trials=30, out_dir=tmp_path / "study", batch=15, sampler="random", seed=2)
+    studied = pl.read_parquet(tmp_path / "study" / name / "*.parquet")
+    assert studied.height > 0 and studied["simulated"].any()
+    swept = pl.read_parquet(tmp_path / "sweep.parquet").filter(pl.col("row_id").is_in(studied["row_id"].implode()))
+    key = studied.unique("row_id").sort("row_id")
+    assert key.to_dicts() == swept.sort("row_id").to_dicts()
