@@ -69,6 +69,8 @@ class FiniteFloatRange(click.FloatRange):
 #: MAX_COMBINATIONS (int64), memory at most MAX_GIB
 COUNT = click.IntRange(1, MAX_COUNT)
 ROWS = click.IntRange(1, MAX_COMBINATIONS)
+#: rows a table prints: polars indexes rows with u32 (head(2**32) overflows)
+MAX_SHOWN_ROWS = 2**32 - 1
 #: seconds a study may run: up to a year
 MAX_TIMEOUT_S = 365 * 24 * 3600.0
 
@@ -203,7 +205,7 @@ def _top_table(frame: pl.DataFrame) -> str:
 @click.option("--devices", type=COUNT, default=None, help="Replace the space's device count.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output Parquet file [default: results/SPACE.parquet].")
-@click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_COMBINATIONS), default=10, show_default=True,
+@click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_SHOWN_ROWS), default=10, show_default=True,
               help="Rows of the ranking to print.")
 @click.option("--chunk-rows", type=COUNT, default=DEFAULT_CHUNK, show_default=True,
               help="Combinations encoded and evaluated per chunk.")
@@ -308,7 +310,7 @@ def _with_frame_config(frame: pl.DataFrame) -> str:
 @click.option("--max-mem", "max_mem", type=FiniteFloatRange(0, MAX_GIB), default=None,
               help="Keep rows with peak memory <= GiB.")
 @click.option("--where", default=None, help="SQL condition, e.g. \"tp = 8 AND schedule = 'interleaved'\".")
-@click.option("-n", "n_top", type=ROWS, default=10, show_default=True)
+@click.option("-n", "n_top", type=click.IntRange(1, MAX_SHOWN_ROWS), default=10, show_default=True)
 @_guard
 def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int) -> None:
     """The best rows of a result file or dataset (feasible first)."""
@@ -333,7 +335,7 @@ def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
 @main.command("report")
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"), show_default=True)
-@click.option("-n", "n_top", type=ROWS, default=10, show_default=True)
+@click.option("-n", "n_top", type=click.IntRange(1, MAX_SHOWN_ROWS), default=10, show_default=True)
 @_guard
 def report_cmd(results: Path, out: Path, n_top: int) -> None:
     """A self-contained HTML page: best rows, Pareto front, breakdown and sensitivity."""
@@ -651,7 +653,7 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
 @click.argument("space")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Output Parquet file [default: results/SPACE.parquet].")
-@click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_COMBINATIONS), default=10, show_default=True,
+@click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_SHOWN_ROWS), default=10, show_default=True,
               help="Rows of the ranking to print.")
 @click.option("--simulate-top", type=click.IntRange(0, MAX_COUNT), default=None,
               help="Simulate this many best candidates by analytic throughput [default: the space's simulate_top].")
