@@ -316,7 +316,8 @@ def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], encoder:
 
 
 def _set_fits(trial: optuna.Trial, value: float) -> None:
-    """The trial's constraint values, as ``constraints_func`` would set them after its tell."""
+    """The trial's constraint values where ``constraints_func`` stores them; set before the tell,
+    so that no sampler sees the finished trial without them."""
     trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [float(value)])
 
 
