@@ -169,6 +169,15 @@ def head_rows_s(model, dev, tiers, tiles, srv, rows: float) -> float:
 
 
 @jit
+def decode_rows_s(model, dev, tiers, tiles, srv, b: float) -> float:
+    """``rows_s(b) + head_rows_s(b)`` (b decoding sequences, each emitting a token) in
+    one ``forward_s`` over an empty cache (equal up to rounding)."""
+    if b <= 0.0:
+        return 0.0
+    return forward_s(model, dev, tiers, tiles, srv, b, 1.0, 0.0)
+
+
+@jit
 def kv_s_per_token(model, dev, tiers, tiles, srv) -> float:
     """Decode-step seconds per cached token read: the slope of ``forward_s`` in
     the KV length between 0 and ``s`` (one sequence; its attention halves, the
@@ -200,8 +209,13 @@ def pair_s(model, dev, srv) -> float:
 @jit
 def kv_capacity_tokens(model, dev, srv) -> float:
     """Tokens a replica's KV cache holds (0 when the weights do not fit)."""
-    free = dev.hbm_capacity_bytes - device_weight_bytes(model, srv) - dev.memory_overhead_bytes
-    per_token = kv_bytes_per_token(model, srv)
+    return capacity_tokens(dev, srv, device_weight_bytes(model, srv), kv_bytes_per_token(model, srv))
+
+
+@jit
+def capacity_tokens(dev, srv, weights: float, per_token: float) -> float:
+    """``kv_capacity_tokens`` from the device's weight bytes and KV bytes a token."""
+    free = dev.hbm_capacity_bytes - weights - dev.memory_overhead_bytes
     if free <= 0.0 or per_token <= 0.0:
         return 0.0
     n = math.floor(srv.kv_fraction * free / per_token)
@@ -243,7 +257,7 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     pre += pair_coef * b * prompt_pairs(inl, wl.prefix_hit_rate)
     dec = 0.0
     if nd > 0.0:
-        step = host + rows_s(model, dev, tiers, tiles, srv, b) + head
+        step = host + decode_rows_s(model, dev, tiers, tiles, srv, b)
         dec = nd * step + kv_coef * b * (nd * inl + 0.5 * nd * (nd + 1.0))
     return pre, dec
 
@@ -280,7 +294,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     engines = instances * pp
     weights = device_weight_bytes(model, srv)
     per_token = kv_bytes_per_token(model, srv)
-    cap = kv_capacity_tokens(model, dev, srv)
+    cap = capacity_tokens(dev, srv, weights, per_token)
     out[O_ENGINES] = engines
     out[O_KV_TRANSFER] = 0.0
     out[O_KV_CAP] = cap
@@ -397,8 +411,7 @@ def kv_transfer_s(model, tiers, prefill_srv, input_len: float, devices: float) -
 @jit
 def decode_only_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, b: float, kv_mean: float) -> float:
     """A decode-only iteration of ``b`` requests at a mean KV length ``kv_mean``."""
-    return host + rows_s(model, dev, tiers, tiles, srv, b) + head_rows_s(model, dev, tiers, tiles, srv, b) \
-        + kv_coef * b * kv_mean
+    return host + decode_rows_s(model, dev, tiers, tiles, srv, b) + kv_coef * b * kv_mean
 
 
 @jit
