@@ -512,6 +512,14 @@ def test_serve_writes_a_ranked_parquet(tmp_path, name):
     assert all(frame["infeasible_reason"][i] == "ok" for i in ok)
 
 
+def test_serve_dry_run_explains_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["serve", "llama3.1-70b-h100-8-fp8", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "disagg_budget" in result.output and "kept" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_serve_bad_space_is_an_error_not_a_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "b"\ndescription = "d"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\ndevices = 8\n'
