@@ -155,15 +155,9 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
     sla = ks.sla_reasons(packed.workload, sim[:, serving_sim.S_TTFT], sim[:, serving_sim.S_TTFT_P90],
                          sim[:, serving_sim.S_TPOT], sim[:, serving_sim.S_TPOT_P90])
     reason = np.where(ok, sla, int(Feasible.KV_TOO_SMALL))
-    if wl.rate_per_s is not None:  # the engines fell behind the arrivals: the queue grows
-        behind = ok & (sim[:, serving_sim.S_SUSTAINED_RPS] < SUSTAINED_SHARE * rate)
-        reason = np.where(behind, int(Feasible.OVERLOADED), reason)
+    reason = np.where(ok & (sim[:, serving_sim.S_OVERLOADED] > 0), int(Feasible.OVERLOADED), reason)
     metrics["reason"][rows] = reason
 
-
-#: a simulated Poisson engine completing fewer than this share of its arrival rate is overloaded
-#: (the estimate's sampling noise at 1,000 requests is a few percent)
-SUSTAINED_SHARE = 0.9
 
 #: token counts of the simulation's cost tables
 GRID = ks.token_grid()

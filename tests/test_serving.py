@@ -376,6 +376,21 @@ def test_littles_law(fast, clients, rate):
         assert sim["concurrency"] <= clients
 
 
+@pytest.mark.parametrize("rate, overloaded", [(300.0, False), (30000.0, True)])
+def test_overload_is_detected_and_capacity_measured(fast, rate, overloaded):
+    """A Poisson engine below its capacity sustains the arrival rate (n / the last arrival) and
+    its TTFT stays flat; far above it the queue grows and the sustained rate is its capacity,
+    well below the offered one."""
+    in_len, out_len, gaps = lognormal_requests(500, seed=5)
+    sim, _ = run_sim(fast, toy_srv(), in_len, out_len, gaps, rate=rate, max_batch=32.0, max_tokens=1024.0)
+    assert sim["overloaded"] == overloaded
+    if overloaded:
+        assert sim["sustained_requests_per_s"] < 0.5 * rate
+    else:
+        last_arrival = np.cumsum(gaps)[-1] / rate
+        assert sim["sustained_requests_per_s"] == pytest.approx(500 / last_arrival, rel=REL)
+
+
 def test_preemption_frees_the_cache_and_every_request_finishes(fast):
     """A cache of 3000 tokens under 16 users of ~300 + 40 tokens: admission by the prompt
     overcommits the cache, decode growth then preempts, and every request still completes."""
