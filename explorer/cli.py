@@ -555,7 +555,7 @@ def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
             click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%{held_text}  median "
                        f"{100 * st['median_ape']:.1f}%  mean signed {100 * st['mean_signed']:+.1f}%")
             click.echo("  worst: " + ", ".join(f"{rid} {100 * err:+.1f}%" for rid, err in st["worst"]))
-    for key in ("by_source", "by_gpu"):
+    for key in ("by_source", "by_gpu", "by_metric"):
         for name, st in stats[key].items():
             if st["n"]:
                 held_st = (held_stats or {}).get(key, {}).get(name)

@@ -459,6 +459,62 @@ def inference_model(row: dict[str, str | None], source: str) -> Model:
     return row_model(row, source, f"{source}: row {row.get('id')}")
 
 
+#: closed-loop serving rows (``concurrency`` given, aggregated): the metric's column of
+#: the serving space's simulated candidate (``explorer.serve``)
+SERVING_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu")
+#: host and scheduler time per engine iteration, as the catalog serving spaces assume
+SERVING_HOST_US = 200.0
+#: requests each simulated engine serves (the closed loop's start-up burst is a small part)
+SERVING_REQUESTS = 1000
+
+
+def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
+    """A closed-loop serving point (AIConfigurator's measured deployments): the row as
+    a one-candidate serving space (``spaces.serving``) whose workload is the row's
+    fixed lengths at its concurrency, evaluated by the analytic tier and simulated
+    iteration by iteration (``explorer.serve.evaluate_space``); TTFT and TPOT are
+    the simulated requests' means."""
+    from paraspace.explorer.serve import evaluate_space
+    from paraspace.spaces.serving import LoadedServing, ServingSpec, check_serving
+
+    rid = row.get("id") or ""
+    where = f"{source}: row {rid}"
+    metric = row.get("metric") or ""
+    base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
+                     gpu=row.get("gpu") or "", metric=metric, measured=_measured(row, "value", source),
+                     predicted=None, status="unsupported")
+    model = row_model(row, source, where)
+    hardware = row_hardware(row, source, where, row.get("gpu") or "")
+    ints = {k: _num(row, k, source) for k in ("n_gpus", "tp", "pp", "concurrency", "input_len", "output_len")}
+    for key, value in ints.items():
+        if not value:
+            raise CatalogError(where, key, row.get(key), "a positive number (EMPTY is not allowed here)")
+    batch = _num(row, "batch", source)
+    attention_dp = _num(row, "attention_dp", source) == 1
+    dtype = row.get("dtype") or ""
+    raw = {
+        "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
+        "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
+        "workload": {"input_len": ints["input_len"], "output_len": ints["output_len"],
+                     "concurrency": ints["concurrency"], "n_requests": SERVING_REQUESTS},
+        "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [_num(row, "ep", source) or 1],
+                       "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row.get("kv_dtype") or dtype],
+                       # batch is per attention-DP rank; an engine of tp ranks runs tp of them
+                       "max_batch": [(batch or ints["concurrency"]) * (ints["tp"] if attention_dp else 1)]},
+    }
+    spec = validate(ServingSpec, raw, where)
+    space = LoadedServing(spec=spec, model=model, hardware=hardware, source=where, raw=raw)
+    check_serving(space)
+    cols, _ = evaluate_space(space)
+    if len(cols["tp"]) == 0:
+        base.status = "no-candidate"
+        return base
+    base.predicted = float(cols[metric][0])
+    base.status = "ok" if cols["feasible"][0] > 0 else "oom"
+    base.chosen = {"simulated": bool(cols["simulated"][0]), "batch": float(round(cols["batch"][0], 1))}
+    return base
+
+
 def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     """One inference benchmark point through ``kernels.inference.serve``: the model
     from the row's columns, the hardware from ``gpu`` in the row's dtype, the
@@ -470,6 +526,8 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     rid = row.get("id") or ""
     where = f"{source}: row {rid}"
     metric = row.get("metric") or ""
+    if row.get("concurrency") and (row.get("mode") or "agg") == "agg" and metric in SERVING_METRICS:
+        return predict_serving(row, source)
     base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
                      gpu=row.get("gpu") or "", metric=metric, measured=_measured(row, "value", source),
                      predicted=None, status="unsupported")
@@ -576,7 +634,7 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
 
     out: dict[str, Any] = {q: stats([r for r in results if r.quality == q]) for q in ("ok", "uncertain")}
     # per source and per GPU, ok and uncertain rows apart (the targets are on ok rows)
-    for key, attr in (("by_source", "source"), ("by_gpu", "gpu")):
+    for key, attr in (("by_source", "source"), ("by_gpu", "gpu"), ("by_metric", "metric")):
         out[key] = {}
         for name in sorted({getattr(r, attr) for r in results}):
             for q, suffix in (("ok", ""), ("uncertain", " (uncertain)")):
