@@ -334,3 +334,65 @@ def test_fuzz_validate_csv(tmp_path_factory, content, as_json):
     check_clean(result, args)
     if result.exit_code == 0 and as_json:
         json.loads(result.output, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+
+
+# --------------------------------------------------------------------------- valid extremes
+
+
+def log_uniform(low: float, high: float) -> st.SearchStrategy[float]:
+    """Floats spread evenly in log scale over [low, high], both ends included."""
+    return st.one_of(st.sampled_from([low, high]), st.floats(math.log10(low), math.log10(high)).map(
+        lambda e: min(max(10.0**e, low), high)))
+
+
+def log_int(low: int, high: int) -> st.SearchStrategy[int]:
+    return log_uniform(low, high).map(lambda v: min(max(round(v), low), high))
+
+
+@st.composite
+def extreme_configuration(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """A model, a hardware profile and eval's numbers, each drawn anywhere inside the
+    schema's bounds (spaces.schema), ends included: what the bounds admit must compute."""
+    from paraspace.spaces import schema
+
+    heads = 2 ** draw(st.integers(0, 7))
+    model = {**MODEL_BASE, "layers": draw(log_int(1, schema.MAX_LAYERS)), "heads": heads, "kv_heads": heads,
+             "hidden": heads * 2 ** draw(st.integers(0, 13)), "ffn": draw(log_int(1, schema.MAX_WIDTH)),
+             "vocab": draw(log_int(1, schema.MAX_COUNT))}
+    device = dict(HARDWARE_BASE["device"])
+    rate = log_uniform(schema.MIN_RATE, schema.MAX_RATE)
+    device.update(peak_TFLOP_per_s={"bf16": draw(rate)}, hbm_bandwidth_GB_per_s=draw(rate),
+                  hbm_capacity_GiB=draw(log_uniform(1e-3, schema.MAX_GIB)),
+                  launch_overhead_us=draw(st.sampled_from([0.0, schema.MAX_LATENCY_US, 4.0])),
+                  host_link_GB_per_s=draw(rate), host_memory_GB_per_s=draw(rate))
+    for key in ("gemm_max_efficiency", "attention_efficiency", "memory_efficiency"):
+        device[key] = draw(log_uniform(schema.MIN_FRACTION, 1.0))
+    links = [{**link, "bandwidth_GB_per_s": draw(rate), "latency_us": draw(log_uniform(1e-3, schema.MAX_LATENCY_US)),
+              "efficiency": draw(log_uniform(schema.MIN_FRACTION, 1.0))} for link in HARDWARE_BASE["links"]]
+    hardware = {**HARDWARE_BASE, "device": device, "links": links}
+    devices = 2 ** draw(st.integers(0, 4))
+    args = ["--devices", str(devices), "--global-batch", str(devices * 2 ** draw(st.integers(0, 12))),
+            "--seq-len", str(draw(log_int(1, schema.MAX_COUNT))), "--set", "tp=1", "--json"]
+    return model, hardware, args
+
+
+def run_extreme(folder: Path, case: tuple[dict[str, Any], dict[str, Any], list[str]]) -> tuple[list[str], Result]:
+    model, hardware, numbers = case
+    (folder / "model.toml").write_text(toml_text(model))
+    (folder / "hardware.toml").write_text(toml_text(hardware))
+    args = ["eval", "--model", str(folder / "model.toml"), "--hardware", str(folder / "hardware.toml"), *numbers]
+    return args, run(args)
+
+
+#: the event tier times tasks in int64 nanoseconds: a step beyond this overflows it
+#: (tests/test_hostile_input.py::test_a_step_beyond_the_event_tier_range_is_not_simulated)
+EVENT_TIER_MAX_S = 2**63 / 1e9
+
+
+@FUZZ
+@given(case=extreme_configuration())
+def test_fuzz_extremes_inside_the_bounds(tmp_path_factory, case):
+    args, result = run_extreme(tmp_path_factory.mktemp("extreme"), case)
+    check_clean(result, args)
+    if result.exit_code == 0 and json.loads(result.output)["step_time_analytic_s"] < EVENT_TIER_MAX_S:
+        check_json_row(result.output)
