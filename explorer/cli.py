@@ -564,8 +564,10 @@ def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
                            f"signed {100 * st['mean_signed']:+6.1f}%{held_text}")
     rank, mem = stats["ranking"], stats["memory"]
     if rank["pairs"]:
+        told = f"{100 * rank['distinguished']:.0f}%" if rank["distinguished"] is not None else "-"
         click.echo(f"ranking: {rank['pairs']} pairs of one job differing by >= 5% measured; predicted order right "
-                   f"in {100 * rank['agreement']:.0f}%")
+                   f"in {100 * rank['agreement']:.0f}% ({rank['ties']} predicted as ties, the same configuration by "
+                   f"their columns; {told} of the others)")
     if mem["n"]:
         click.echo(f"memory: {mem['n']} rows with a measured peak; MAPE {100 * mem['mape']:.1f}%, "
                    f"mean signed {100 * mem['mean_signed']:+.1f}%")

@@ -79,12 +79,16 @@ def noted_memory_bytes(notes: str) -> float | None:
 def ranking(results: list[RowResult]) -> dict[str, Any]:
     """Pairwise order agreement: over pairs of predicted rows of one job whose
     measured step times differ by at least ``RANK_MIN_GAP`` (of the faster), the
-    share whose predicted order is the measured one."""
+    share whose predicted order is the measured one (``agreement``; a predicted
+    tie counts as a miss). ``ties`` are pairs predicted equal: their columns
+    describe one configuration (a difference no column carries, such as
+    torch.compile or another framework release); ``distinguished`` is the
+    agreement over the other pairs."""
     by_job: dict[tuple[str, ...], list[RowResult]] = {}
     for r in results:
         if r.job and r.predicted is not None and r.measured is not None:
             by_job.setdefault(r.job, []).append(r)
-    pairs = agree = 0
+    pairs = agree = ties = 0
     for rows in by_job.values():
         for i, a in enumerate(rows):
             for b in rows[i + 1:]:
@@ -92,7 +96,9 @@ def ranking(results: list[RowResult]) -> dict[str, Any]:
                     continue
                 pairs += 1
                 agree += (a.predicted - b.predicted) * (a.measured - b.measured) > 0
-    return {"pairs": pairs, "agreement": agree / pairs if pairs else None}
+                ties += abs(a.predicted - b.predicted) <= 1e-9 * max(a.predicted, b.predicted)
+    return {"pairs": pairs, "agreement": agree / pairs if pairs else None, "ties": ties,
+            "distinguished": agree / (pairs - ties) if pairs > ties else None}
 
 
 def memory_error(results: list[RowResult]) -> dict[str, Any]:

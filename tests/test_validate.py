@@ -265,8 +265,13 @@ def test_ranking_agreement_by_hand():
     ordered right. Job B: measured 2 and 3, predicted 3 and 2: wrong. 2 of 3."""
     rows = [_result("a1", "A", 1.0, 1.0), _result("a2", "A", 1.2, 1.1), _result("a3", "A", 1.02, 0.9),
             _result("b1", "B", 2.0, 3.0), _result("b2", "B", 3.0, 2.0)]
-    assert validate.ranking(rows) == {"pairs": 3, "agreement": pytest.approx(2 / 3, rel=1e-15)}
-    assert validate.ranking(rows[:1]) == {"pairs": 0, "agreement": None}
+    assert validate.ranking(rows) == {"pairs": 3, "agreement": pytest.approx(2 / 3, rel=1e-15), "ties": 0,
+                                      "distinguished": pytest.approx(2 / 3, rel=1e-15)}
+    assert validate.ranking(rows[:1]) == {"pairs": 0, "agreement": None, "ties": 0, "distinguished": None}
+    # a pair predicted equal (one configuration by its columns) is a miss, and a tie
+    tie = [_result("c1", "C", 1.0, 2.0), _result("c2", "C", 1.5, 2.0)]
+    assert validate.ranking(rows + tie) == {"pairs": 4, "agreement": 0.5, "ties": 1,
+                                            "distinguished": pytest.approx(2 / 3, rel=1e-15)}
 
 
 def test_measured_memory_from_notes_and_its_error_by_hand():

@@ -117,7 +117,10 @@ def main() -> None:
     out += ["", f"**Ranking fidelity:** over {rank['pairs']} pairs of rows of one job (same model, GPU, GPU count, "
             f"sequence, global batch and dtype) whose measured step times differ by at least 5%, the predicted order "
             f"is the measured one in {100 * (rank['agreement'] or 0):.0f}% (leave-one-source-out: "
-            f"{100 * (held_stats['ranking']['agreement'] or 0):.0f}%).", "",
+            f"{100 * (held_stats['ranking']['agreement'] or 0):.0f}%). {rank['ties']} of the pairs are predicted as "
+            f"ties: their columns describe the same configuration (torch.compile, AsyncTP or another framework "
+            f"release is what differs); over the other pairs the order is right in "
+            f"{100 * (rank['distinguished'] or 0):.0f}%.", "",
             f"**Memory:** {mem['n']} rows give a measured peak in their notes (torchtitan, KempnerForge); the "
             f"predicted peak of the chosen configuration is off by {100 * mem['mape']:.1f}% on average (mean signed "
             f"{100 * mem['mean_signed']:+.1f}%). The sources report the caching allocator's peak, which grows "
