@@ -1,0 +1,304 @@
+"""Memory per device: activations kept for the backward (Korthikanti et al. 2022,
+generalised), parameters, gradients and optimizer states under ZeRO and
+offload, DualPipe's and PipeDream's extra copies, the fixed overhead and
+communication buffers; the peak over a candidate's stages. modeling.md
+sections 6-7."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NONE, SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, \
+    SCHEDULE_PIPEDREAM
+from paraspace.kernels.jit import jit
+from paraspace.kernels.optimizer import OPT_HOST_STATE_FRACTION, OPT_STATE_FRACTION
+from paraspace.kernels.parameters import device_dense_layers, device_layers, layer_params, moe_layer_params, \
+    param_parts, stage_params_from
+from paraspace.kernels.recompute import recomputed_layers
+from paraspace.kernels.schedules import in_flight_chunks
+
+#: Per recompute mode (index = kernels.codes RECOMPUTE_*: none, selective, full,
+#: norms, moe-dispatch), what a layer that is not fully recomputed keeps (full
+#: recompute keeps only the layer input; its entries are unused):
+#: Korthikanti's replicated ab x tokens x h tensors: the two norm inputs and the
+#: two norm outputs (the QKV and MLP inputs); "norms" recomputes the outputs in
+#: the backward (Megatron-Core's recompute module "layernorm") and keeps 2.
+RC_REPLICATED = np.array([4.0, 4.0, 0.0, 2.0, 4.0])
+#: 1 where the s x s attention scores are kept without FlashAttention (selective drops them)
+RC_SCORES = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+#: h-wide tensors kept per routed row of an MoE layer: the expert input (the
+#: dispatched row) and output; "moe-dispatch" drops the input and dispatches again
+#: in the backward
+RC_ROUTED_H = np.array([2.0, 2.0, 0.0, 2.0, 1.0])
+
+
+@jit
+def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, recompute: int, flash: bool, model,
+                            ab: float, moe_layer: bool, imbalance: float) -> float:
+    tokens = b * s / c
+    h = model.hidden
+    if recompute == RECOMPUTE_FULL:
+        full_input = ab * tokens * h
+        return full_input / t if sp else full_input
+    dropout = model.dropout > 0
+    replicated = RC_REPLICATED[recompute] * ab * tokens * h
+    if dropout:
+        replicated += 2.0 * tokens * h
+    if sp:
+        replicated /= t
+    heads = model.heads / t
+    if model.mla > 0:  # Q, K (nope + rope), V and O per head; the replicated latents
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        split = ab * tokens * heads * (2.0 * qk + 2.0 * model.v_head_dim)
+        split += ab * tokens * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+    else:
+        kv = model.kv_heads / t
+        split = ab * tokens * model.head_dim * (2.0 * heads + 2.0 * kv)
+    if moe_layer:
+        # router logits and probabilities (fp32) of this rank's 1/t of the tokens; per
+        # routed row: the expert input and output (h each) and gate, up, activation (3 f_e);
+        # the shared experts as a dense MLP split by t
+        rows = tokens / t * model.top_k * imbalance
+        split += 8.0 * tokens / t * model.experts
+        split += ab * rows * (RC_ROUTED_H[recompute] * h + 3.0 * model.expert_ffn)
+        split += 3.0 * ab * tokens * model.shared_experts * model.expert_ffn / t
+    else:
+        split += (3.0 if model.glu > 0 else 2.0) * ab * tokens * model.ffn / t
+    scores = 0.0
+    if flash:
+        scores = 4.0 * b * heads * (s / c)
+    elif RC_SCORES[recompute] > 0:
+        per_elem = ab + (1.0 + ab if dropout else 0.0)
+        scores = per_elem * b * heads * (s / c) * s
+    return replicated + split + scores
+
+
+@jit
+def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool, recompute: int,
+                               flash: bool, model, ab: float) -> float:
+    """Activation bytes one dense layer keeps for backward, per micro-batch per device.
+
+    Korthikanti et al. 2022 (section 4.1, eq. 1-2), generalised to GQA and gated
+    MLPs and to any element width ab (their coefficients assume ab = 2):
+    replicated (split by t only with sequence parallelism): two norm inputs,
+    QKV and MLP inputs (ab each per token x h), dropout masks (1 byte, x2);
+    split by t: Q, K, V, attention output, MLP intermediates (3f gated: gate
+    and up outputs and the down-projection input; 2f for GeLU); the s x s
+    softmax output (+ dropout mask and output) unless FlashAttention or
+    selective recompute removes it (flash keeps the fp32 log-sum-exp instead).
+    Full recompute keeps only the layer input; norms recompute drops the two
+    norm outputs (``RC_REPLICATED``). MLA keeps its per-head Q, K, V, O and the
+    replicated latents.
+    For GPT (ab = 2, f = 4h, dropout, no flash):
+    s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP;
+    with norms recompute 4 s b h fewer replicated bytes: s b h (6 + 24/t + 5 a s / (h t)),
+    s b h / t (30 + 5 a s / h).
+    """
+    return _layer_activation_bytes(b, s, t, c, sp, recompute, flash, model, ab, False, 1.0)
+
+
+@jit
+def moe_activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool, recompute: int,
+                                   flash: bool, model, ab: float, imbalance: float) -> float:
+    """``activation_bytes_per_layer`` of an MoE layer: the MLP's intermediates
+    replaced by the router's fp32 logits and probabilities, the routed rows
+    (k x imbalance per token: expert input, output and three f_e-wide
+    intermediates; moe-dispatch recompute drops the input, ``RC_ROUTED_H``) and
+    the shared experts' intermediates."""
+    return _layer_activation_bytes(b, s, t, c, sp, recompute, flash, model, ab, True, imbalance)
+
+
+
+@jit
+def layer_input_bytes(b: float, s: float, t: float, c: float, sp: bool, model, ab: float) -> float:
+    """A layer's input (what full recompute keeps): tokens x h, split by t with SP."""
+    full_input = ab * b * s / c * model.hidden
+    return full_input / t if sp else full_input
+
+
+@jit
+def comm_groups(t: float, c: float, d: float, p: float, ep: float, etp: float, edp: float, moe: bool) -> float:
+    """Process groups of more than one rank a device belongs to, each a communicator
+    with its own buffers: TP, CP, the DP x CP gradient group, PP and, with experts,
+    EP, expert TP and expert DP."""
+    n = 0.0
+    for size in (t, c, d * c, p):
+        if size > 1.0:
+            n += 1.0
+    if moe:
+        for size in (ep, etp, edp):
+            if size > 1.0:
+                n += 1.0
+    return n
+
+
+@jit
+def fixed_overhead_bytes(t: float, c: float, d: float, p: float, ep: float, etp: float, edp: float, moe: bool,
+                         dev) -> float:
+    """Device memory beside the tensors that does not scale with them: the
+    profile's fixed overhead (context, workspace) and the communication buffers
+    of each process group (``comm_groups``); the allocator's fragmentation,
+    a fraction of the tensors' bytes, comes on top (``evaluate_one``)."""
+    return dev.memory_overhead_bytes + comm_groups(t, c, d, p, ep, etp, edp, moe) * dev.comm_buffer_bytes
+
+
+#: Activation bytes per layer and micro-batch: what a layer that is not fully
+#: recomputed keeps (keep_*), what the row's recompute setting keeps (act_*),
+#: dense and MoE; the extra bytes a recomputing layer's backward needs
+#: (work_layer); and the layer input (what full recompute keeps).
+Activations = namedtuple("Activations", ("keep_dense", "act_dense", "keep_moe", "act_moe", "work_layer", "inp"))
+
+#: The peak-memory stage's bytes: total, overhead, weights, gradients, optimizer
+#: states, activations, MoE buffers, host memory; the stage; the largest host
+#: share over all stages.
+MemoryPeak = namedtuple("MemoryPeak", ("peak", "overhead", "weights", "grads", "optim", "acts", "buffers", "host",
+                                       "stage", "host_peak"))
+
+
+@jit
+def activation_sizes(sh, recompute: int, model, work):
+    """The ``Activations`` of a layer of ``sh``'s shape. While a layer's backward
+    recomputes, what it did not keep lives again for that one layer: (all of it)
+    - (what is kept), so more recompute never needs more memory."""
+    b, s, t, c, sp, flash, ab = sh.b, sh.s, sh.t, sh.c, sh.sp, sh.flash, sh.ab
+    is_moe = model.experts > 0 and model.dense_layers < model.layers
+    kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute
+    none_dense = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab)
+    act_dense = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    keep_dense = none_dense if kept == RECOMPUTE_NONE else act_dense
+    act_moe = 0.0
+    keep_moe = 0.0
+    none_moe = 0.0
+    if is_moe:
+        imb = work.moe_imbalance
+        none_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab, imb)
+        act_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, imb)
+        keep_moe = none_moe if kept == RECOMPUTE_NONE else act_moe
+    work_layer = none_dense - act_dense
+    if is_moe:
+        work_layer = max(work_layer, none_moe - act_moe)
+    return Activations(keep_dense, act_dense, keep_moe, act_moe, work_layer,
+                       layer_input_bytes(b, s, t, c, sp, model, ab))
+
+
+@jit
+def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model, work):
+    """(weights, gradients, optimizer states, host) bytes of stage ``stage``'s
+    device: ZeRO shards over DP x CP (experts over expert DP), weight offload
+    keeps the current and the prefetched ``unit`` on the device, host-side
+    optimizer states; DualPipe holds two stages' copies, PipeDream stashes
+    p - stage weight versions."""
+    pp = int(sh.p)
+    dc = sh.d * sh.c
+    zero = kn.zero
+    dense, expert = stage_params_from(stage, pp, parts, model)
+    params = dense + expert
+    host = 0.0
+    grads = 0.0
+    host_state = work.optimizer_bytes * OPT_HOST_STATE_FRACTION[kn.optimizer]
+    if host_state > 0:  # CPU Adam's fp32 master and moments, paged 8-bit Adam's moments: on the host
+        host += (dense / dc + expert / edp) * host_state if zero >= 1 else params * host_state
+    if kn.off_w != 0:  # weights and gradients on the host, the current and the prefetched unit on the device
+        host += params * (work.weight_bytes + work.grad_bytes)
+        params_dev = min(params, 2.0 * unit)
+        weights = params_dev * work.weight_bytes
+        grads = params_dev * work.grad_bytes
+    elif zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
+        weights = min(params, dense / dc + expert / edp + 2.0 * layer_params(model, sh.t)) * work.weight_bytes
+    else:
+        weights = params * work.weight_bytes
+    if kn.off_w == 0:
+        grads = (dense / dc + expert / edp) * work.grad_bytes if zero >= 2 else params * work.grad_bytes
+    state = work.optimizer_bytes * OPT_STATE_FRACTION[kn.optimizer]
+    optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
+    # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)
+    if kn.schedule == SCHEDULE_DUALPIPE:  # stage `stage` and stage p-1-stage: two copies of the parameters
+        twin_dense, twin_expert = stage_params_from(pp - 1 - stage, pp, parts, model)
+        dual_copies = (params + twin_dense + twin_expert) / params
+        weights *= dual_copies
+        grads *= dual_copies
+        optim *= dual_copies
+    elif kn.schedule == SCHEDULE_PIPEDREAM:  # weight stashing: p - stage versions, one gradient and optimizer state
+        weights += (sh.p - stage - 1.0) * params * work.weight_bytes
+    return weights, grads, optim, host
+
+
+@jit
+def stage_activation_bytes(stage: int, sh, kn, acts, logits: float, model):
+    """(activation bytes on the device, bytes offloaded to the host) of stage
+    ``stage`` at the schedule's peak (``in_flight_chunks``): kept layers keep
+    ``acts.keep_*``, fully recomputed ones their input; offloaded activations
+    leave only layer inputs, two layers' worth back in flight; the last stage
+    (and DualPipe's device 0) adds the fp32 logits and the MTP modules'."""
+    pp = int(sh.p)
+    n = device_layers(stage, pp, model.layers)
+    nd = device_dense_layers(stage, pp, model)
+    inp = acts.inp
+    chunks = in_flight_chunks(kn.schedule, sh.p, kn.v, kn.m, float(stage))
+    fr_d, fr_m = recomputed_layers(kn.recompute, kn.rc_layers, nd, n - nd)
+    per_chunk = (nd - fr_d) * acts.keep_dense + (n - nd - fr_m) * acts.keep_moe + (fr_d + fr_m) * inp
+    host_chunk = 0.0
+    if kn.off_act != 0:  # only layer inputs stay; the rest waits on the host, two layers' worth in flight
+        host_chunk = per_chunk - n * inp
+        per_chunk = n * inp
+    if kn.schedule == SCHEDULE_INTERLEAVED:
+        per_chunk /= kn.v
+        if kn.off_act != 0:
+            host_chunk /= kn.v
+    device = chunks * per_chunk + acts.work_layer
+    host = 0.0
+    off_layers = n - fr_d - fr_m  # layers whose activations go to the host
+    if kn.off_act != 0 and off_layers > 0:
+        # the layer in its backward and the one being fetched are back on the device
+        # (never more layers than were offloaded, so offloading never adds memory)
+        keep_off = acts.keep_dense if nd - fr_d > 0 else 0.0
+        if n - nd - fr_m > 0:
+            keep_off = max(keep_off, acts.keep_moe)
+        back = min(2.0, chunks * off_layers)
+        host = chunks * host_chunk - back * (keep_off - inp)
+        device += back * (keep_off - inp)
+    mtp = acts.act_moe if model.experts > 0 else acts.act_dense
+    if stage == pp - 1:
+        device += 4.0 * logits  # fp32 logits of the loss, one micro-batch
+        device += chunks * model.mtp_depth * mtp
+    if kn.schedule == SCHEDULE_DUALPIPE and stage == 0 and pp > 1:
+        # device 0 also runs the upward direction's last stage and its loss
+        device += 4.0 * logits
+        device += chunks * model.mtp_depth * mtp
+    return device, host
+
+
+@jit
+def device_memory(sh, kn, edp: float, logits: float, moe_buffer: float, model, dev, work):
+    """The ``MemoryPeak`` over the candidate's stages: tensors plus the fixed
+    overhead and the allocator's fragmentation (a fraction of the tensors)."""
+    pp = int(sh.p)
+    t = sh.t
+    is_moe = model.experts > 0 and model.dense_layers < model.layers
+    acts = activation_sizes(sh, kn.recompute, model, work)
+    # the largest unit streamed with weight offload: a layer, or the embedding / head
+    unit = max(layer_params(model, t), model.vocab * model.hidden / t)
+    if is_moe:
+        moe_d, moe_e = moe_layer_params(model, t, sh.e, sh.et)
+        unit = max(unit, moe_d + moe_e)
+    parts = param_parts(model, t, sh.e, sh.et)
+    fixed_overhead = fixed_overhead_bytes(t, sh.c, sh.d, sh.p, sh.e, sh.et, edp, is_moe, dev)
+    peak = -1.0
+    host_peak = 0.0
+    parts_at_peak = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    for stage in range(pp):
+        weights, grads, optim, host = stage_state_bytes(stage, sh, kn, edp, unit, parts, model, work)
+        act, host_act = stage_activation_bytes(stage, sh, kn, acts, logits, model)
+        host += host_act
+        buffers = moe_buffer if device_layers(stage, pp, model.layers) > device_dense_layers(stage, pp, model) else 0.0
+        host_peak = max(host_peak, host)
+        tensors = weights + grads + optim + act + buffers
+        overhead = fixed_overhead + dev.memory_fragmentation * tensors
+        total = tensors + overhead
+        if total > peak:
+            peak = total
+            parts_at_peak = (overhead, weights, grads, optim, act, buffers, host, float(stage))
+    overhead, weights, grads, optim, act, buffers, host, at = parts_at_peak
+    return MemoryPeak(peak, overhead, weights, grads, optim, act, buffers, host, at, host_peak)
