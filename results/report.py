@@ -1,110 +1,255 @@
-"""A self-contained HTML report of a result file or dataset.
+"""A self-contained, interactive HTML report of a result file or dataset.
 
-One page, no external files: the top configurations, the step-time / memory
-Pareto front, the step-time breakdown of the best configurations and a
-sensitivity view (the best step time for each value of each strategy
-dimension). Pictures are PNGs embedded as base64.
+One page, nothing fetched from elsewhere (Plotly's JavaScript is embedded once):
+
+- the best configurations in a table that fits the page and sorts by any
+  column (click its header), with the dimensions held at one value named above
+  it and the step time's 80% band beside it;
+- step time against peak memory for the feasible candidates (zoom, hover for
+  the configuration), the Pareto front drawn over them; clicking a point shows
+  its configuration and breakdown, clicking a second compares the two;
+- where the time goes for the best configurations, from the same tier as the
+  ranking: the closed form's parts (``results.schema.STEP_PARTS``, EP traffic and
+  DualPipe's overlap credit included) plus the event engine's correction
+  (``step_time_s - step_time_analytic_s``) where the row was simulated, so each
+  bar ends at the step time the ranking used;
+- sensitivity: for each strategy dimension, the best step time each value
+  reaches, and how far apart those are.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
+import json
+import math
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from paraspace.results.rank import pareto, ranked, scan
 from paraspace.results.schema import STEP_PARTS
 
-#: the step-time parts drawn as stacked bars (they add up to step_time_analytic_s; the DualPipe credit
-#: is negative and draws back from the end)
-BREAKDOWN = STEP_PARTS
 GIB = 1024**3
+#: the event engine's correction to the closed form, drawn after the parts
+SIM_DELTA = "simulation_s"
+#: candidates drawn in the scatter (a seeded sample beyond this), besides the front and the best
+SCATTER_POINTS = 4000
+#: the metric columns the table and the details show, after the varying dimensions
+TABLE_METRICS = ("step_time_s", "step_time_lo_s", "step_time_hi_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_GiB",
+                 "simulated", "feasible")
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
-def _png(fig) -> str:  # noqa: ANN001 - a matplotlib figure
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
 
 
-def _table(frame: pl.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
+def _table(frame: pl.DataFrame, table_id: str) -> str:
+    """A sortable table: the header cells carry the column index for the page's sort script."""
+    head = "".join(f'<th data-col="{i}" title="sort by {html.escape(c)}">{html.escape(c)}</th>'
+                   for i, c in enumerate(frame.columns))
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.iter_rows())
+    return (f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{rows}</tbody></table></div>")
+
+
+def _with_derived(frame: pl.LazyFrame) -> pl.LazyFrame:
+    cols = frame.collect_schema().names()
+    extra = [(pl.col("mem_peak_bytes") / GIB).alias("mem_peak_GiB")]
+    if "step_time_analytic_s" in cols:
+        extra.append((pl.col("step_time_s") - pl.col("step_time_analytic_s")).alias(SIM_DELTA))
+    return frame.with_columns(extra)
+
+
+def varying(frame: pl.LazyFrame, strategy: list[str]) -> tuple[list[str], list[str]]:
+    """The strategy dimensions that take several values among the feasible rows, and those held at one."""
+    present = [d for d in strategy if d in frame.collect_schema().names()]
+    counts = frame.select([pl.col(d).n_unique().alias(d) for d in present]).collect().row(0, named=True)
+    return [d for d in present if counts[d] > 1], [d for d in present if counts[d] <= 1]
+
+
+def _figure_html(fig: Any, div_id: str) -> str:
+    import plotly.io as pio
+
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
+
+
+def _hover(frame: pl.DataFrame, dims: list[str]) -> list[str]:
+    return ["<br>".join([f"row {r['row_id']}: {r['step_time_s']:.4g} s, {r['mem_peak_GiB']:.1f} GiB",
+                         *(f"{d} = {r[d]}" for d in dims)]) for r in frame.iter_rows(named=True)]
+
+
+def pareto_figure(feasible: pl.LazyFrame, front: pl.DataFrame, best: pl.DataFrame, dims: list[str]) -> Any:
+    import plotly.graph_objects as go
+
+    n = feasible.select(pl.len()).collect().item()
+    sample = feasible.collect() if n <= SCATTER_POINTS else feasible.collect().sample(SCATTER_POINTS, seed=0)
+    fig = go.Figure()
+    for frame, name, style in ((sample, "feasible candidates", {"color": "#9aa5b1", "size": 5, "opacity": 0.5}),
+                               (front, "Pareto front", {"color": "#d9534f", "size": 8}),
+                               (best, "best by step time", {"color": "#1f77b4", "size": 9, "symbol": "diamond"})):
+        fig.add_trace(go.Scattergl(
+            x=frame["step_time_s"].to_list(), y=frame["mem_peak_GiB"].to_list(), mode="markers" if name != "Pareto front"
+            else "lines+markers", name=name, marker=style, customdata=frame["row_id"].to_list(),
+            hovertext=_hover(frame, dims), hoverinfo="text"))
+    fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak memory per device (GiB)", height=460,
+                      margin={"l": 60, "r": 20, "t": 40, "b": 50},
+                      legend={"orientation": "h", "y": 1.08, "x": 0}, clickmode="event+select")
+    return fig
+
+
+def breakdown_figure(best: pl.DataFrame) -> Any:
+    import plotly.graph_objects as go
+
+    labels = [f"row {r}" for r in best["row_id"]]
+    parts = [p for p in STEP_PARTS if p in best.columns] + ([SIM_DELTA] if SIM_DELTA in best.columns else [])
+    import plotly.express as px
+
+    palette = px.colors.qualitative.Alphabet  # 26 distinct colours: one per part
+    fig = go.Figure()
+    for part, colour in zip(parts, palette):
+        fig.add_trace(go.Bar(y=labels, x=best[part].to_list(), name=part.removesuffix("_s"), orientation="h",
+                             marker_color=colour, hovertemplate=f"{part}: %{{x:.4g}} s<extra>%{{y}}</extra>"))
+    fig.update_layout(barmode="relative", height=80 + 36 * max(best.height, 1), xaxis_title="seconds per step",
+                      yaxis={"autorange": "reversed"}, margin={"l": 80, "r": 20, "t": 70, "b": 50},
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0})
+    return fig
+
+
+def sensitivity(feasible: pl.LazyFrame, dims: list[str]) -> tuple[Any, pl.DataFrame]:
+    """Per varying dimension, its values' best step times; a bar of the spread (slowest best / fastest best)."""
+    import plotly.graph_objects as go
+
     rows = []
-    for row in frame.iter_rows():
-        cells = "".join(f"<td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>" for v in row)
-        rows.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    for dim in dims:
+        per_value = (feasible.group_by(dim).agg(pl.col("step_time_s").min().alias("best")).sort(dim).collect())
+        best = per_value["best"]
+        rows.append({"dimension": dim, "spread": float(best.max() / best.min()),
+                     "best step time per value": ", ".join(f"{v}: {t:.3f} s" for v, t in per_value.iter_rows())})
+    table = pl.DataFrame(rows, schema={"dimension": pl.String, "spread": pl.Float64,
+                                       "best step time per value": pl.String}).sort("spread", descending=True)
+    fig = go.Figure(go.Bar(x=table["spread"].to_list(), y=table["dimension"].to_list(), orientation="h",
+                           hovertext=table["best step time per value"].to_list(), hoverinfo="text+x"))
+    fig.update_layout(height=80 + 28 * max(table.height, 1), xaxis_title="best step time: slowest value / fastest value",
+                      yaxis={"autorange": "reversed"}, margin={"l": 140, "r": 20, "t": 20, "b": 50})
+    return fig, table
+
+
+def details(frame: pl.DataFrame, dims: list[str]) -> dict[str, dict[str, Any]]:
+    """Per row_id, what the click panel shows: the dimensions, metrics and breakdown."""
+    keep = [c for c in (*dims, *TABLE_METRICS, *STEP_PARTS, SIM_DELTA) if c in frame.columns]
+    return {str(r["row_id"]): {k: (None if isinstance(r[k], float) and math.isnan(r[k]) else r[k]) for k in keep}
+            for r in frame.select(["row_id", *keep]).iter_rows(named=True)}
+
+
+def compare_html(a: dict[str, Any], b: dict[str, Any], ids: tuple[str, str]) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_cell(a[k]))}</td><td>{html.escape(_cell(b[k]))}</td>"
+                   "</tr>" for k in a if a[k] != b[k])
+    return (f'<table><thead><tr><th></th><th>row {ids[0]}</th><th>row {ids[1]}</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>")
+
+
+SCRIPT = """
+document.querySelectorAll('table.sortable th').forEach(th => th.addEventListener('click', () => {
+  const table = th.closest('table'), body = table.tBodies[0], col = +th.dataset.col;
+  const up = th.dataset.dir !== 'up'; th.dataset.dir = up ? 'up' : 'down';
+  const key = tr => { const t = tr.cells[col].textContent, x = parseFloat(t); return isNaN(x) ? t : x; };
+  [...body.rows].sort((p, q) => { const a = key(p), b = key(q); return (a > b ? 1 : a < b ? -1 : 0) * (up ? 1 : -1); })
+    .forEach(tr => body.appendChild(tr));
+}));
+const picked = [];
+function show(id) {
+  const row = ROWS[id]; if (!row) return;
+  picked.push(id); if (picked.length > 2) picked.shift();
+  const esc = s => String(s).replace(/[&<>]/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;'}[c]));
+  const fmt = v => typeof v === 'number' ? (Number.isInteger(v) ? v : v.toPrecision(4)) : v;
+  let out = '<h3>row ' + esc(id) + '</h3><table>' + Object.entries(row).map(([k, v]) =>
+    '<tr><th>' + esc(k) + '</th><td>' + esc(fmt(v)) + '</td></tr>').join('') + '</table>';
+  if (picked.length === 2 && picked[0] !== picked[1]) {
+    const [a, b] = picked.map(i => ROWS[i]);
+    out += '<h3>row ' + esc(picked[0]) + ' against row ' + esc(picked[1]) + ' (what differs)</h3><table>' +
+      Object.keys(a).filter(k => a[k] !== b[k]).map(k => '<tr><th>' + esc(k) + '</th><td>' + esc(fmt(a[k])) +
+      '</td><td>' + esc(fmt(b[k])) + '</td></tr>').join('') + '</table>';
+  }
+  document.getElementById('picked').innerHTML = out;
+}
+document.getElementById('pareto').on('plotly_click', ev => show(String(ev.points[0].customdata)));
+"""
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1100px;padding:0 1em;color:#222}
+.scroll{overflow-x:auto;max-width:100%} table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#f3f3f3}
+table.sortable th{cursor:pointer} .note{color:#555;font-size:14px} #picked{margin-top:.5em}
+.columns{display:flex;gap:1.5em;flex-wrap:wrap} .columns>div{flex:1;min-width:320px}
+"""
 
 
 def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
     """The report's HTML; ``strategy`` names the strategy columns (from the dimension table)."""
-    import matplotlib
+    import plotly.offline
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    frame = scan(path)
-    best = ranked(frame).head(n_top).collect()
+    frame = _with_derived(scan(path))
     feasible = frame.filter(pl.col("feasible"))
     n_rows = frame.select(pl.len()).collect().item()
     n_feasible = feasible.select(pl.len()).collect().item()
-    front = pareto(path)
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    sample = feasible.select("step_time_s", "mem_peak_bytes").collect()
-    if sample.height > 20_000:
-        sample = sample.sample(20_000, seed=0)
-    ax.scatter(sample["step_time_s"], sample["mem_peak_bytes"] / GIB, s=4, alpha=0.3, color="#999999", label="feasible")
-    ax.plot(front["step_time_s"], front["mem_peak_bytes"] / GIB, "o-", color="#d9534f", markersize=4, label="Pareto front")
-    ax.set_xlabel("step time (s)")
-    ax.set_ylabel("peak memory per device (GiB)")
-    ax.legend()
-    fig.tight_layout()
-    pareto_png = _png(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 0.45 * max(best.height, 1) + 1.2))
-    left = [0.0] * best.height
-    for col in BREAKDOWN:
-        ax.barh(range(best.height), best[col], left=left, label=col.removesuffix("_s"))
-        left = [a + b for a, b in zip(left, best[col])]
-    ax.set_yticks(range(best.height))
-    ax.set_yticklabels([f"row {r}" for r in best["row_id"]], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("closed-form step time breakdown (s)")
-    ax.legend(fontsize=7, ncol=4, loc="lower right")
-    fig.tight_layout()
-    breakdown_png = _png(fig)
-
-    sensitivity = []
-    for dim in strategy:
-        per_value = (feasible.group_by(dim).agg(pl.col("step_time_s").min().alias("best_step_time_s"))
-                     .sort(dim).collect())
-        cells = ", ".join(f"{v}: {t:.3f} s" for v, t in per_value.iter_rows())
-        sensitivity.append(f"<tr><th>{html.escape(dim)}</th><td>{html.escape(cells)}</td></tr>")
-
-    shown = best.select(["row_id", *strategy, "step_time_s", "tokens_per_s_per_gpu", "mfu",
-                         (pl.col("mem_peak_bytes") / GIB).alias("mem_peak_GiB"), "feasible"])
+    n_simulated = frame.select(pl.col("simulated").sum()).collect().item() if "simulated" in \
+        frame.collect_schema().names() else 0
+    dims, held = varying(feasible if n_feasible else frame, strategy)
+    best = ranked(frame).head(n_top).collect()
+    front = _with_derived(pareto(path).lazy()).collect()
+    fig_front = pareto_figure(feasible, front, best, dims)
+    fig_parts = breakdown_figure(best)
+    fig_sens, sens = sensitivity(feasible if n_feasible else frame, dims)
+    # the numbers first (they must be on screen), then the dimensions that vary
+    band = (pl.format("{}-{}", pl.col("step_time_lo_s").round(3), pl.col("step_time_hi_s").round(3))
+            .alias("80% band (s)")) if "step_time_lo_s" in best.columns else None
+    metrics = [pl.col("step_time_s").round(4), *([band] if band is not None else []),
+               *(pl.col(c) for c in ("tokens_per_s_per_gpu", "mfu") if c in best.columns),
+               pl.col("mem_peak_GiB").round(1), *(pl.col(c) for c in ("simulated", "feasible") if c in best.columns)]
+    shown = best.select(["row_id", *metrics, *dims]).with_row_index("rank", offset=1)
+    held_values = frame.select([pl.col(d).first() for d in held]).collect().row(0, named=True) if held else {}
+    held_note = ", ".join(f"{d} = {v}" for d, v in held_values.items()) or "none"
+    rows_json = details(pl.concat([best, front], how="diagonal_relaxed").unique("row_id"), dims)
+    sample_ids = [str(x) for x in fig_front.data[0].customdata]
+    if sample_ids:  # the sampled points' details too, so any point can be clicked
+        sampled = frame.filter(pl.col("row_id").is_in([int(x) for x in sample_ids])).collect()
+        rows_json.update(details(sampled, dims))
+    compare = ""
+    if best.height >= 2:
+        ids = (str(best["row_id"][0]), str(best["row_id"][1]))
+        compare = ("<h2>The two best, side by side</h2><p class=note>What differs between them; click two points "
+                   "in the chart above to compare any pair.</p>" + compare_html(rows_json[ids[0]], rows_json[ids[1]], ids))
+    title = html.escape(str(path))
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>paraspace report: {html.escape(str(path))}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} th{{background:#f3f3f3}}</style></head>
+<html lang="en"><head><meta charset="utf-8"><title>paraspace report: {title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style>
+<script>{plotly.offline.get_plotlyjs()}</script></head>
 <body>
 <h1>paraspace report</h1>
-<p>{html.escape(str(path))}: {n_rows:,} candidates, {n_feasible:,} fit in memory.</p>
+<p>{title}: {n_rows:,} candidates, {n_feasible:,} fit in memory, {n_simulated:,} simulated by the event engine
+(ranked by their simulated step time; the rest by the closed form).</p>
 <h2>Best configurations</h2>
-{_table(shown)}
+<p class=note>Held at one value: {html.escape(held_note)}. Click a column header to sort.</p>
+{_table(shown, "best")}
 <h2>Step time vs memory</h2>
-<img alt="Pareto front" src="{pareto_png}">
+<p class=note>Zoom with the mouse; hover for a configuration; click a point for its details, a second to compare.</p>
+<div class=columns><div>{_figure_html(fig_front, "pareto")}</div><div id="picked"><p class=note>No point selected.</p></div></div>
 <h2>Where the time goes</h2>
-<img alt="step time breakdown" src="{breakdown_png}">
-<h2>Sensitivity: best step time for each value of each dimension</h2>
-<table>{''.join(sensitivity)}</table>
+<p class=note>The closed form's parts; "simulation" is the event engine's correction on simulated rows, so each bar
+ends at the step time the ranking used. DualPipe's overlap credit is negative.</p>
+{_figure_html(fig_parts, "breakdown")}
+{compare}
+<h2>Sensitivity</h2>
+<p class=note>For each dimension, the best step time of each of its values; the bar is the slowest value's best over
+the fastest's.</p>
+{_figure_html(fig_sens, "sensitivity")}
+{_table(sens, "sensitivity-table")}
+<script>const ROWS = {json.dumps(rows_json)};{SCRIPT}</script>
 </body></html>
 """
 

@@ -24,13 +24,44 @@ def page(tmp_path_factory):
     return out
 
 
+def _outside_scripts(text: str) -> str:
+    return re.sub(r"<script>.*?</script>", "", text, flags=re.S)
+
+
 def test_page_is_self_contained(page):
     text = page.read_text()
-    for heading in ("Best configurations", "Step time vs memory", "Where the time goes", "Sensitivity"):
+    for heading in ("Best configurations", "Step time vs memory", "Where the time goes", "Sensitivity",
+                    "The two best, side by side"):
         assert heading in text
-    assert len(re.findall(r'src="data:image/png;base64,', text)) == 2
-    assert not re.search(r'(src|href)="(http|//|/)', text)  # nothing fetched from elsewhere
-    assert text.count("<tr>") >= 5 + 10  # five best rows, one sensitivity row per dimension
+    # three interactive Plotly charts, Plotly's JavaScript embedded once, nothing fetched from elsewhere
+    assert len(re.findall(r'class="plotly-graph-div"', text)) == 3
+    assert text.count("<script>") >= 2 and "Plotly.newPlot" in text
+    html_only = _outside_scripts(text)
+    assert not re.search(r'(src|href)="(http|//|/)', html_only)
+    assert not re.search(r"<script[^>]+src=", text)
+    assert 'table class="sortable" id="best"' in html_only
+    assert html_only.count("<tr>") >= 1 + 5  # a header and the five best rows
+
+
+def test_breakdown_bars_end_at_the_ranked_step_time(page):
+    """Each best row's bar: the closed form's parts plus the event engine's correction
+    add up to the simulated step time the ranking used."""
+    import json
+
+    import polars as pl
+
+    from paraspace.results.report import SIM_DELTA
+    from paraspace.results.schema import STEP_PARTS
+
+    text = page.read_text()
+    rows = json.loads(re.search(r"const ROWS = (\{.*?\});", text, flags=re.S).group(1))
+    frame = pl.read_parquet(page.parent / "small.parquet")
+    best = frame.filter(pl.col("feasible")).sort("step_time_s").head(5)
+    for row in best.iter_rows(named=True):
+        shown = rows[str(row["row_id"])]
+        total = sum(shown[p] for p in STEP_PARTS) + shown[SIM_DELTA]
+        assert total == pytest.approx(row["step_time_s"], rel=1e-12)
+        assert shown["step_time_lo_s"] < shown["step_time_s"] < shown["step_time_hi_s"]
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (.ci/run installs it)")
