@@ -62,6 +62,7 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
 LayerCount = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
 Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+WidthOrZero = Annotated[int, Field(ge=0, le=MAX_WIDTH)]
 Parallel = Annotated[int, Field(gt=0, le=MAX_PARALLEL)]
 GemmDim = Annotated[int, Field(gt=0, le=MAX_GEMM_DIM)]
 #: a positive real number of things (NICs per device, tokens over the mean)
@@ -334,7 +335,7 @@ class Mla(Record):
     """DeepSeek multi-head latent attention: low-rank Q and KV with decoupled RoPE dims."""
 
     #: query compression rank (0: queries projected directly, as in DeepSeek-V2-Lite)
-    q_lora_rank: Annotated[int, Field(ge=0, le=MAX_WIDTH)]
+    q_lora_rank: WidthOrZero
     #: key/value latent rank (what the KV cache stores, with the RoPE key)
     kv_lora_rank: Width
     #: per-head query/key dims without and with rotary embedding
