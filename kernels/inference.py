@@ -241,11 +241,18 @@ def kv_capacity(model, dev, srv, seq_len: float) -> float:
     the HBM left beside the weights and the framework overhead, over the KV bytes
     of one full sequence (times tp under attention DP, where each rank holds its
     own sequences). 0 when the weights do not fit."""
-    free = dev.hbm_capacity_bytes - device_weight_bytes(model, srv) - dev.memory_overhead_bytes
-    per_seq = kv_bytes_per_token(model, srv) * cached_tokens(model, seq_len)
-    if free <= 0.0 or per_seq <= 0.0:
+    return kv_units(dev, srv, device_weight_bytes(model, srv), kv_bytes_per_token(model, srv) * cached_tokens(model, seq_len))
+
+
+@jit
+def kv_units(dev, srv, weights: float, per_unit: float) -> float:
+    """Whole units of ``per_unit`` KV-cache bytes (a token, a full sequence) that
+    kv_fraction of the HBM beside ``weights`` and the framework overhead holds,
+    times tp under attention DP (each rank keeps its own). 0 when nothing fits."""
+    free = dev.hbm_capacity_bytes - weights - dev.memory_overhead_bytes
+    if free <= 0.0 or per_unit <= 0.0:
         return 0.0
-    n = math.floor(srv.kv_fraction * free / per_seq)
+    n = math.floor(srv.kv_fraction * free / per_unit)
     if srv.attention_dp > 0:
         n *= srv.tp
     return float(n)

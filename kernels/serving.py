@@ -78,6 +78,7 @@ from paraspace.kernels.inference import (
     forward_s,
     head_s,
     kv_bytes_per_token,
+    kv_units,
 )
 from paraspace.kernels.jit import jit
 from paraspace.kernels.ops import attention_peak
@@ -209,19 +210,7 @@ def pair_s(model, dev, srv) -> float:
 @jit
 def kv_capacity_tokens(model, dev, srv) -> float:
     """Tokens a replica's KV cache holds (0 when the weights do not fit)."""
-    return capacity_tokens(dev, srv, device_weight_bytes(model, srv), kv_bytes_per_token(model, srv))
-
-
-@jit
-def capacity_tokens(dev, srv, weights: float, per_token: float) -> float:
-    """``kv_capacity_tokens`` from the device's weight bytes and KV bytes a token."""
-    free = dev.hbm_capacity_bytes - weights - dev.memory_overhead_bytes
-    if free <= 0.0 or per_token <= 0.0:
-        return 0.0
-    n = math.floor(srv.kv_fraction * free / per_token)
-    if srv.attention_dp > 0:
-        n *= srv.tp
-    return float(n)
+    return kv_units(dev, srv, device_weight_bytes(model, srv), kv_bytes_per_token(model, srv))
 
 
 @jit
@@ -294,7 +283,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     engines = instances * pp
     weights = device_weight_bytes(model, srv)
     per_token = kv_bytes_per_token(model, srv)
-    cap = capacity_tokens(dev, srv, weights, per_token)
+    cap = kv_units(dev, srv, weights, per_token)
     out[O_ENGINES] = engines
     out[O_KV_TRANSFER] = 0.0
     out[O_KV_CAP] = cap
