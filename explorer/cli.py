@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
@@ -13,6 +14,7 @@ import click
 import numpy as np
 import polars as pl
 
+from paraspace.explorer import display
 from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack, pin
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
@@ -40,9 +42,6 @@ DEFAULT_SPACE = "llama3-70b-h100-1024"
 GIB = 1024**3
 #: a sampler's seed seeds numpy's generator (optuna.samplers), which takes 0 .. 2**32 - 1
 MAX_SEED = 2**32 - 1
-#: columns shown in the top-N table after the strategy columns
-TOP_METRICS = ("step_time_s", "simulated", "step_time_analytic_s", "tokens_per_s_per_gpu", "mfu", "mem_peak_bytes",
-               "feasible")
 
 
 class InputError(click.ClickException):
@@ -185,16 +184,31 @@ def _dimensions_shown(frame: pl.DataFrame) -> list[str]:
     return shown
 
 
-def _top_table(frame: pl.DataFrame) -> str:
-    shown = frame.select(
-        ["row_id", *_dimensions_shown(frame), "n_microbatches"]
-        + [pl.col(c) for c in TOP_METRICS if c != "mem_peak_bytes"]
-        + [(pl.col("mem_peak_bytes") / GIB).round(1).alias("mem_peak_GiB")]
-    ).with_columns(pl.col("step_time_s").round(3), pl.col("step_time_analytic_s").round(3),
-                   pl.col("tokens_per_s_per_gpu").round(0), pl.col("mfu").round(3))
-    with pl.Config(tbl_rows=len(shown), tbl_cols=len(shown.columns), tbl_width_chars=250,
-                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
-        return str(shown)
+def _top_table(frame: pl.DataFrame, columns: str | None = None, wide: bool = False,
+               extra: tuple[str, ...] = ()) -> str:
+    """Ranked rows as a table that fits the terminal (explorer.display): --columns, --wide, ``extra`` metrics."""
+    try:
+        return display.table_text(frame, columns=display.parse_columns(columns), wide=wide, extra=extra)
+    except display.ColumnError as err:
+        raise InputError(str(err)) from None
+
+
+def table_options(fn):  # noqa: ANN001, ANN201 - decorator
+    """--columns and --wide of the commands that print ranked rows."""
+    options = [
+        click.option("--columns", default=None, metavar="A,B,C",
+                     help="Show these columns, e.g. row_id,tp,pp,step_time_s,mem_peak_GiB "
+                          "[default: rank, row_id, the dimensions that vary, step time, MFU, memory, fits]."),
+        click.option("--wide", is_flag=True, help="Show every column, one line per row (wider than the terminal)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _announce_compile() -> None:
+    """On a first run (no compiled kernels cached), say on stderr why the next minute is silent."""
+    display.announce_compile(lambda text: click.echo(text, err=True))
 
 
 @main.command()
@@ -224,11 +238,12 @@ def _top_table(frame: pl.DataFrame) -> str:
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Run the shards on a Dask distributed scheduler (tcp://host:8786, or 'local' for a LocalCluster).")
 @click.option("--shards", type=COUNT, default=8, show_default=True, help="Shards to submit with --dask.")
+@table_options
 @_guard
 def sweep(space: str | None, space_opt: str | None, model: str | None, hardware: str | None, devices: int | None,
           out: Path | None, n_top: int, chunk_rows: int, explain: bool, dry_run: bool, progress: bool,
           simulate: bool, max_tasks: int, simulate_top: int, shard: str | None, dask_address: str | None,
-          shards: int) -> None:
+          shards: int, columns: str | None, wide: bool) -> None:
     """Evaluate every candidate of a strategy space and write them ranked to Parquet.
 
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
@@ -254,8 +269,9 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         click.echo(f"{len(parts)} shards on {dask_address}: {sum(p['n_combinations'] for p in parts):,} combinations "
                    f"-> {rows:,} candidates ({sum(p['n_feasible'] for p in parts):,} fit) in {folder}/")
         if n_top and rows:
-            click.echo(_top_table(top(folder, n_top)))
+            click.echo(_top_table(top(folder, n_top), columns, wide))
         return
+    _announce_compile()
     start, stop = 0, encoder.n_combinations
     if shard is not None:
         index, count = parse_shard(shard)
@@ -286,7 +302,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations))
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
-        click.echo(_top_table(top(summary.path, n_top)))
+        click.echo(_top_table(top(summary.path, n_top), columns, wide))
 
 
 def _opened(results: Path) -> Results:
@@ -311,11 +327,13 @@ def _with_frame_config(frame: pl.DataFrame) -> str:
               help="Keep rows with peak memory <= GiB.")
 @click.option("--where", default=None, help="SQL condition, e.g. \"tp = 8 AND schedule = 'interleaved'\".")
 @click.option("-n", "n_top", type=click.IntRange(1, MAX_SHOWN_ROWS), default=10, show_default=True)
+@table_options
 @_guard
-def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int) -> None:
+def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int, columns: str | None,
+            wide: bool) -> None:
     """The best rows of a result file or dataset (feasible first)."""
     frame = top(_opened(results), n_top, (by, "mem_peak_bytes"), where=where, max_mem_gib=max_mem)
-    click.echo(_top_table(frame))
+    click.echo(_top_table(frame, columns, wide, extra=(by,)))
 
 
 @main.command("pareto")
@@ -323,13 +341,13 @@ def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_
 @click.option("--x", "x", default="step_time_s", show_default=True, help="First column to minimise.")
 @click.option("--y", "y", default="mem_peak_bytes", show_default=True, help="Second column to minimise.")
 @click.option("--where", default=None, help="SQL condition applied first.")
+@table_options
 @_guard
-def pareto_cmd(results: Path, x: str, y: str, where: str | None) -> None:
+def pareto_cmd(results: Path, x: str, y: str, where: str | None, columns: str | None, wide: bool) -> None:
     """Feasible rows that no other row beats on both columns."""
     front = pareto(_opened(results), x, y, where=where)
     click.echo(f"{front.height} rows on the {x} / {y} front:")
-    dims = _dimensions_shown(front)
-    click.echo(_with_frame_config(front.select([*dims, x, y] if y != x else [*dims, x])))
+    click.echo(_top_table(front, columns, wide, extra=(x, y)))
 
 
 @main.command("report")
@@ -383,6 +401,7 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = named_for_output(catalog.load_space(space or DEFAULT_SPACE), overridden=False)
+    _announce_compile()
     if study_name is not None:  # names the journal and the parts' folder: keep them inside --out
         confined_name(study_name, "command line", "--study-name")
     summary = run_study(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
@@ -412,10 +431,15 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
     workload flags, narrowed to the ``--set`` strategy by ``explorer.evaluate.pin``, the one path
     from a space and a strategy to an evaluation."""
     strategy: dict[str, Any] = {}
+    keys = ", ".join(DIMENSION_NAMES)
     for item in sets:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY one of {list(DIMENSION_NAMES)}")
+            raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY one of {keys}")
+        if key.strip() not in DIMENSION_NAMES:
+            close = difflib.get_close_matches(key.strip(), DIMENSION_NAMES, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise InputError(f"command line: --set {item}: expected KEY=VALUE with KEY one of {keys}{hint}")
         strategy[key.strip()] = _parse_value(value)
     given = {"model": model, "hardware": hardware, "devices": devices, "global_batch": global_batch,
              "seq_len": seq_len, "dtype": dtype}
@@ -423,6 +447,8 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
     if "devices" in strategy and "devices" in given and strategy["devices"] != given["devices"]:
         raise InputError(f"command line: --set devices={strategy['devices']}: expected the --devices value "
                          f"{given['devices']} (or only one of them)")
+    if "devices" in strategy and not space:  # --set devices=N stands for --devices N
+        given["devices"] = strategy["devices"]
     if space:
         base = catalog.load_space(space, given)
     else:
@@ -458,6 +484,7 @@ def _one_row(space: str | None, model: str | None, hardware: str | None, devices
              global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]):  # noqa: ANN202
     """The loaded space and the encoded single row of a command-line configuration."""
     loaded = _eval_space(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    _announce_compile()
     enc = Encoder(loaded).encode_all()
     if enc.n_rows != 1:
         reason = Reason(int(enc.first_reason[1:].argmax()) + 1)
@@ -526,6 +553,7 @@ def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
     """Predict every row of a published-measurement CSV and report the errors."""
     from paraspace.explorer import validate
 
+    _announce_compile()
     kind, results = validate.run(file)
     stats = validate.summary(results)
     held = held_stats = None
