@@ -123,7 +123,7 @@ def _band_cell(frame: pl.DataFrame, i: int) -> str:
 #: headers shortened to keep the compact table narrow (the note spells out those shown)
 SHORT_HEADERS = {"micro_batch": "mbs", "sequence_parallel": "sp", "recompute_layers": "rc_layers",
                  "offload_activations": "off_act", "offload_weights": "off_w", "tp_overlap": "tp_ovl",
-                 "ep_placement": "ep_place", "n_microbatches": "n_mb", "step_time_s": "step_s",
+                 "ep_placement": "ep_place", "n_microbatches": "n_mb",
                  "mem_peak_bytes": "mem_GiB", "mfu": "MFU", "feasible": "fits", RANK: "#"}
 
 
@@ -163,9 +163,7 @@ def _console(buffer: io.StringIO, width: int) -> Console:
 _BOX = box.Box("    \n    \n ── \n    \n    \n    \n    \n    \n")
 
 
-def _render(frame: pl.DataFrame, columns: list[str], band: bool, width: int | None,
-            short: bool = False) -> tuple[str, int]:
-    """The table as text and the width its cells need unwrapped (``width`` None: as wide as that)."""
+def _table(frame: pl.DataFrame, columns: list[str], band: bool, short: bool = False) -> Table:
     table = Table(box=_BOX, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
     for column in columns:
         numeric = column not in SPACE_COLUMNS and frame.schema.get(column, pl.Int64).is_numeric()
@@ -179,12 +177,18 @@ def _render(frame: pl.DataFrame, columns: list[str], band: bool, width: int | No
             if band and column == "step_time_s":
                 cells.append(_band_cell(frame, i))
         table.add_row(*cells)
-    unlimited = 1_000_000
-    needed = _console(io.StringIO(), unlimited).measure(table).maximum
+    return table
+
+
+def _needed(table: Table) -> int:
+    """The width ``table`` takes with no cell wrapped."""
+    return _console(io.StringIO(), 1_000_000).measure(table).maximum
+
+
+def _printed(renderable: Table | str, width: int) -> str:
     buffer = io.StringIO()
-    _console(buffer, width or max(needed, 1)).print(table)
-    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
-    return text, needed
+    _console(buffer, width).print(renderable, markup=False, highlight=False, emoji=False)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
 def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wide: bool = False,
@@ -201,9 +205,10 @@ def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wid
         return "(no rows)"
     if wide:
         shown = [RANK, *[c for c in frame.columns if c != "infeasible_reason" or "feasible" not in frame.columns]]
-        return _render(frame, shown, False, None)[0]
+        table = _table(frame, shown, band=False)
+        return _printed(table, _needed(table))
     if columns:
-        return _render(frame, resolve_columns(frame, columns), False, width)[0]
+        return _printed(_table(frame, resolve_columns(frame, columns), band=False), width)
     differ, held = varying(frame)
     spaces = [c for c in SPACE_COLUMNS if c in frame.columns and frame[c].n_unique() > 1]
     metrics = [c for c in (*DEFAULT_METRICS, *extra) if c in frame.columns]
@@ -214,9 +219,8 @@ def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wid
     drop_order = [d for d in reversed(dims) if d not in CORE_DIMENSIONS]
     dropped: list[str] = []
     while True:
-        shown = [RANK, "row_id", *spaces, *dims, *metrics]
-        text, needed = _render(frame, shown, band, width, short=True)
-        if needed <= width:
+        table = _table(frame, [RANK, "row_id", *spaces, *dims, *metrics], band, short=True)
+        if _needed(table) <= width:
             break
         if drop_order:
             name = drop_order.pop(0)
@@ -230,10 +234,11 @@ def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wid
             break  # rich folds what still does not fit; no line is longer than width
     for name in list(reversed(dropped)):  # room left once the band went: take back what fits, first ones first
         trial = [d for d in differ if d in dims or d == name]
-        text_back, needed = _render(frame, [RANK, "row_id", *spaces, *trial, *metrics], band, width, short=True)
-        if needed <= width:
-            dims, text = trial, text_back
+        trial_table = _table(frame, [RANK, "row_id", *spaces, *trial, *metrics], band, short=True)
+        if _needed(trial_table) <= width:
+            dims, table = trial, trial_table
             dropped.remove(name)
+    text = _printed(table, width)
     shown = [RANK, "row_id", *spaces, *dims, *metrics]
     abbreviated = [f"{SHORT_HEADERS[c]} = {c}" for c in shown if c in SHORT_HEADERS and c in DIMENSION_NAMES]
     notes = [held_note(held)] + (["columns: " + ", ".join(abbreviated)] if abbreviated else [])
@@ -241,17 +246,8 @@ def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wid
     if hidden:
         notes.append(f"not shown (too narrow): {', '.join(hidden)}; "
                      "see them with --columns or --wide")
-    note_text = _wrapped("\n".join(n for n in notes if n), width)
+    note_text = _printed("\n".join(n for n in notes if n), width)
     return f"{text}\n{note_text}" if note_text else text
-
-
-def _wrapped(text: str, width: int) -> str:
-    if not text:
-        return ""
-    buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, force_terminal=False, soft_wrap=False).print(
-        text, markup=False, highlight=False, emoji=False)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
 def parse_columns(text: str | None) -> list[str] | None:

@@ -71,7 +71,7 @@ def test_the_table_fits_the_terminal(request, width, which):
     assert shown.rstrip("\n").splitlines() == text.splitlines()  # nothing rewrapped: it already fit
     header = text.splitlines()[0].split()
     assert header[:2] == ["#", "row_id"]
-    assert {"step_s", "MFU", "mem_GiB", "fits"} <= set(header)
+    assert {"step_time_s", "MFU", "mem_GiB", "fits"} <= set(header)
     for row_id in frame["row_id"]:
         assert f" {row_id} " in text
 
