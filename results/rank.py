@@ -22,6 +22,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from paraspace.results import serving_schema
 from paraspace.results.schema import META_DIGEST, META_SPACE, META_VERSION, METRICS, RANK_BY
 
 
@@ -33,6 +34,11 @@ class ResultsError(ValueError):
 SHARD_FILE = re.compile(r"part-(\d+)-of-(\d+)\.parquet")
 #: the metrics ``pareto`` can minimise: numeric metric columns
 NUMERIC_METRICS = tuple(c.name for c in METRICS if pa.types.is_integer(c.type) or pa.types.is_floating(c.type))
+#: the same for serving results (``paraspace serve``), whose columns are results.serving_schema's
+SERVING_NUMERIC = tuple(c.name for c in serving_schema.METRICS
+                        if pa.types.is_integer(c.type) or pa.types.is_floating(c.type))
+#: a serving result's front: the most output tokens per second per GPU against per user (both maximised)
+SERVING_FRONT = ("output_tokens_per_s_per_gpu", "output_tokens_per_s_per_user")
 _LISTED = 4  # files named per group in an error before "and N more"
 
 
@@ -171,8 +177,19 @@ def _check_columns(frame: pl.LazyFrame, columns: list[str], path: str | Path) ->
             raise ResultsError(f"{path}: column = {col!r}: expected one of {known}")
 
 
+def is_serving(frame: pl.LazyFrame) -> bool:
+    """A ``paraspace serve`` result (TTFT and TPOT columns) rather than a training sweep's."""
+    return "ttft_s" in frame.collect_schema().names()
+
+
 def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
-    """Feasible rows first, then ascending ``by``; row_id breaks ties so the order is total."""
+    """Feasible rows first, then ascending ``by``; row_id breaks ties so the order is total.
+    A serving result under the default order ranks as ``paraspace serve`` does: the most
+    output tokens per second per GPU first, then the shortest TTFT."""
+    if by == RANK_BY and is_serving(frame):
+        first, second = serving_schema.RANK_BY
+        return frame.sort(["feasible", first, second, "row_id"], descending=[True, True, False, False],
+                          nulls_last=True)
     return frame.sort(["feasible", *by, "row_id"], descending=[True, *([False] * len(by)), False])
 
 
@@ -222,33 +239,55 @@ def _where(frame: pl.LazyFrame, where: str, path: Path) -> pl.Expr:
     return expr
 
 
-def filtered(path: str | Path | Results, *, where: str | None = None,
-             max_mem_gib: float | None = None) -> pl.LazyFrame:
+def filtered(path: str | Path | Results, *, where: str | None = None, max_mem_gib: float | None = None,
+             max_ttft_s: float | None = None, max_tpot_s: float | None = None) -> pl.LazyFrame:
+    """The rows under the limits given; the latency limits (SLA targets) apply to serving results."""
     results = open_results(path)
     frame = results.frame
     if max_mem_gib is not None:
         frame = frame.filter(pl.col("mem_peak_bytes") <= max_mem_gib * 1024**3)
+    for option, column, limit in (("--max-ttft", "ttft_s", max_ttft_s), ("--max-tpot", "tpot_s", max_tpot_s)):
+        if limit is None:
+            continue
+        if not is_serving(frame):
+            raise ResultsError(f"{results.path}: {option} = {limit}: expected a serving result (paraspace serve); "
+                               "this file has no latency columns")
+        frame = frame.filter(pl.col(column) <= limit)
     if where:
         frame = frame.filter(_where(frame, where, results.path))
     return frame
 
 
 def top(path: str | Path | Results, n: int = 10, by: tuple[str, ...] = RANK_BY, *, where: str | None = None,
-        max_mem_gib: float | None = None) -> pl.DataFrame:
+        max_mem_gib: float | None = None, max_ttft_s: float | None = None,
+        max_tpot_s: float | None = None) -> pl.DataFrame:
     results = open_results(path)
-    frame = filtered(results, where=where, max_mem_gib=max_mem_gib)
-    _check_columns(frame, list(by), results.path)
+    frame = filtered(results, where=where, max_mem_gib=max_mem_gib, max_ttft_s=max_ttft_s, max_tpot_s=max_tpot_s)
+    if not (by == RANK_BY and is_serving(frame)):  # the default order of a serving result is its own
+        _check_columns(frame, list(by), results.path)
     return ranked(frame, by).head(n).collect()
 
 
 def pareto(path: str | Path | Results, x: str = "step_time_s", y: str = "mem_peak_bytes", *,
            where: str | None = None, feasible_only: bool = True) -> pl.DataFrame:
-    """Rows no other row beats on both ``x`` and ``y`` (numeric metrics, both minimised), by ascending x."""
+    """Rows no other row beats on both ``x`` and ``y`` (numeric metrics, both minimised), by ascending x.
+    On a serving result the default axes are ``SERVING_FRONT``, both maximised (the
+    throughput per GPU a deployment gives against the speed each user sees)."""
     results = open_results(path)
+    serving = is_serving(results.frame)
+    if serving and (x, y) == ("step_time_s", "mem_peak_bytes"):
+        frame = filtered(results, where=where)
+        if feasible_only:
+            frame = frame.filter(pl.col("feasible"))
+        gpu, user = SERVING_FRONT
+        best_before = pl.col(user).cum_max().shift(1, fill_value=float("-inf"))
+        return (frame.sort([gpu, user, "row_id"], descending=[True, True, False], nulls_last=True)
+                .filter(pl.col(gpu).is_not_null() & (pl.col(user) > best_before)).collect())
+    numeric = SERVING_NUMERIC if serving else NUMERIC_METRICS
     for axis, name in (("x", x), ("y", y)):
-        if name not in NUMERIC_METRICS:
+        if name not in numeric:
             raise ResultsError(f"{results.path}: --{axis} = {name!r}: expected a numeric metric column to minimise, "
-                               f"one of {', '.join(NUMERIC_METRICS)}")
+                               f"one of {', '.join(numeric)}")
     frame = filtered(results, where=where)
     if feasible_only:
         frame = frame.filter(pl.col("feasible"))
