@@ -35,10 +35,11 @@ GIB = 1024**3
 FALLBACK_WIDTH = 80
 #: columns naming which problem a row belongs to, shown first where the rows hold several
 SPACE_COLUMNS = ("space", "model")
-#: the metrics of the compact table, after the dimensions
+#: the metrics of the compact table, after the dimensions (a training sweep's; a serving result's)
 DEFAULT_METRICS = ("step_time_s", "mfu", "mem_peak_bytes", "feasible")
+SERVING_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu", "mem_peak_bytes", "feasible")
 #: dimensions kept longest when the compact table must drop some to fit
-CORE_DIMENSIONS = ("tp", "pp", "dp", "micro_batch", "schedule")
+CORE_DIMENSIONS = ("tp", "pp", "dp", "micro_batch", "schedule", "mode", "max_batch")
 BAND = ("step_time_lo_s", "step_time_hi_s")
 #: a column that is not in the frame: the row's position in the table
 RANK = "rank"
@@ -58,10 +59,24 @@ def gib_name(column: str) -> str:
     return column.removesuffix("_bytes") + "_GiB" if column.endswith("_bytes") else column
 
 
+def is_serving(frame: pl.DataFrame) -> bool:
+    """Rows of ``paraspace serve`` (TTFT and TPOT columns) rather than of a training sweep."""
+    return "ttft_s" in frame.columns
+
+
+def dimensions(frame: pl.DataFrame) -> tuple[str, ...]:
+    """The strategy columns of ``frame``'s kind of result, in output order."""
+    if is_serving(frame):
+        from paraspace.results.serving_schema import STRATEGY
+
+        return tuple(c.name for c in STRATEGY if c.name != "row_id")
+    return DIMENSION_NAMES
+
+
 def varying(frame: pl.DataFrame) -> tuple[list[str], dict[str, object]]:
     """The dimensions whose value differs between rows, and those held at one value (with it)."""
     differ, held = [], {}
-    for name in DIMENSION_NAMES:
+    for name in dimensions(frame):
         if name not in frame.columns:
             continue
         if frame.height and frame[name].n_unique() == 1:
@@ -77,14 +92,15 @@ def _value_text(value: object) -> str:
     return str(value)
 
 
-def held_note(held: dict[str, object]) -> str:
+def held_note(held: dict[str, object], serving: bool = False) -> str:
     """One note naming the dimensions every row shares: those off their default with the value,
-    then those at it: ``same in every row: devices=64, zero=1; at their defaults: ep, tbo``."""
+    then those at it: ``same in every row: devices=64, zero=1; at their defaults: ep, tbo``
+    (a serving result's with every value)."""
     if not held:
         return ""
     from paraspace.spaces.schema import Dimensions
 
-    defaults = Dimensions().model_dump()
+    defaults = {} if serving else Dimensions().model_dump()
     at_default = [k for k, v in held.items() if (defaults.get(k) or (None,))[0] == v]
     valued = [f"{k}={_value_text(v)}" for k, v in held.items() if k not in at_default]
     parts = [", ".join(valued)] if valued else []
@@ -111,8 +127,20 @@ def _cell(frame: pl.DataFrame, column: str, i: int) -> str:
     if isinstance(value, bool):
         return _value_text(value)
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return _number(value)
     return str(value)
+
+
+def _number(value: float) -> str:
+    """A float with decimals by magnitude, so a column's values line up: 12,345 / 355.6 / 1.793 / 0.0156."""
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:,.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    if size >= 1 or size == 0:
+        return f"{value:.3f}"
+    return f"{value:.4f}" if size >= 1e-3 else f"{value:.2e}"
 
 
 def _band_cell(frame: pl.DataFrame, i: int) -> str:
@@ -124,7 +152,11 @@ def _band_cell(frame: pl.DataFrame, i: int) -> str:
 SHORT_HEADERS = {"micro_batch": "mbs", "sequence_parallel": "sp", "recompute_layers": "rc_layers",
                  "offload_activations": "off_act", "offload_weights": "off_w", "tp_overlap": "tp_ovl",
                  "ep_placement": "ep_place", "n_microbatches": "n_mb",
-                 "mem_peak_bytes": "mem_GiB", "mfu": "MFU", "feasible": "fits", RANK: "#"}
+                 "mem_peak_bytes": "mem_GiB", "mfu": "MFU", "feasible": "fits", RANK: "#",
+                 "attention_dp": "attn_dp", "prefill_tp": "p_tp", "prefill_instances": "p_inst",
+                 "output_tokens_per_s_per_gpu": "tok/s/gpu", "output_tokens_per_s_per_user": "tok/s/user"}
+#: short headers that need no legend
+_PLAIN = ("mem_peak_bytes", "mfu", "feasible", RANK)
 
 
 def _header(column: str, short: bool = True) -> str:
@@ -211,7 +243,8 @@ def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wid
         return _printed(_table(frame, resolve_columns(frame, columns), band=False), width)
     differ, held = varying(frame)
     spaces = [c for c in SPACE_COLUMNS if c in frame.columns and frame[c].n_unique() > 1]
-    metrics = [c for c in (*DEFAULT_METRICS, *extra) if c in frame.columns]
+    metrics = [c for c in (*(SERVING_METRICS if is_serving(frame) else DEFAULT_METRICS), *extra)
+               if c in frame.columns]
     metrics = list(dict.fromkeys(metrics))
     band = all(c in frame.columns for c in BAND)
     dims = list(differ)
@@ -240,8 +273,8 @@ def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wid
             dropped.remove(name)
     text = _printed(table, width)
     shown = [RANK, "row_id", *spaces, *dims, *metrics]
-    abbreviated = [f"{SHORT_HEADERS[c]} = {c}" for c in shown if c in SHORT_HEADERS and c in DIMENSION_NAMES]
-    notes = [held_note(held)] + (["columns: " + ", ".join(abbreviated)] if abbreviated else [])
+    abbreviated = [f"{SHORT_HEADERS[c]} = {c}" for c in shown if c in SHORT_HEADERS and c not in _PLAIN]
+    notes = [held_note(held, is_serving(frame))] + (["columns: " + ", ".join(abbreviated)] if abbreviated else [])
     hidden = list(reversed(dropped)) + (["80% band"] if all(c in frame.columns for c in BAND) and not band else [])
     if hidden:
         notes.append(f"not shown (too narrow): {', '.join(hidden)}; "

@@ -244,3 +244,18 @@ def test_a_where_typo_is_a_sentence_not_a_query_plan(results):
     out = run("top", str(results), "--where", "tpp = 2")
     assert out.exit_code == 2 and "did you mean 'tp'?" in out.output
     assert "FILTER" not in out.output and "DF [" not in out.output
+
+
+def test_a_serving_result_shows_its_own_dimensions_and_metrics(tmp_path):
+    out = tmp_path / "serve.parquet"
+    result = run("serve", "llama3.1-70b-h100-8-fp8", "--out", str(out), "-n", "0")
+    assert result.exit_code == 0, result.output
+    frame = pl.read_parquet(out).sort("output_tokens_per_s_per_gpu", descending=True).head(8)
+    for width in (80, 120):
+        text = display.table_text(frame, width=width)
+        assert max(len(line) for line in rendered(text, width).splitlines()) <= width
+        header = text.splitlines()[0].split()
+        assert {"row_id", "ttft_s", "tpot_s", "tok/s/gpu", "mem_GiB", "fits"} <= set(header)
+        assert "tok/s/gpu = output_tokens_per_s_per_gpu" in text
+    differ, held = display.varying(frame)
+    assert set(differ) | set(held) == set(display.dimensions(frame)) and "mode" in display.dimensions(frame)
