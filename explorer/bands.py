@@ -52,8 +52,8 @@ class RowTraits:
 
 
 def family_of(hardware: str) -> str:
-    """The calibration family of a catalog hardware name (``explorer.calibrate.FAMILIES``), else "other"."""
-    from paraspace.explorer.calibrate import FAMILIES
+    """The calibration family of a catalog hardware name (``explorer.fit_published.FAMILIES``), else "other"."""
+    from paraspace.explorer.fit_published import FAMILIES
 
     return next((f for f, names in FAMILIES.items() if hardware in names), "other")
 

@@ -602,7 +602,7 @@ def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
 
 
 # --------------------------------------------------------------------------- calibrate (issue 4)
-# The fitting lives in explorer.profile_fit (its docstring documents the CSV columns and the fits).
+# The fitting lives in explorer.fit_measurements (its docstring documents the CSV columns and the fits).
 
 
 @main.group("calibrate")
@@ -631,7 +631,7 @@ def _calibrate_options(fn):  # noqa: ANN001, ANN201 - decorator
 @_guard
 def calibrate_gemm_cmd(measurements: Path, hardware: str, out: Path, name: str | None) -> None:
     """Fit device.gemm_efficiency to a CSV of m, n, k, dtype and seconds or tflops (TFLOP/s = 2mnk/s/1e12)."""
-    from paraspace.explorer.profile_fit import calibrate_gemm
+    from paraspace.explorer.fit_measurements import calibrate_gemm
 
     click.echo(calibrate_gemm(measurements, hardware, out, name).summary)
 
@@ -644,7 +644,7 @@ def calibrate_comm_cmd(measurements: Path, hardware: str, out: Path, name: str |
     """Fit one link tier to a CSV of op, ranks, bytes and seconds or gbps (nccl-tests busbw, decimal GB/s).
 
     Fits the tier's latency, each measured op's bandwidth and its bandwidth-vs-size curve."""
-    from paraspace.explorer.profile_fit import calibrate_comm
+    from paraspace.explorer.fit_measurements import calibrate_comm
 
     click.echo(calibrate_comm(measurements, hardware, tier, out, name).summary)
 

@@ -2,7 +2,7 @@
 
 The headline error of a model whose knobs are fitted on published runs is how it
 does on a source it was not fitted on. For each source of ``training.csv``, the
-calibrated knobs of ``explorer.calibrate`` (per GPU family: ``gemm_max_efficiency``
+calibrated knobs of ``explorer.fit_published`` (per GPU family: ``gemm_max_efficiency``
 and ``attention_efficiency_flash1``) are fitted on every other source and that
 source is predicted with them; the in-sample figure (the catalog profiles, fitted
 on all sources) is reported beside it.
@@ -12,7 +12,7 @@ of a coarse knob grid (``COARSE``: its whole search of unknown fields at each
 point), and its step time between the points is interpolated linearly in
 log(time) over log(knob) on the fine grid the fit searches (``FINE``): step
 time falls smoothly as an efficiency rises (roughly as its inverse where that
-knob's kernel dominates). The fit is ``explorer.calibrate``'s criterion, the mean
+knob's kernel dominates). The fit is ``explorer.fit_published``'s criterion, the mean
 over fit sources of each source's mean absolute error on its ``ok`` dense rows,
 minimised here exhaustively over the fine grid instead of by coordinate descent.
 A family none of whose other sources is in the fit set takes the knobs fitted on
@@ -30,7 +30,7 @@ from itertools import product
 
 import numpy as np
 
-from paraspace.explorer import calibrate, validate
+from paraspace.explorer import fit_published, validate
 
 KNOBS = ("gemm_max_efficiency", "attention_efficiency_flash1")
 #: knob values each row is predicted at
@@ -61,18 +61,18 @@ def interpolate(coarse: np.ndarray, xs: tuple[float, ...], fine: tuple[float, ..
 
 
 def _predict(args: tuple[list[dict], str, dict[str, dict[str, float]]]) -> list[float]:
-    results = calibrate.predict_all(*args)
+    results = fit_published.predict_all(*args)
     return [r.predicted if r.predicted is not None else np.nan for r in results]
 
 
 def surfaces(rows: list[dict], path: str, workers: int = 2) -> Surfaces:
     """Predict ``rows`` at every COARSE knob pair of their family, then interpolate onto FINE."""
-    families = list(calibrate.FAMILIES)
-    family = np.array([next((i for i, f in enumerate(families) if r.get("gpu") in calibrate.FAMILIES[f]), -1)
+    families = list(fit_published.FAMILIES)
+    family = np.array([next((i for i, f in enumerate(families) if r.get("gpu") in fit_published.FAMILIES[f]), -1)
                        for r in rows])
     pairs = list(product(COARSE[KNOBS[0]], COARSE[KNOBS[1]]))
     coarse = np.full((len(rows), len(pairs)), np.nan)
-    profiles = [p for f in families for p in calibrate.FAMILIES[f]]
+    profiles = [p for f in families for p in fit_published.FAMILIES[f]]
     jobs = []
     for g, a in pairs:
         update = {p: {KNOBS[0]: g, KNOBS[1]: a} for p in profiles}
@@ -92,7 +92,7 @@ def surfaces(rows: list[dict], path: str, workers: int = 2) -> Surfaces:
 def fit_index(seconds: np.ndarray, measured: np.ndarray, sources: np.ndarray,
               prior: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """The knob grid point minimising the mean over sources of each source's mean
-    absolute error (``calibrate.source_score``) of ``seconds`` (rows x grid...).
+    absolute error (``fit_published.source_score``) of ``seconds`` (rows x grid...).
     Among equally good points (a knob no fit row exercises: flash1 without a
     flash1 source) the one nearest ``prior``, the knob's value before fitting."""
     ape = np.abs(seconds / measured.reshape((-1,) + (1,) * (seconds.ndim - 1)) - 1.0)
@@ -140,9 +140,9 @@ def run(path: str, results: list[validate.RowResult], workers: int = 2) -> list[
     fit_rows = np.array([results[i].status == "ok" and results[i].quality == "ok" and not rows[i].get("n_experts")
                          and surf.family[j] >= 0 for j, i in enumerate(keep)])
     priors = {}
-    for i, name in enumerate(calibrate.FAMILIES):
-        device = validate.load_hardware(calibrate.FAMILIES[name][0]).device
-        # before fitting: the profile's GEMM knob, and for FA1 the FA2 value (calibrate's start)
+    for i, name in enumerate(fit_published.FAMILIES):
+        device = validate.load_hardware(fit_published.FAMILIES[name][0]).device
+        # before fitting: the profile's GEMM knob, and for FA1 the FA2 value (fit_published's start)
         start = (device.gemm_max_efficiency, device.attention_efficiency)
         priors[i] = tuple(int(np.argmin(np.abs(np.array(FINE[k]) - v))) for k, v in zip(KNOBS, start))
     held = leave_one_source_out(surf.family, surf.seconds, measured, sources, fit_rows, priors)

@@ -29,7 +29,7 @@ needs_data = pytest.mark.skipif(not INFERENCE.is_file(), reason=f"{INFERENCE} no
 #: moves down. Measured 6.5% (FasterTransformer 13B latency rows 7.9%,
 #: TensorRT-LLM dense Llama throughput rows 6.4%, mean signed -4.4%), then 5.6%
 #: (TensorRT-LLM rows 5.3%) once the H100 family's GEMM efficiency was refitted
-#: on the training rows (0.55 -> 0.575, explorer/calibrate.py).
+#: on the training rows (0.55 -> 0.575, explorer/fit_published.py).
 INFERENCE_MAPE_OK_THRESHOLD = 0.056
 #: the `uncertain` rows (Qwen3-235B-A22B MoE, EP not printed) measured 70.4%,
 #: all over-predicted: the MoE path (uniform routing, grouped-GEMM efficiency as

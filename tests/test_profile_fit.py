@@ -1,5 +1,5 @@
 """``paraspace calibrate``: profiles fitted to measurements, written, loaded back and
-predicted by the kernels (explorer.profile_fit)."""
+predicted by the kernels (explorer.fit_measurements)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from paraspace.explorer import profile_fit
+from paraspace.explorer import fit_measurements
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack_hardware
 from paraspace.kernels import params
@@ -64,7 +64,7 @@ def test_gemm_round_trip_grouped_gemm(tmp_path):
     written profile = 2mnk / (peak x eff) + launch = the measured time."""
     csv = grouped_gemm_csv(tmp_path / "grouped.csv")
     out = tmp_path / "br166-gemm.toml"
-    cal = profile_fit.calibrate_gemm(csv, "br166-spc", out)
+    cal = fit_measurements.calibrate_gemm(csv, "br166-spc", out)
 
     hw = load_hardware(str(out))
     assert hw.name == "br166-spc-calibrated"
@@ -102,7 +102,7 @@ def test_gemm_duplicates_averaged_and_seconds_column(tmp_path):
     t1, t2 = flops / 600e12, flops / 500e12
     csv = write_csv(tmp_path / "dup.csv", "M,N,K,dtype,seconds,comment",
                     [f"8192,8192,8192,bf16,{t1},a", "# a comment line", "", f"8192,8192,8192,bf16,{t2},b"])
-    cal = profile_fit.calibrate_gemm(csv, "h100-sxm5-80gb", tmp_path / "h.toml", "my-h100")
+    cal = fit_measurements.calibrate_gemm(csv, "h100-sxm5-80gb", tmp_path / "h.toml", "my-h100")
     (point,) = cal.points
     assert point["rows"] == 2 and point["measured_s"] == pytest.approx((t1 + t2) / 2, rel=1e-12)
     hw = load_hardware(str(tmp_path / "h.toml"))
@@ -117,7 +117,7 @@ def test_gemm_base_given_as_a_path(tmp_path):
     (tmp_path / "base").mkdir()
     shutil.copy(CATALOG_DIR / "hardware" / "br166-spc.toml", tmp_path / "base" / "mine.toml")
     out = tmp_path / "out" / "fitted.toml"
-    profile_fit.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), str(tmp_path / "base" / "mine.toml"), out)
+    fit_measurements.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), str(tmp_path / "base" / "mine.toml"), out)
     assert read_toml(out)["extends"] == "../base/mine.toml"
     assert load_hardware(str(out)).name == "br166-spc-calibrated"
 
@@ -127,7 +127,7 @@ def test_gemm_clamped_and_memory_bound_points_are_reported(tmp_path):
     flops = 2.0 * 4096 * 4096 * 4096
     rows = [f"4096,4096,4096,bf16,{flops / 600e12 + 5e-6}",  # faster than the 512 TFLOP/s peak
             "64,64,65536,bf16,2e-5"]  # 17 MB of traffic: 32 us at 515 GB/s, measured 20 us
-    cal = profile_fit.calibrate_gemm(write_csv(tmp_path / "c.csv", "m,n,k,dtype,seconds", rows), "br166-spc",
+    cal = fit_measurements.calibrate_gemm(write_csv(tmp_path / "c.csv", "m,n,k,dtype,seconds", rows), "br166-spc",
                                      tmp_path / "c.toml")
     by_m = {p["m"]: p for p in cal.points}
     assert by_m[4096]["clamped"] and by_m[4096]["efficiency"] == 1.0
@@ -151,7 +151,7 @@ def test_comm_round_trip_send_recv_curve(tmp_path):
     apart cross the node boundary (2 x 16 > 16), so collective_time_s uses the
     rdma tier: 10 us + bytes / (13.0905 GB/s x curve(bytes)) = the measured time."""
     out = tmp_path / "br166-rdma.toml"
-    cal = profile_fit.calibrate_comm(send_recv_csv(tmp_path / "sr.csv"), "br166-spc", "rdma", out)
+    cal = fit_measurements.calibrate_comm(send_recv_csv(tmp_path / "sr.csv"), "br166-spc", "rdma", out)
 
     hw = load_hardware(str(out))
     base = load_hardware("br166-spc")
@@ -196,7 +196,7 @@ def test_comm_many_sizes_and_ops(tmp_path):
     """More sizes than curve points and two ops: alpha from the small messages,
     16 curve points (greedy), every point within 5%."""
     csv = write_csv(tmp_path / "ib.csv", "op,ranks,bytes,seconds", nccl_like_rows())
-    cal = profile_fit.calibrate_comm(csv, "h100-sxm5-80gb", "ib", tmp_path / "ib.toml")
+    cal = fit_measurements.calibrate_comm(csv, "h100-sxm5-80gb", "ib", tmp_path / "ib.toml")
     ib = load_hardware(str(tmp_path / "ib.toml")).links[1]
     assert len(ib.size_curve) == params.MAX_CURVE_POINTS
     assert ib.latency_us == pytest.approx(8.0, rel=0.05)
@@ -210,7 +210,7 @@ def test_comm_gbps_is_bus_bandwidth(tmp_path):
     """gbps is nccl-tests busbw: an 8-rank all-reduce of 1 GB at busbw 35 GB/s takes
     1e9 x 2 x 7/8 / 35e9 = 50 ms."""
     csv = write_csv(tmp_path / "ar.csv", "op,ranks,bytes,gbps", ["all_reduce,8,1000000000,35"])
-    cal = profile_fit.calibrate_comm(csv, "h100-sxm5-80gb", "ib", tmp_path / "ar.toml")
+    cal = fit_measurements.calibrate_comm(csv, "h100-sxm5-80gb", "ib", tmp_path / "ar.toml")
     assert cal.points[0]["measured_s"] == pytest.approx(0.05, rel=1e-12)
     assert abs(cal.points[0]["error"]) < 1e-9
     ib = cal.hardware.links[1]
@@ -345,6 +345,6 @@ def test_error_empty_file_and_overwriting_the_base(tmp_path):
     base = tmp_path / "base.toml"
     shutil.copy(CATALOG_DIR / "hardware" / "br166-spc.toml", base)
     with pytest.raises(CatalogError, match="a file other than the base profile"):
-        profile_fit.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), str(base), base)
+        fit_measurements.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), str(base), base)
     with pytest.raises(CatalogError, match="--out = .*: expected a file that can be written"):
-        profile_fit.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), "br166-spc", base / "under-a-file.toml")
+        fit_measurements.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), "br166-spc", base / "under-a-file.toml")

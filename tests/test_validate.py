@@ -19,7 +19,7 @@ VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 TRAINING = VALIDATION / "training.csv"
 #: mean absolute error of the `ok` training rows may not exceed this; it only
 #: moves down (24.5% with the datasheet profiles, 16.1% once gemm_max_efficiency
-#: was calibrated on the MosaicML rows: see explorer/calibrate.py; 16.0% with
+#: was calibrated on the MosaicML rows: see explorer/fit_published.py; 16.0% with
 #: the FP8 cast passes, 15.3% once tp_overlap is searched as an unknown field,
 #: 8.3% with the attention core at the 16-bit peak, llm-foundry's FA1-class
 #: kernel and GEMM + FA1 efficiency fitted per family, and the NIC shared

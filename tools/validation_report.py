@@ -89,7 +89,7 @@ def main() -> None:
         "",
         "Each row is predicted from its own model and strategy columns on the catalog profile of its GPU; fields the "
         "source left empty are searched and the fastest feasible candidate is the prediction. Error = (predicted - "
-        "measured) / measured step time. Two knobs per GPU family are fitted (`python -m paraspace.explorer.calibrate "
+        "measured) / measured step time. Two knobs per GPU family are fitted (`python -m paraspace.explorer.fit_published "
         "../shared/validation/training.csv`, every source weighted the same): `gemm_max_efficiency` and "
         "`attention_efficiency_flash1`, the FlashAttention-1 / Triton kernel that llm-foundry's benchmark runs use "
         "(`attn_impl: triton`); the record of each source's error with the knobs fitted without it is in the hardware "

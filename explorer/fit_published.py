@@ -1,6 +1,6 @@
 """Fit the hardware profiles' efficiency knobs to published training runs.
 
-    python -m paraspace.explorer.calibrate ../shared/validation/training.csv
+    python -m paraspace.explorer.fit_published ../shared/validation/training.csv
 
 For each device family (a100: a100-sxm4-40gb/80gb; h100: h100/h800/h200, which
 extend it), two knobs are fitted by coordinate descent over grids (two rounds),

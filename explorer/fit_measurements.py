@@ -5,7 +5,7 @@ these functions fit the profile fields the kernels read and write a TOML that
 ``extends`` the base profile and replaces only what was fitted; the written file
 is loaded back through ``spaces.catalog.load_hardware`` and every measured point
 is predicted by the kernels themselves, so the round trip is checked, not
-assumed. (``explorer.calibrate`` is a different tool: it tunes
+assumed. (``explorer.fit_published`` is a different tool: it tunes
 ``gemm_max_efficiency`` against published end-to-end training runs.)
 
 CSV files: a header row, then one measurement per row; blank lines and lines
@@ -88,6 +88,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tomli_w
 
 from paraspace.explorer.evaluate import MIB, pack_hardware
 from paraspace.kernels import params
@@ -534,35 +535,22 @@ def predict_comm(hw: Hardware, index: int, points: list[tuple[str, float, float]
 # --------------------------------------------------------------------------- TOML
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"cannot write {value!r} to TOML")
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
+def _toml(data: dict[str, Any]) -> str:
+    """``data`` as TOML (tomli-w); a non-finite number, which TOML can write but a
+    profile cannot hold, is refused."""
 
+    def check(value: Any) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"cannot write {value!r} to a profile")
+        if isinstance(value, dict):
+            for v in value.values():
+                check(v)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                check(v)
 
-def _toml_string(text: str) -> str:
-    out = ['"']
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+    check(data)
+    return tomli_w.dumps(data)
 
 
 def _comment(text: str) -> str:
@@ -586,9 +574,8 @@ def extends_ref(hardware_ref: str, out: Path) -> str:
     return rel if "/" in rel else f"./{rel}"
 
 
-def _header(lines: list[str], base_ref: str, name: str, description: str) -> None:
-    lines += ["", f"extends = {_toml_string(base_ref)}", f"name = {_toml_string(name)}",
-              f"description = {_toml_string(description)}"]
+def _header(base_ref: str, name: str, description: str) -> dict[str, Any]:
+    return {"extends": base_ref, "name": name, "description": description}
 
 
 def gemm_toml(fit: GemmFit, base_ref: str, name: str, description: str, source: Path,
@@ -613,18 +600,15 @@ def gemm_toml(fit: GemmFit, base_ref: str, name: str, description: str, source: 
         lines.append(f"# {g.m:>6} {g.n:>7} {g.k:>7} {len(g.lines):>5}  {g.seconds:11.5e} "
                      f"{2.0 * g.m * g.n * g.k / g.seconds / TFLOP:8.2f}  {p.efficiency:10.6f}  {pred:11.5e} "
                      f"{100.0 * (pred / g.seconds - 1.0):+6.2f}%  {note}".rstrip())
-    _header(lines, base_ref, name, description)
-    lines += ["", "[device]", "gemm_efficiency = ["]
-    lines += [f"  [{m}, {n}, {k}, {eff!r}]," for m, n, k, eff in fit.table]
-    lines += ["]", ""]
-    return "\n".join(lines)
+    data = _header(base_ref, name, description)
+    data["device"] = {"gemm_efficiency": [[m, n, k, eff] for m, n, k, eff in fit.table]}
+    return "\n".join(lines) + "\n\n" + _toml(data)
 
 
-def _link_table(link: LinkTier) -> list[str]:
+def _link_table(link: LinkTier) -> dict[str, Any]:
     data = link.model_dump(exclude_defaults=True)
     data.setdefault("name", link.name)
-    order = list(LinkTier.model_fields)
-    return ["[[links]]"] + [f"{key} = {_toml_value(data[key])}" for key in order if key in data]
+    return {key: data[key] for key in LinkTier.model_fields if key in data}
 
 
 def comm_toml(fit: CommFit, base_ref: str, name: str, description: str, source: Path,
@@ -647,11 +631,9 @@ def comm_toml(fit: CommFit, base_ref: str, name: str, description: str, source: 
     for c, pred in zip(fit.measured, predicted):
         lines.append(f"#  {c.op:<15} {c.ranks:>5} {c.bytes:>15.0f} {len(c.lines):>5}  {c.seconds:11.5e}  {pred:11.5e} "
                      f"{100.0 * (pred / c.seconds - 1.0):+6.2f}%  {c.bus_bytes / c.seconds / GB:10.4g}")
-    _header(lines, base_ref, name, description)
-    for i, link in enumerate(fit.base.links):
-        lines += ["", *_link_table(tier if i == fit.tier_index else link)]
-    lines.append("")
-    return "\n".join(lines)
+    data = _header(base_ref, name, description)
+    data["links"] = [_link_table(tier if i == fit.tier_index else link) for i, link in enumerate(fit.base.links)]
+    return "\n".join(lines) + "\n\n" + _toml(data)
 
 
 # --------------------------------------------------------------------------- commands
