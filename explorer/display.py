@@ -51,7 +51,7 @@ class ColumnError(ValueError):
 
 def terminal_width() -> int:
     """The width of the terminal the output goes to (COLUMNS wins; FALLBACK_WIDTH in a pipe)."""
-    return max(shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns, 40)
+    return max(shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns, 20)
 
 
 def gib_name(column: str) -> str:

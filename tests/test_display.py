@@ -198,12 +198,10 @@ def test_a_filled_cache_says_nothing(fresh):
     assert not display.announce_compile(said.append) and said == []
 
 
-def test_the_cache_folder_is_numbas():
-    """After a run the entry kernels' index files are where kernel_cache_dir looks (the sweeps above compiled them)."""
+def test_the_cache_folder_is_numbas(results):
+    """After a sweep the entry kernels' index files are where kernel_cache_dir looks."""
     if numba.config.DISABLE_JIT:
         pytest.skip("NUMBA_DISABLE_JIT: nothing is compiled")
-    from paraspace.explorer.evaluate import analytic  # noqa: F401 - the kernels are loaded and cached by now
-
     assert not display.kernels_need_compiling(), display.kernel_cache_dir()
 
 
