@@ -132,13 +132,13 @@ def _cell(frame: pl.DataFrame, column: str, i: int) -> str:
 
 
 def _number(value: float) -> str:
-    """A float with decimals by magnitude, so a column's values line up: 12,345 / 355.6 / 1.793 / 0.0156."""
+    """A float with decimals by magnitude, so a column's values line up: 12,345 / 355.6 / 0.871 / 0.0156."""
     size = abs(value)
     if size >= 1000:
         return f"{value:,.0f}"
     if size >= 10:
         return f"{value:.1f}"
-    if size >= 1 or size == 0:
+    if size >= 0.1 or size == 0:
         return f"{value:.3f}"
     return f"{value:.4f}" if size >= 1e-3 else f"{value:.2e}"
 
