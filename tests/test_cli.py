@@ -141,7 +141,7 @@ def test_eval_human_report():
         (["--set", "tp=16"], ["tp does not divide heads", "tp_heads"]),
         (["--set", "tp=5"], ["tp*pp*cp = 5", "devices = 64"]),
         (["--set", "pp=2", "--set", "vpp=2"], ["vpp_schedule"]),
-        (["--set", "foo=1"], ["dimensions.foo", "known keys", "micro_batch"]),
+        (["--set", "foo=1"], ["--set foo=1", "KEY=VALUE", "micro_batch"]),
         (["--set", "recompute=partial"], ["dimensions.recompute", "'partial'", "['none', 'selective', 'full', 'norms', 'moe-dispatch']"]),
         (["--set", "tp"], ["--set 'tp'", "KEY=VALUE"]),
         (["--dtype", "fp4"], ["dtype", "'fp4'"]),
