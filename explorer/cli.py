@@ -327,12 +327,17 @@ def _with_frame_config(frame: pl.DataFrame) -> str:
               help="Keep rows with peak memory <= GiB.")
 @click.option("--where", default=None, help="SQL condition, e.g. \"tp = 8 AND schedule = 'interleaved'\".")
 @click.option("-n", "n_top", type=click.IntRange(1, MAX_SHOWN_ROWS), default=10, show_default=True)
+@click.option("--max-ttft", "max_ttft", type=click.FloatRange(0, 1e6, min_open=True), default=None,
+              help="Serving results: keep rows whose mean TTFT is at most this many seconds.")
+@click.option("--max-tpot", "max_tpot", type=click.FloatRange(0, 1e6, min_open=True), default=None,
+              help="Serving results: keep rows whose mean TPOT is at most this many seconds.")
 @table_options
 @_guard
-def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int, columns: str | None,
-            wide: bool) -> None:
-    """The best rows of a result file or dataset (feasible first)."""
-    frame = top(_opened(results), n_top, (by, "mem_peak_bytes"), where=where, max_mem_gib=max_mem)
+def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_top: int, max_ttft: float | None,
+            max_tpot: float | None, columns: str | None, wide: bool) -> None:
+    """The best rows of a result file or dataset (feasible first; serving results by throughput per GPU)."""
+    frame = top(_opened(results), n_top, (by, "mem_peak_bytes"), where=where, max_mem_gib=max_mem,
+                max_ttft_s=max_ttft, max_tpot_s=max_tpot)
     click.echo(_top_table(frame, columns, wide, extra=(by,)))
 
 

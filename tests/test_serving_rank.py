@@ -59,3 +59,17 @@ def test_pareto_of_a_serving_result_is_the_throughput_front(served):
         assert beats.height == 0
     for r in rows.iter_rows(named=True):
         assert any(f[gpu] >= r[gpu] and f[user] >= r[user] for f in front.iter_rows(named=True))
+
+
+def test_cli_top_takes_the_sla_limits(served):
+    from click.testing import CliRunner
+
+    from paraspace.explorer.cli import main
+
+    every = pl.read_parquet(served)
+    limit = float(every["ttft_s"].median())
+    out = CliRunner().invoke(main, ["top", str(served), "--max-ttft", str(limit), "-n", "1000", "--columns",
+                                    "row_id,ttft_s"], env={"COLUMNS": "120"})
+    assert out.exit_code == 0, out.output
+    shown = {int(line.split()[0]) for line in out.output.splitlines() if line.split()[:1] and line.split()[0].isdigit()}
+    assert shown == set(every.filter(pl.col("ttft_s") <= limit)["row_id"].to_list())
