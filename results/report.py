@@ -27,7 +27,8 @@ from typing import Any
 
 import polars as pl
 
-from paraspace.results.rank import pareto, ranked, scan
+from paraspace.results import serving_schema
+from paraspace.results.rank import SERVING_FRONT, is_serving, pareto, ranked, scan
 from paraspace.results.schema import STEP_PARTS
 
 GIB = 1024**3
@@ -42,6 +43,8 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return ""
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.4g}"
     return str(value)
@@ -78,25 +81,28 @@ def _figure_html(fig: Any, div_id: str) -> str:
     return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
 
 
-def _hover(frame: pl.DataFrame, dims: list[str]) -> list[str]:
-    return ["<br>".join([f"row {r['row_id']}: {r['step_time_s']:.4g} s, {r['mem_peak_GiB']:.1f} GiB",
-                         *(f"{d} = {r[d]}" for d in dims)]) for r in frame.iter_rows(named=True)]
+def _hover(frame: pl.DataFrame, dims: list[str], x: str, y: str) -> list[str]:
+    return ["<br>".join([f"row {r['row_id']}: {x} {r[x]:.4g}, {y} {r[y]:.4g}", *(f"{d} = {r[d]}" for d in dims)])
+            for r in frame.iter_rows(named=True)]
 
 
-def pareto_figure(feasible: pl.LazyFrame, front: pl.DataFrame, best: pl.DataFrame, dims: list[str]) -> Any:
+def front_figure(feasible: pl.LazyFrame, front: pl.DataFrame, best: pl.DataFrame, dims: list[str],
+                 axes: tuple[str, str], titles: tuple[str, str]) -> Any:
+    """The feasible candidates (a seeded sample beyond SCATTER_POINTS), the front and the best, on ``axes``."""
     import plotly.graph_objects as go
 
+    x, y = axes
     n = feasible.select(pl.len()).collect().item()
     sample = feasible.collect() if n <= SCATTER_POINTS else feasible.collect().sample(SCATTER_POINTS, seed=0)
     fig = go.Figure()
     for frame, name, style in ((sample, "feasible candidates", {"color": "#9aa5b1", "size": 5, "opacity": 0.5}),
                                (front, "Pareto front", {"color": "#d9534f", "size": 8}),
-                               (best, "best by step time", {"color": "#1f77b4", "size": 9, "symbol": "diamond"})):
+                               (best, "best", {"color": "#1f77b4", "size": 9, "symbol": "diamond"})):
         fig.add_trace(go.Scattergl(
-            x=frame["step_time_s"].to_list(), y=frame["mem_peak_GiB"].to_list(), mode="markers" if name != "Pareto front"
+            x=frame[x].to_list(), y=frame[y].to_list(), mode="markers" if name != "Pareto front"
             else "lines+markers", name=name, marker=style, customdata=frame["row_id"].to_list(),
-            hovertext=_hover(frame, dims), hoverinfo="text"))
-    fig.update_layout(xaxis_title="step time (s)", yaxis_title="peak memory per device (GiB)", height=460,
+            hovertext=_hover(frame, dims, x, y), hoverinfo="text"))
+    fig.update_layout(xaxis_title=titles[0], yaxis_title=titles[1], height=460,
                       margin={"l": 60, "r": 20, "t": 40, "b": 50},
                       legend={"orientation": "h", "y": 1.08, "x": 0}, clickmode="event+select")
     return fig
@@ -120,21 +126,27 @@ def breakdown_figure(best: pl.DataFrame) -> Any:
     return fig
 
 
-def sensitivity(feasible: pl.LazyFrame, dims: list[str]) -> tuple[Any, pl.DataFrame]:
-    """Per varying dimension, its values' best step times; a bar of the spread (slowest best / fastest best)."""
+def sensitivity(feasible: pl.LazyFrame, dims: list[str], metric: str = "step_time_s",
+                higher_is_better: bool = False) -> tuple[Any, pl.DataFrame]:
+    """Per varying dimension, the best ``metric`` each of its values reaches; a bar of the
+    spread (the best of the best values over the worst of them)."""
     import plotly.graph_objects as go
 
     rows = []
+    label = f"best {metric} per value"
     for dim in dims:
-        per_value = (feasible.group_by(dim).agg(pl.col("step_time_s").min().alias("best")).sort(dim).collect())
-        best = per_value["best"]
+        agg = pl.col(metric).max() if higher_is_better else pl.col(metric).min()
+        per_value = feasible.group_by(dim).agg(agg.alias("best")).sort(dim).collect()
+        best = per_value["best"].drop_nulls()
+        if best.is_empty() or best.min() <= 0:
+            continue
         rows.append({"dimension": dim, "spread": float(best.max() / best.min()),
-                     "best step time per value": ", ".join(f"{v}: {t:.3f} s" for v, t in per_value.iter_rows())})
-    table = pl.DataFrame(rows, schema={"dimension": pl.String, "spread": pl.Float64,
-                                       "best step time per value": pl.String}).sort("spread", descending=True)
+                     label: ", ".join(f"{v}: {t:.4g}" for v, t in per_value.iter_rows() if t is not None)})
+    table = pl.DataFrame(rows, schema={"dimension": pl.String, "spread": pl.Float64, label: pl.String}
+                         ).sort("spread", descending=True)
     fig = go.Figure(go.Bar(x=table["spread"].to_list(), y=table["dimension"].to_list(), orientation="h",
-                           hovertext=table["best step time per value"].to_list(), hoverinfo="text+x"))
-    fig.update_layout(height=80 + 28 * max(table.height, 1), xaxis_title="best step time: slowest value / fastest value",
+                           hovertext=table[label].to_list(), hoverinfo="text+x"))
+    fig.update_layout(height=80 + 28 * max(table.height, 1), xaxis_title=f"best {metric}: best value / worst value",
                       yaxis={"autorange": "reversed"}, margin={"l": 140, "r": 20, "t": 20, "b": 50})
     return fig, table
 
@@ -191,9 +203,9 @@ table.sortable th{cursor:pointer} .note{color:#555;font-size:14px} #picked{margi
 
 def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
     """The report's HTML; ``strategy`` names the strategy columns (from the dimension table)."""
-    import plotly.offline
-
     frame = _with_derived(scan(path))
+    if is_serving(frame):
+        return build_serving(path, frame, n_top)
     feasible = frame.filter(pl.col("feasible"))
     n_rows = frame.select(pl.len()).collect().item()
     n_feasible = feasible.select(pl.len()).collect().item()
@@ -202,7 +214,8 @@ def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
     dims, held = varying(feasible if n_feasible else frame, strategy)
     best = ranked(frame).head(n_top).collect()
     front = _with_derived(pareto(path).lazy()).collect()
-    fig_front = pareto_figure(feasible, front, best, dims)
+    fig_front = front_figure(feasible, front, best, dims, ("step_time_s", "mem_peak_GiB"),
+                             ("step time (s)", "peak memory per device (GiB)"))
     fig_parts = breakdown_figure(best)
     fig_sens, sens = sensitivity(feasible if n_feasible else frame, dims)
     # the numbers first (they must be on screen), then the dimensions that vary
@@ -225,11 +238,7 @@ def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
         compare = ("<h2>The two best, side by side</h2><p class=note>What differs between them; click two points "
                    "in the chart above to compare any pair.</p>" + compare_html(rows_json[ids[0]], rows_json[ids[1]], ids))
     title = html.escape(str(path))
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>paraspace report: {title}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style>
-<script>{plotly.offline.get_plotlyjs()}</script></head>
-<body>
+    return f"""{_head(title)}
 <h1>paraspace report</h1>
 <p>{title}: {n_rows:,} candidates, {n_feasible:,} fit in memory, {n_simulated:,} simulated by the event engine
 (ranked by their simulated step time; the rest by the closed form).</p>
@@ -247,6 +256,62 @@ ends at the step time the ranking used. DualPipe's overlap credit is negative.</
 <h2>Sensitivity</h2>
 <p class=note>For each dimension, the best step time of each of its values; the bar is the slowest value's best over
 the fastest's.</p>
+{_figure_html(fig_sens, "sensitivity")}
+{_table(sens, "sensitivity-table")}
+<script>const ROWS = {json.dumps(rows_json)};{SCRIPT}</script>
+</body></html>
+"""
+
+
+def _head(title: str) -> str:
+    import plotly.offline
+
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>paraspace report: {title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style>
+<script>{plotly.offline.get_plotlyjs()}</script></head>
+<body>"""
+
+
+#: what a serving report's table shows after the varying dimensions
+SERVING_METRICS = ("ttft_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "output_tokens_per_s_per_gpu",
+                   "output_tokens_per_s_per_user", "mem_peak_GiB", "simulated", "feasible", "infeasible_reason")
+
+
+def build_serving(path: str | Path, frame: pl.LazyFrame, n_top: int) -> str:
+    """A serving result's page: the best deployments, the throughput-per-GPU against
+    throughput-per-user front (the serving trade-off), and sensitivity per dimension."""
+    strategy = [c.name for c in serving_schema.STRATEGY if c.name != "row_id"]
+    feasible = frame.filter(pl.col("feasible"))
+    n_rows = frame.select(pl.len()).collect().item()
+    n_feasible = feasible.select(pl.len()).collect().item()
+    dims, held = varying(feasible if n_feasible else frame, strategy)
+    best = ranked(frame).head(n_top).collect()
+    front = pareto(path).with_columns((pl.col("mem_peak_bytes") / GIB).alias("mem_peak_GiB"))
+    gpu, user = SERVING_FRONT
+    fig_front = front_figure(feasible, front, best, dims, (user, gpu),
+                             ("output tokens per second per user", "output tokens per second per GPU"))
+    fig_sens, sens = sensitivity(feasible if n_feasible else frame, dims, gpu, higher_is_better=True)
+    shown = best.select(["row_id", *(c for c in SERVING_METRICS if c in best.columns), *dims]
+                        ).with_row_index("rank", offset=1)
+    held_values = frame.select([pl.col(d).first() for d in held]).collect().row(0, named=True) if held else {}
+    held_note = ", ".join(f"{d} = {v}" for d, v in held_values.items()) or "none"
+    keep = [c for c in (*dims, *SERVING_METRICS) if c in best.columns]
+    rows_json = {str(r["row_id"]): {k: (None if isinstance(r[k], float) and math.isnan(r[k]) else r[k]) for k in keep}
+                 for r in pl.concat([best, front.select(best.columns)]).unique("row_id").iter_rows(named=True)}
+    title = html.escape(str(path))
+    return f"""{_head(title)}
+<h1>paraspace serving report</h1>
+<p>{title}: {n_rows:,} deployments, {n_feasible:,} fit, sustain the load and meet the SLA.</p>
+<h2>Best deployments</h2>
+<p class=note>By output tokens per second per GPU, then TTFT. Held at one value: {html.escape(held_note)}.
+Click a column header to sort.</p>
+{_table(shown, "best")}
+<h2>Throughput per GPU against throughput per user</h2>
+<p class=note>Each point a feasible deployment; the front is what no other deployment beats on both. Hover for the
+deployment; click for its details, a second to compare.</p>
+<div class=columns><div>{_figure_html(fig_front, "pareto")}</div><div id="picked"><p class=note>No point selected.</p></div></div>
+<h2>Sensitivity</h2>
 {_figure_html(fig_sens, "sensitivity")}
 {_table(sens, "sensitivity-table")}
 <script>const ROWS = {json.dumps(rows_json)};{SCRIPT}</script>

@@ -77,3 +77,22 @@ def test_page_renders_in_headless_chromium(page, tmp_path):
     assert shot.is_file(), proc.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a rendered page, not a blank one
+
+
+def test_serving_results_get_the_serving_page(tmp_path):
+    """A paraspace serve result: the best deployments, the throughput-per-GPU against
+    throughput-per-user front, sensitivity; self-contained like the training page."""
+    from paraspace.explorer.serve import run_serve
+    from paraspace.spaces.serving import load_serving
+
+    served = tmp_path / "serve.parquet"
+    run_serve(load_serving("llama3.1-70b-h100-8-fp8"), served, simulate_top=2)
+    out = tmp_path / "serve.html"
+    result = CliRunner().invoke(main, ["report", str(served), "--out", str(out), "-n", "5"])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    for heading in ("Best deployments", "Throughput per GPU against throughput per user", "Sensitivity"):
+        assert heading in text
+    assert len(re.findall(r'class="plotly-graph-div"', text)) == 2
+    assert not re.search(r'(src|href)="(http|//|/)', _outside_scripts(text))
+    assert "output_tokens_per_s_per_gpu" in _outside_scripts(text)
