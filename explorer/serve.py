@@ -242,19 +242,11 @@ def explain_table(summary: ServeSummary) -> str:
     return "\n".join(lines)
 
 
-#: columns of the printed ranking
-TABLE_COLUMNS = ("mode", "tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens",
-                 "scheduler", "instances", "prefill_tp", "prefill_instances", "ttft_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "output_tokens_per_s_per_gpu",
-                 "output_tokens_per_s_per_user", "requests_per_s", "feasible", "infeasible_reason", "simulated")
-
-
 def top_table(frame: pl.DataFrame, n: int) -> str:
-    shown = frame.head(n).select(TABLE_COLUMNS).with_columns(
-        pl.col("ttft_s", "ttft_p90_s").round(4), pl.col("tpot_s", "tpot_p90_s").round(5),
-        pl.col("output_tokens_per_s_per_gpu", "output_tokens_per_s_per_user", "requests_per_s").round(1))
-    with pl.Config(tbl_rows=len(shown), tbl_cols=len(shown.columns), tbl_width_chars=250,
-                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
-        return str(shown)
+    """The first ``n`` ranked deployments as the terminal table ``top`` prints (``explorer.display``)."""
+    from paraspace.explorer.display import table_text
+
+    return table_text(frame.head(n))
 
 
 def output_path(space: LoadedServing, out: Path | None) -> Path:
