@@ -327,9 +327,9 @@ def _with_frame_config(frame: pl.DataFrame) -> str:
               help="Keep rows with peak memory <= GiB.")
 @click.option("--where", default=None, help="SQL condition, e.g. \"tp = 8 AND schedule = 'interleaved'\".")
 @click.option("-n", "n_top", type=click.IntRange(1, MAX_SHOWN_ROWS), default=10, show_default=True)
-@click.option("--max-ttft", "max_ttft", type=click.FloatRange(0, 1e6, min_open=True), default=None,
+@click.option("--max-ttft", "max_ttft", type=FiniteFloatRange(0, 1e6, min_open=True), default=None,
               help="Serving results: keep rows whose mean TTFT is at most this many seconds.")
-@click.option("--max-tpot", "max_tpot", type=click.FloatRange(0, 1e6, min_open=True), default=None,
+@click.option("--max-tpot", "max_tpot", type=FiniteFloatRange(0, 1e6, min_open=True), default=None,
               help="Serving results: keep rows whose mean TPOT is at most this many seconds.")
 @table_options
 @_guard

@@ -246,6 +246,7 @@ NUMBER_OPTIONS: list[tuple[list[str], str, list[str]]] = [
     (["sweep", "{space}", "--out", "{out}", "-n", "0", "--no-progress"], "--simulate-top", []),
     (["top", "{results}"], "-n", []),
     (["top", "{results}"], "--max-mem", []),
+    (["top", "{results}"], "--max-tpot", []),
     (["report", "{results}", "--out", "{out}"], "-n", []),
     (["compare", "{results}", "--ids", "0"], "--ids", []),
     (["topology", "br166-ocs"], "--src", []),

@@ -282,6 +282,7 @@ def test_shipped_catalog_is_utf8_toml():
     (["topology", "br166-ocs", "--src", "16777216"],
      "Invalid value for '--src': 16777216 is not in the range 0<=x<=16777215."),
     (["top", "x.parquet", "--max-mem", "nan"], "Invalid value for '--max-mem': nan is not in the range 0<=x<=1048576."),
+    (["top", "x.parquet", "--max-ttft", "nan"], "Invalid value for '--max-ttft': nan is not in the range 0<x<=1000000.0."),
     (["top", "x.parquet", "-n", "4294967296"], "Invalid value for '-n': 4294967296 is not in the range 1<=x<=4294967295."),
     (["sweep", "-n", "9223372036854775808"],
      "Invalid value for '-n' / '--top': 9223372036854775808 is not in the range 0<=x<=4294967295."),
