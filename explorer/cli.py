@@ -385,7 +385,7 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random", "grid"]), default="tpe", show_default=True)
 @click.option("--objective", type=click.Choice(["time-memory", "time"]), default="time-memory", show_default=True,
               help="Minimise step time and peak memory, or step time alone (under the memory cap either way).")
-@click.option("--max-mem", "max_mem", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--max-mem", "max_mem", type=FiniteFloatRange(0, MAX_GIB, min_open=True), default=None,
               help="Memory cap in GiB [default: the device's HBM].")
 @click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql://...) [default: a journal file "
                                               "in the output folder].")
