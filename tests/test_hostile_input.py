@@ -208,8 +208,6 @@ def test_extreme_but_valid_numbers_give_finite_physical_rows(tmp_path):
     assert row["step_time_s"] > 0 and row["mem_peak_bytes"] > 0 and 0 < row["mfu"] <= 1
 
 
-@pytest.mark.xfail(strict=True, reason="the event tier times tasks in int64 nanoseconds and wraps around beyond "
-                   "2**63 ns (292 years); explorer/evaluate.simulable should leave such rows analytic")
 def test_a_step_beyond_the_event_tier_range_is_not_simulated(tmp_path):
     """Inside every bound, a 1-wide model over 2**24-token sequences on the slowest
     device takes 2e12 s analytically; simulated, its nanoseconds overflow int64 and
