@@ -66,8 +66,6 @@ m % p == 0; DualPipe an even p and an even m; DualPipe, PipeDream and ZB-H1 v = 
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 import numpy as np
 
 from paraspace.kernels.codes import (
@@ -405,31 +403,6 @@ def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> 
     return n + 1
 
 
-#: build_step's running counters, one int64 array its helpers share: tasks made,
-#: edges made, the open data-parallel transfer (-1: none; module docstring),
-#: sends held for a later pass, and the task a held send also waits for (a
-#: paired forward's combine, DualPipe; -1: none)
-S_TASKS = 0
-S_EDGES = 1
-S_OPEN_DP = 2
-S_HELD = 3
-S_TAIL = 4
-
-#: One step's settings as build_step's helpers read them (see build_step's
-#: arguments): positions along a micro-batch's pipeline (P = p v), passes per
-#: device, micro-batch ids, DualPipe / PipeDream, gradient buckets (nb), which
-#: data-parallel traffic the step has, whether any pass has EP traffic, TBO's
-#: halves, whether B and W are split, and the fixed task durations.
-StepPlan = namedtuple("StepPlan", ("schedule", "p", "v", "m", "P", "per_dev", "n_ids", "dual", "steady", "nb",
-                                   "reduce_grads", "gather_params", "z3", "has_ep", "halves", "split", "ep_pairs",
-                                   "tbo", "send_ns", "dp_grad_ns", "dp_param_ns", "z3_gather_ns", "z3_scatter_ns",
-                                   "optimizer_ns"))
-#: One device's resources: compute stream, bulk (DP) stream of the DP tier,
-#: critical streams of the pipeline and EP tiers, and the critical stream that
-#: shares the DP tier's NIC.
-Streams = namedtuple("Streams", ("d", "compute", "dp_res", "send_res", "ep_res", "shared_res"))
-
-
 @jit
 def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, pp_tier: int,
                dp_tier: int,
@@ -485,8 +458,12 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     """
     P = p * v  # positions along a micro-batch's pipeline
     per_dev = passes_per_device(schedule, v, m)
+    dual = schedule == SCHEDULE_DUALPIPE
+    steady = schedule == SCHEDULE_PIPEDREAM
     n_ids = micro_ids(schedule, p, m)
     nb = max(n_buckets, 1)
+    reduce_grads = zero < 3 and dp_grad_ns > 0
+    gather_params = 1 <= zero < 3 and dp_param_ns > 0
     z3 = zero >= 3 and (z3_gather_ns > 0 or z3_scatter_ns > 0)
     has_ep = False
     for d in range(p):
@@ -494,310 +471,226 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             if ep_ns[d, c, 2] + ep_ns[d, c, 3] > 0:
                 has_ep = True
     halves = 2 if tbo != 0 else 1
-    plan = StepPlan(schedule, p, v, m, P, per_dev, n_ids, schedule == SCHEDULE_DUALPIPE,
-                    schedule == SCHEDULE_PIPEDREAM, nb, zero < 3 and dp_grad_ns > 0,
-                    1 <= zero < 3 and dp_param_ns > 0, z3, has_ep, halves, split_backward(schedule), ep_pairs, tbo,
-                    send_ns, dp_grad_ns, dp_param_ns, z3_gather_ns, z3_scatter_ns, optimizer_ns)
     # per device: passes, + nb gathers and nb reductions, + (nb - 1) extra pieces of
     # the first forward and of the last backward, + the optimizer; sends; ZeRO-3
     # gathers (every pass) and scatters (every backward)
     # EP: up to 3 halves' extra tasks per F / B pass (experts, dispatch, combine)
     cap = p * (per_dev + 4 * nb + 1) + 2 * P * m + (p * 2 * per_dev if z3 else 0) + (
         p * per_dev * 3 * halves if has_ep else 0)
-    g = (np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int8),
-         np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32),
-         np.empty(4 * cap, dtype=np.int32), np.empty(4 * cap, dtype=np.int32))  # dur, res, kind, stage, micro, chunk; src, dst
+    dur = np.empty(cap, dtype=np.int64)
+    res = np.empty(cap, dtype=np.int32)
+    kind = np.empty(cap, dtype=np.int8)
+    stage = np.empty(cap, dtype=np.int32)
+    micro = np.empty(cap, dtype=np.int32)
+    chunk = np.empty(cap, dtype=np.int32)
+    e_cap = 4 * cap
+    src = np.empty(e_cap, dtype=np.int32)
+    dst = np.empty(e_cap, dtype=np.int32)
     # per (position, micro-batch id) the pass's first task and its output; -1 where the
-    # pass is outside the step (PipeDream's window: done in the previous period or later):
-    # forward first, forward output (its last piece, or its send), backward first,
-    # backward output, forward's last piece
-    marks = (np.full((P, n_ids), -1, dtype=np.int64), np.full((P, n_ids), -1, dtype=np.int64),
-             np.full((P, n_ids), -1, dtype=np.int64), np.full((P, n_ids), -1, dtype=np.int64),
-             np.full((P, n_ids), -1, dtype=np.int64))
+    # pass is outside the step (PipeDream's window: done in the previous period or later)
+    f_first = np.full((P, n_ids), -1, dtype=np.int64)
+    f_out = np.full((P, n_ids), -1, dtype=np.int64)  # the forward's last piece, or its send
+    b_first = np.full((P, n_ids), -1, dtype=np.int64)
+    b_out = np.full((P, n_ids), -1, dtype=np.int64)
+    f_last = np.full((P, n_ids), -1, dtype=np.int64)
     z3_gathers = np.full(per_dev, -1, dtype=np.int64)  # ZeRO-3: the gather task of each pass
     held = np.zeros((4, 5), dtype=np.int64)  # sends to create: (position, micro-batch id, is forward, label, chunk)
-    order = (np.zeros(per_dev, dtype=np.int32), np.zeros(per_dev, dtype=np.int32), np.zeros(per_dev, dtype=np.int32))
+    passes = np.zeros(per_dev, dtype=np.int32)
+    chunks = np.zeros(per_dev, dtype=np.int32)
+    micros = np.zeros(per_dev, dtype=np.int32)
     # DualPipe's EP pair (see above): the forward's pre-expert compute (its last task), experts,
     # dispatch, combine, position, id, label and chunk, kept from the forward to the backward
     pend = np.full(8, -1, dtype=np.int64)
-    cur = np.zeros(5, dtype=np.int64)
-    spd = streams_per_device(n_tiers)
+    n_res = p * streams_per_device(n_tiers)
+    n = 0
+    n_e = 0
     for d in range(p):
-        st = Streams(d, d * spd, bulk_stream(d, n_tiers, dp_tier), comm_stream(d, n_tiers, pp_tier),
-                     comm_stream(d, n_tiers, ep_tier), comm_stream(d, n_tiers, dp_tier))
-        _device_tasks(g, cur, plan, st, order, marks, z3_gathers, held, pend, fwd_ns, bwd_ns, wgrad_ns, ep_ns)
-    _pass_edges(g, cur, plan, marks)
-    n = cur[S_TASKS]
-    n_e = cur[S_EDGES]
-    dur, res, kind, stage, micro, chunk, src, dst = g
+        compute = d * streams_per_device(n_tiers)
+        dp_res = bulk_stream(d, n_tiers, dp_tier)
+        send_res = comm_stream(d, n_tiers, pp_tier)
+        ep_res = comm_stream(d, n_tiers, ep_tier)
+        shared_res = comm_stream(d, n_tiers, dp_tier)  # critical traffic that shares the DP tier's NIC
+        open_dp = -1  # the data-parallel transfer whose window is open (see the module docstring)
+        length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
+        reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
+        gathers = n
+        first_forward = _first_forward(passes, length)
+        last_backward = _last_backward(passes, length)
+        n_held = 0  # sends waiting for the end of a later pass (DualPipe)
+        tail = -1  # a held send also waits for this task (a paired forward's combine, DualPipe)
+        pend[0] = -1
+        if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
+            for k in range(nb):
+                open_dp = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_param_ns, nb, k), dp_res, K_DP, d, -1, -1)
+        if z3:  # ZeRO-3: the first two passes' gathers start the step
+            for o in range(min(2, length)):
+                if passes[o] == W_PASS:
+                    continue
+                z3_gathers[o] = open_dp = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o], chunks[o])
+        split = split_backward(schedule)
+        for o in range(length):
+            is_f = passes[o] == F_PASS
+            is_b = passes[o] == B_PASS
+            is_w = passes[o] == W_PASS
+            c = chunks[o]
+            vs = chain_position(schedule, p, d, c)
+            sd = vs if dual else d  # the durations' row and column: DualPipe's chunk runs stage vs
+            sc = 0 if dual else c
+            key = micros[o] + 1 if steady else micros[o]  # id of the micro-batch in the arrays above
+            i = key  # the task's micro-batch label (PipeDream: the window's first backward's micro-batch is 0)
+            gather_here = gather_params and o == first_forward
+            reduce_here = reduce_grads and o == last_backward
+            pieces = nb if (gather_here or reduce_here) else 1
+            if is_f:
+                total = fwd_ns[sd, sc]
+                task_kind = K_FORWARD
+            elif is_b:
+                total = bwd_ns[sd, sc] - wgrad_ns[sd, sc] if split else bwd_ns[sd, sc]
+                task_kind = K_BACKWARD
+            else:
+                total = wgrad_ns[sd, sc]
+                task_kind = K_WEIGHT_GRAD
+            ep_here = has_ep and not is_w and ep_ns[sd, sc, 2] + ep_ns[sd, sc, 3] > 0
+            experts = 0
+            if ep_here:  # the pass's compute before its EP traffic; the experts run between the transfers
+                experts = min(ep_ns[sd, sc, 0 if is_f else 1], total)
+                total -= experts
+            # a forward opening a DualPipe EP pair leaves its MoE part to the backward after it
+            pair_f = (ep_pairs and dual and ep_here and is_f and pieces == 1
+                      and _ep_pair_next(passes, chunks, o, length, p, d, fwd_ns, bwd_ns, wgrad_ns, ep_ns, tbo,
+                                        reduce_grads, last_backward))
+            first = n
+            prev = -1
+            if ep_here and is_b and pend[0] >= 0:  # the pair's MoE parts, interleaved (see the docstring)
+                made = n
+                cb = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, ep_ns[sd, sc, 3], ep_res, K_EP, d, i, c)
+                bx = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, experts, compute, task_kind, d, i, c)
+                n_e = _edge(src, dst, n_e, cb, bx)
+                df = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, pend[3], ep_res, K_EP, d, pend[6], pend[7])
+                n_e = _edge(src, dst, n_e, pend[0], df)
+                fx = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, pend[1], compute, K_FORWARD, d, pend[6], pend[7])
+                n_e = _edge(src, dst, n_e, df, fx)
+                db = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, ep_ns[sd, sc, 2], ep_res, K_EP, d, i, c)
+                n_e = _edge(src, dst, n_e, bx, db)
+                tail = n  # C_F: the forward's output; its held send waits for it too
+                n = _task(dur, res, kind, stage, micro, chunk, n, pend[2], ep_res, K_EP, d, pend[6], pend[7])
+                n_e = _edge(src, dst, n_e, fx, tail)
+                _share_link(dur, res, made, n, shared_res, open_dp)
+                f_out[pend[4], pend[5]] = tail
+                f_last[pend[4], pend[5]] = tail
+                pend[0] = -1
+                prev = db
+            elif ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
+                made = n
+                n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, -1, ep_ns[sd, sc, 3],
+                                   experts, ep_ns[sd, sc, 2], halves, ep_res, compute, task_kind, d, i, c)
+                _share_link(dur, res, made, n, shared_res, open_dp)
+                prev = n - 1
+            for k in range(pieces):
+                piece = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, _share(total, pieces, k), compute, task_kind, d, i, c)
+                if prev >= 0:
+                    n_e = _edge(src, dst, n_e, prev, piece)
+                if gather_here:
+                    n_e = _edge(src, dst, n_e, gathers + k, piece)
+                    if open_dp == gathers + k:  # consumed
+                        open_dp = -1
+                if z3 and k == 0 and z3_gathers[o] >= 0:
+                    n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
+                    if open_dp == z3_gathers[o]:
+                        open_dp = -1
+                if reduce_here and k < pieces - 1:  # bucket k of the gradients is final: reduce it
+                    rid = open_dp = n
+                    n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
+                    n_e = _edge(src, dst, n_e, piece, rid)
+                prev = piece
+            if pair_f:  # the MoE part runs with the backward's (above, next pass)
+                pend[0] = prev
+                pend[1] = experts
+                pend[2] = ep_ns[sd, sc, 3]
+                pend[3] = ep_ns[sd, sc, 2]
+                pend[4] = vs
+                pend[5] = key
+                pend[6] = i
+                pend[7] = c
+            elif ep_here and is_f:  # then dispatch -> experts -> combine
+                made = n
+                n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, prev, ep_ns[sd, sc, 2],
+                                   experts, ep_ns[sd, sc, 3], halves, ep_res, compute, task_kind, d, i, c)
+                _share_link(dur, res, made, n, shared_res, open_dp)
+                prev = n - 1
+            out = prev
+            if is_b:
+                b_first[vs, key] = first
+                b_out[vs, key] = out
+            elif is_f:
+                f_first[vs, key] = first
+                f_out[vs, key] = out
+                f_last[vs, key] = prev
+            if (is_f and vs < P - 1) or (is_b and vs > 0):  # this pass's output goes to the next position
+                n_held = _hold(held, n_held, vs, key, is_f, i, c)
+            # DualPipe's F&B chunks and a B with its W send their outputs after the next pass
+            if not (dual and _dualpipe_holds(passes, chunks, micros, o, length)):
+                for h in range(n_held):  # the outputs held so far leave after this pass, in pass order
+                    sid = prev
+                    if send_ns > 0 or tail >= 0:  # (a send of 0 ns joins the pair's two ends)
+                        sid = n
+                        n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
+                                  held[h, 4])
+                        n_e = _edge(src, dst, n_e, prev, sid)
+                        if tail >= 0:
+                            n_e = _edge(src, dst, n_e, tail, sid)
+                        _share_link(dur, res, sid, n, shared_res, open_dp)
+                    if held[h, 2] == 1:
+                        f_out[held[h, 0], held[h, 1]] = sid
+                    else:
+                        b_out[held[h, 0], held[h, 1]] = sid
+                n_held = 0
+                tail = -1
+            # the data-parallel traffic this pass releases
+            if reduce_here:  # the last bucket
+                rid = open_dp = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, nb - 1), dp_res, K_DP, d, -1,
+                          -1)
+                n_e = _edge(src, dst, n_e, prev, rid)
+            if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
+                gid = open_dp = n
+                z3_gathers[o + 2] = gid
+                n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
+                          chunks[o + 2])
+                n_e = _edge(src, dst, n_e, prev, gid)
+            if z3 and ((is_b and not split) or is_w):  # this pass's weight gradients are final
+                rid = open_dp = n
+                n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
+                n_e = _edge(src, dst, n_e, prev, rid)
+        # the optimizer step closes the device's step, after all of its reductions
+        opt = n
+        n = _task(dur, res, kind, stage, micro, chunk, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1)
+        for j in range(reductions_from, opt):
+            if kind[j] == K_DP and (j < gathers or j >= gathers + (nb if gather_params else 0)):
+                n_e = _edge(src, dst, n_e, j, opt)
+    for vs in range(P):
+        for i in range(n_ids):  # dependencies between passes of the step (all of them but PipeDream's)
+            if vs < P - 1 and f_out[vs, i] >= 0 and f_first[vs + 1, i] >= 0:
+                n_e = _edge(src, dst, n_e, f_out[vs, i], f_first[vs + 1, i])
+            if vs > 0 and b_out[vs, i] >= 0 and b_first[vs - 1, i] >= 0:
+                n_e = _edge(src, dst, n_e, b_out[vs, i], b_first[vs - 1, i])
+            if f_last[vs, i] >= 0 and b_first[vs, i] >= 0:
+                n_e = _edge(src, dst, n_e, f_last[vs, i], b_first[vs, i])
     succ_ptr, succ_idx, n_pred = csr_from_edges(n, src[:n_e], dst[:n_e])
     # tasks are created in each device's program order, so ids already follow
     # every stream's order
-    order_ptr, order_idx = order_by_id(p * spd, res[:n])
+    order_ptr, order_idx = order_by_id(n_res, res[:n])
     sync = np.full(n, -1, dtype=np.int32)
     return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
-            order_ptr, order_idx, p * spd)
-
-
-@jit
-def _add(g, cur, duration, resource, task_kind, d, i, c):
-    """Make one task of the graph ``g``; returns its id."""
-    t = cur[S_TASKS]
-    cur[S_TASKS] = _task(g[0], g[1], g[2], g[3], g[4], g[5], t, duration, resource, task_kind, d, i, c)
-    return t
-
-
-@jit
-def _link(g, cur, a, b) -> None:
-    """Task b runs after task a."""
-    cur[S_EDGES] = _edge(g[6], g[7], cur[S_EDGES], a, b)
-
-
-@jit
-def _device_tasks(g, cur, plan, st, order, marks, z3_gathers, held, pend, fwd_ns, bwd_ns, wgrad_ns, ep_ns) -> None:
-    """Device ``st.d``'s tasks in its program order: ZeRO-1/2's bucketed parameter
-    all-gather ahead of the first forward, ZeRO-3's first two gathers, its passes
-    (``_pass_tasks``), then the optimizer step after all of its reductions."""
-    passes, chunks, micros = order
-    d = st.d
-    cur[S_OPEN_DP] = -1
-    length = compute_order(plan.schedule, plan.p, plan.v, plan.m, d, passes, chunks, micros)
-    reductions_from = cur[S_TASKS]  # dp tasks of this device are ids >= this (the optimizer waits on them)
-    gathers = cur[S_TASKS]
-    first_forward = _first_forward(passes, length)
-    last_backward = _last_backward(passes, length)
-    cur[S_HELD] = 0
-    cur[S_TAIL] = -1
-    pend[0] = -1
-    if plan.gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
-        for k in range(plan.nb):
-            cur[S_OPEN_DP] = _add(g, cur, _share(plan.dp_param_ns, plan.nb, k), st.dp_res, K_DP, d, -1, -1)
-    if plan.z3:  # ZeRO-3: the first two passes' gathers start the step
-        for o in range(min(2, length)):
-            if passes[o] == W_PASS:
-                continue
-            gid = _add(g, cur, plan.z3_gather_ns, st.dp_res, K_DP, d, micros[o], chunks[o])
-            z3_gathers[o] = gid
-            cur[S_OPEN_DP] = gid
-    for o in range(length):
-        _pass_tasks(g, cur, plan, st, o, length, order, marks, z3_gathers, held, pend, first_forward, last_backward,
-                    gathers, fwd_ns, bwd_ns, wgrad_ns, ep_ns)
-    # the optimizer step closes the device's step, after all of its reductions
-    opt = _add(g, cur, plan.optimizer_ns, st.compute, K_OPTIMIZER, d, -1, -1)
-    kind = g[2]
-    for j in range(reductions_from, opt):
-        if kind[j] == K_DP and (j < gathers or j >= gathers + (plan.nb if plan.gather_params else 0)):
-            _link(g, cur, j, opt)
-
-
-@jit
-def _pass_work(plan, o: int, sd: int, sc: int, passes, fwd_ns, bwd_ns, wgrad_ns, ep_ns):
-    """(compute ns, task kind, expert compute ns taken out of it, whether it has
-    EP traffic) of pass o, whose durations are row ``sd``, column ``sc``."""
-    is_f = passes[o] == F_PASS
-    if is_f:
-        total = fwd_ns[sd, sc]
-        task_kind = K_FORWARD
-    elif passes[o] == B_PASS:
-        total = bwd_ns[sd, sc] - wgrad_ns[sd, sc] if plan.split else bwd_ns[sd, sc]
-        task_kind = K_BACKWARD
-    else:
-        total = wgrad_ns[sd, sc]
-        task_kind = K_WEIGHT_GRAD
-    ep_here = plan.has_ep and not passes[o] == W_PASS and ep_ns[sd, sc, 2] + ep_ns[sd, sc, 3] > 0
-    experts = 0
-    if ep_here:  # the pass's compute before its EP traffic; the experts run between the transfers
-        experts = min(ep_ns[sd, sc, 0 if is_f else 1], total)
-        total -= experts
-    return total, task_kind, experts, ep_here
-
-
-@jit
-def _pass_tasks(g, cur, plan, st, o: int, length: int, order, marks, z3_gathers, held, pend, first_forward: int,
-                last_backward: int, gathers: int, fwd_ns, bwd_ns, wgrad_ns, ep_ns) -> None:
-    """Pass o of device ``st.d``: its MoE part before (backward) or after
-    (forward) its compute, the compute in pieces (bucketed against the first
-    forward's gathers or the last backward's reductions), the sends it releases
-    and the data-parallel traffic it releases."""
-    passes, chunks, micros = order
-    f_first, f_out, b_first, b_out, f_last = marks
-    d = st.d
-    is_f = passes[o] == F_PASS
-    is_b = passes[o] == B_PASS
-    c = chunks[o]
-    vs = chain_position(plan.schedule, plan.p, d, c)
-    sd = vs if plan.dual else d  # the durations' row and column: DualPipe's chunk runs stage vs
-    sc = 0 if plan.dual else c
-    key = micros[o] + 1 if plan.steady else micros[o]  # id of the micro-batch in the arrays above
-    i = key  # the task's micro-batch label (PipeDream: the window's first backward's micro-batch is 0)
-    gather_here = plan.gather_params and o == first_forward
-    reduce_here = plan.reduce_grads and o == last_backward
-    pieces = plan.nb if (gather_here or reduce_here) else 1
-    total, task_kind, experts, ep_here = _pass_work(plan, o, sd, sc, passes, fwd_ns, bwd_ns, wgrad_ns, ep_ns)
-    # a forward opening a DualPipe EP pair leaves its MoE part to the backward after it
-    pair_f = (plan.ep_pairs and plan.dual and ep_here and is_f and pieces == 1
-              and _ep_pair_next(passes, chunks, o, length, plan.p, d, fwd_ns, bwd_ns, wgrad_ns, ep_ns, plan.tbo,
-                                plan.reduce_grads, last_backward))
-    first = cur[S_TASKS]
-    prev = -1
-    if ep_here and is_b and pend[0] >= 0:  # the pair's MoE parts, interleaved (see build_step's docstring)
-        prev = _ep_pair_tasks(g, cur, st, pend, f_out, f_last, ep_ns[sd, sc, 3], experts, ep_ns[sd, sc, 2],
-                              task_kind, i, c)
-    elif ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
-        prev = _ep_part(g, cur, st, -1, ep_ns[sd, sc, 3], experts, ep_ns[sd, sc, 2], plan.halves, task_kind, i, c)
-    prev = _compute_pieces(g, cur, plan, st, o, total, pieces, task_kind, i, c, prev, gather_here, reduce_here,
-                           gathers, z3_gathers)
-    if pair_f:  # the MoE part runs with the backward's (above, next pass)
-        pend[0] = prev
-        pend[1] = experts
-        pend[2] = ep_ns[sd, sc, 3]
-        pend[3] = ep_ns[sd, sc, 2]
-        pend[4] = vs
-        pend[5] = key
-        pend[6] = i
-        pend[7] = c
-    elif ep_here and is_f:  # then dispatch -> experts -> combine
-        prev = _ep_part(g, cur, st, prev, ep_ns[sd, sc, 2], experts, ep_ns[sd, sc, 3], plan.halves, task_kind, i, c)
-    if is_b:
-        b_first[vs, key] = first
-        b_out[vs, key] = prev
-    elif is_f:
-        f_first[vs, key] = first
-        f_out[vs, key] = prev
-        f_last[vs, key] = prev
-    if (is_f and vs < plan.P - 1) or (is_b and vs > 0):  # this pass's output goes to the next position
-        cur[S_HELD] = _hold(held, cur[S_HELD], vs, key, is_f, i, c)
-    # DualPipe's F&B chunks and a B with its W send their outputs after the next pass
-    if not (plan.dual and _dualpipe_holds(passes, chunks, micros, o, length)):
-        _send_held(g, cur, st, held, plan.send_ns, prev, f_out, b_out)
-    _dp_after_pass(g, cur, plan, st, o, length, order, z3_gathers, prev, reduce_here, is_b, i, c)
-
-
-@jit
-def _ep_part(g, cur, st, after: int, before_ns: int, experts_ns: int, after_ns: int, halves: int, task_kind: int,
-             i: int, c: int) -> int:
-    """``_ep_tasks`` of one pass on device ``st.d`` (its EP transfers lengthen the
-    open data-parallel transfer where they share its link); returns its last task."""
-    made = cur[S_TASKS]
-    n, n_e = _ep_tasks(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], cur[S_TASKS], cur[S_EDGES], after, before_ns,
-                       experts_ns, after_ns, halves, st.ep_res, st.compute, task_kind, st.d, i, c)
-    cur[S_TASKS] = n
-    cur[S_EDGES] = n_e
-    _share_link(g[0], g[1], made, n, st.shared_res, cur[S_OPEN_DP])
-    return n - 1
-
-
-@jit
-def _ep_pair_tasks(g, cur, st, pend, f_out, f_last, combine_ns: int, experts: int, dispatch_ns: int, task_kind: int,
-                   i: int, c: int) -> int:
-    """DualPipe's EP pair (``build_step``): the held forward's MoE part (``pend``)
-    interleaved with this backward's: C_B, B_exp, D_F, F_exp, D_B, C_F. C_F is
-    the forward's output (its held send waits for it too). Returns D_B, after
-    which the backward's rest runs."""
-    d = st.d
-    made = cur[S_TASKS]
-    cb = _add(g, cur, combine_ns, st.ep_res, K_EP, d, i, c)
-    bx = _add(g, cur, experts, st.compute, task_kind, d, i, c)
-    _link(g, cur, cb, bx)
-    df = _add(g, cur, pend[3], st.ep_res, K_EP, d, pend[6], pend[7])
-    _link(g, cur, pend[0], df)
-    fx = _add(g, cur, pend[1], st.compute, K_FORWARD, d, pend[6], pend[7])
-    _link(g, cur, df, fx)
-    db = _add(g, cur, dispatch_ns, st.ep_res, K_EP, d, i, c)
-    _link(g, cur, bx, db)
-    tail = _add(g, cur, pend[2], st.ep_res, K_EP, d, pend[6], pend[7])
-    cur[S_TAIL] = tail
-    _link(g, cur, fx, tail)
-    _share_link(g[0], g[1], made, cur[S_TASKS], st.shared_res, cur[S_OPEN_DP])
-    f_out[pend[4], pend[5]] = tail
-    f_last[pend[4], pend[5]] = tail
-    pend[0] = -1
-    return db
-
-
-@jit
-def _compute_pieces(g, cur, plan, st, o: int, total: int, pieces: int, task_kind: int, i: int, c: int, prev: int,
-                    gather_here: bool, reduce_here: bool, gathers: int, z3_gathers) -> int:
-    """A pass's compute in ``pieces`` (after task ``prev``, if any): piece k waits
-    for gather bucket k (the first forward) or releases reduction bucket k (the
-    last backward); a ZeRO-3 pass waits for its gather. Returns the last piece."""
-    for k in range(pieces):
-        piece = _add(g, cur, _share(total, pieces, k), st.compute, task_kind, st.d, i, c)
-        if prev >= 0:
-            _link(g, cur, prev, piece)
-        if gather_here:
-            _link(g, cur, gathers + k, piece)
-            if cur[S_OPEN_DP] == gathers + k:  # consumed
-                cur[S_OPEN_DP] = -1
-        if plan.z3 and k == 0 and z3_gathers[o] >= 0:
-            _link(g, cur, z3_gathers[o], piece)
-            if cur[S_OPEN_DP] == z3_gathers[o]:
-                cur[S_OPEN_DP] = -1
-        if reduce_here and k < pieces - 1:  # bucket k of the gradients is final: reduce it
-            rid = _add(g, cur, _share(plan.dp_grad_ns, plan.nb, k), st.dp_res, K_DP, st.d, -1, -1)
-            cur[S_OPEN_DP] = rid
-            _link(g, cur, piece, rid)
-        prev = piece
-    return prev
-
-
-@jit
-def _send_held(g, cur, st, held, send_ns: int, prev: int, f_out, b_out) -> None:
-    """The outputs held so far leave after task ``prev``, in pass order (a send of
-    0 ns is no task, unless it joins a DualPipe pair's two ends)."""
-    tail = cur[S_TAIL]
-    for h in range(cur[S_HELD]):
-        sid = prev
-        if send_ns > 0 or tail >= 0:
-            sid = _add(g, cur, send_ns, st.send_res, K_PP, st.d, held[h, 3], held[h, 4])
-            _link(g, cur, prev, sid)
-            if tail >= 0:
-                _link(g, cur, tail, sid)
-            _share_link(g[0], g[1], sid, cur[S_TASKS], st.shared_res, cur[S_OPEN_DP])
-        if held[h, 2] == 1:
-            f_out[held[h, 0], held[h, 1]] = sid
-        else:
-            b_out[held[h, 0], held[h, 1]] = sid
-    cur[S_HELD] = 0
-    cur[S_TAIL] = -1
-
-
-@jit
-def _dp_after_pass(g, cur, plan, st, o: int, length: int, order, z3_gathers, prev: int, reduce_here: bool,
-                   is_b: bool, i: int, c: int) -> None:
-    """The data-parallel traffic pass o releases (after task ``prev``): the last
-    gradient bucket, ZeRO-3's gather of the pass after next (ahead of a scatter)
-    and its scatter of this pass's final weight gradients."""
-    passes, chunks, micros = order
-    if reduce_here:  # the last bucket
-        rid = _add(g, cur, _share(plan.dp_grad_ns, plan.nb, plan.nb - 1), st.dp_res, K_DP, st.d, -1, -1)
-        cur[S_OPEN_DP] = rid
-        _link(g, cur, prev, rid)
-    if plan.z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
-        gid = _add(g, cur, plan.z3_gather_ns, st.dp_res, K_DP, st.d, micros[o + 2], chunks[o + 2])
-        cur[S_OPEN_DP] = gid
-        z3_gathers[o + 2] = gid
-        _link(g, cur, prev, gid)
-    if plan.z3 and ((is_b and not plan.split) or passes[o] == W_PASS):  # this pass's weight gradients are final
-        rid = _add(g, cur, plan.z3_scatter_ns, st.dp_res, K_DP, st.d, i, c)
-        cur[S_OPEN_DP] = rid
-        _link(g, cur, prev, rid)
-
-
-@jit
-def _pass_edges(g, cur, plan, marks) -> None:
-    """Dependencies between passes of the step (all of them but those outside
-    PipeDream's window): forward to the next position's forward, backward to the
-    previous position's backward, a forward to its own backward."""
-    f_first, f_out, b_first, b_out, f_last = marks
-    for vs in range(plan.P):
-        for i in range(plan.n_ids):
-            if vs < plan.P - 1 and f_out[vs, i] >= 0 and f_first[vs + 1, i] >= 0:
-                _link(g, cur, f_out[vs, i], f_first[vs + 1, i])
-            if vs > 0 and b_out[vs, i] >= 0 and b_first[vs - 1, i] >= 0:
-                _link(g, cur, b_out[vs, i], b_first[vs - 1, i])
-            if f_last[vs, i] >= 0 and b_first[vs, i] >= 0:
-                _link(g, cur, f_last[vs, i], b_first[vs, i])
+            order_ptr, order_idx, n_res)
 
 
 @jit
