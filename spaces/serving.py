@@ -42,12 +42,13 @@ from pydantic import Field, model_validator
 from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
 from paraspace.spaces.enums import Dtype, parse
 from paraspace.spaces.errors import CatalogError
-from paraspace.spaces.schema import Hardware, Model, Record, validate
+from paraspace.spaces.schema import MAX_COUNT, Hardware, Model, Record, validate
 
-#: value types of serving records (own bounds: a serving space names counts and rates, not model sizes)
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(gt=0, le=1 << 24)]
+#: value types of serving records: lengths, rates and latencies share the catalog's bound on
+#: counts (spaces.schema.MAX_COUNT, 2**24: far past any prompt, rate or SLA in seconds)
+Positive = Annotated[float, Field(gt=0, le=MAX_COUNT, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, le=MAX_COUNT, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Text = Annotated[str, Field(min_length=1)]
 
 SERVING_DIR = CATALOG_DIR / "serving"

@@ -576,3 +576,20 @@ def test_catalog_serving_spaces_ship_as_package_data():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert '"catalog/*/*.toml"' in text  # covers spaces/catalog/serving/*.toml
     assert {"llama3.1-70b-h100-8-fp8", "qwen3-235b-a22b-h200-8"} <= set(sp.names())
+
+
+@pytest.mark.parametrize(("path", "value"), [(("workload", "input_len"), 1e300), (("workload", "rate_per_s"), float("inf")),
+                                             (("sla", "ttft_s"), float("nan")), (("host_overhead_us",), 1e30)])
+def test_serving_numbers_are_bounded(path, value):
+    """Serving lengths, rates and latencies are finite and at most 2**24, as the catalog's counts."""
+    from paraspace.spaces.catalog import read_toml
+    from paraspace.spaces.errors import CatalogError
+    from paraspace.spaces.serving import SERVING_DIR, serving_from_raw
+
+    raw = read_toml(SERVING_DIR / "qwen3-235b-a22b-h200-8.toml")
+    target = raw
+    for key in path[:-1]:
+        target = target.setdefault(key, {})
+    target[path[-1]] = value
+    with pytest.raises(CatalogError, match=path[-1]):
+        serving_from_raw(raw, "t.toml", SERVING_DIR)
