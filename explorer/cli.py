@@ -19,10 +19,12 @@ from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack, pin
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
     DEFAULT_SIMULATE_TOP,
+    WARN_AFTER_S,
     check_shard_count,
     confined_name,
     enum_labels,
     evaluate_encoded,
+    expected_seconds,
     named_for_output,
     result_schema,
     run_sweep,
@@ -277,6 +279,11 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         index, count = parse_shard(shard)
         check_shard_count(count, encoder.n_combinations, "--shard", shard)
         start, stop = shard_range(encoder.n_combinations, index, count)
+    expected = expected_seconds(stop - start, simulate_top, simulate)
+    if expected > WARN_AFTER_S:
+        click.echo(f"{loaded.spec.name}: {stop - start:,} combinations and up to {simulate_top:,} simulations: "
+                   f"about {expected / 60:.0f} minutes on 2 cores (--shard I/N or --dask splits it; "
+                   "--simulate-top lowers the simulations)", err=True)
         target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
     else:
         target = out or Path("results") / f"{loaded.spec.name}.parquet"

@@ -131,13 +131,16 @@ def evaluate_encoded(packed: Packed, enc: Encoded, *, simulate: bool = True, max
 
 
 def best_analytic(encoder: Encoder, packed: Packed, n: int, *, chunk_rows: int, start: int, stop: int,
-                  max_tasks: int) -> np.ndarray | None:
+                  max_tasks: int, bar: tqdm | None = None) -> np.ndarray | None:
     """Sorted row ids of the ``n`` simulable candidates with the shortest analytic
-    step (ties by row id), or None when there are no more than ``n`` of them."""
+    step (ties by row id), or None when there are no more than ``n`` of them.
+    ``bar`` counts the combinations as they are ranked."""
     best_t = np.empty(0)
     best_id = np.empty(0, dtype=np.int64)
     total = 0
     for enc in encoder.chunks(chunk_rows, start, stop):
+        if bar is not None:
+            bar.update(enc.n_combinations)
         metrics = analytic(packed, enc.columns)
         keep = simulable(enc.columns, metrics, max_tasks=max_tasks)
         total += int(keep.sum())
@@ -147,6 +150,21 @@ def best_analytic(encoder: Encoder, packed: Packed, n: int, *, chunk_rows: int, 
             order = np.lexsort((best_id, best_t))[:n]
             best_t, best_id = best_t[order], best_id[order]
     return None if total <= n else np.sort(best_id)
+
+
+#: rates behind ``expected_seconds``, measured on 2 cores (bench/bench_sweep.py, bench/bench_engine.py):
+#: combinations encoded and ranked per second in each of the two passes, and rows the
+#: event tier simulates per second on the deep pipelines the best rows often are
+ENCODE_PER_S = 1.0e6
+SIMULATE_PER_S = 1000.0
+#: a sweep expected to take longer than this says so before it starts
+WARN_AFTER_S = 60.0
+
+
+def expected_seconds(n_combinations: int, simulate_top: int, simulate: bool) -> float:
+    """A rough time for a sweep: two passes over the combinations and the simulations."""
+    passes = 2 if simulate else 1
+    return passes * n_combinations / ENCODE_PER_S + (simulate_top / SIMULATE_PER_S if simulate else 0.0)
 
 
 @dataclass
@@ -201,15 +219,25 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
     encoder = Encoder(space)
     packed = pack(space)
     stop = encoder.n_combinations if stop is None else min(stop, encoder.n_combinations)
-    only = best_analytic(encoder, packed, simulate_top, chunk_rows=chunk_rows, start=start, stop=stop,
-                         max_tasks=max_tasks) if simulate else None
-    summary = SweepSummary(path=out)
     began = time.perf_counter()
+    quiet = None if progress else True
+    only = None
+    if simulate:
+        with tqdm(total=stop - start, unit="comb", unit_scale=True, disable=quiet, leave=False,
+                  desc=f"{space.spec.name}: ranking analytically", mininterval=0.5) as first:
+            only = best_analytic(encoder, packed, simulate_top, chunk_rows=chunk_rows, start=start, stop=stop,
+                                 max_tasks=max_tasks, bar=first)
+    summary = SweepSummary(path=out)
     labels_ = enum_labels()
     table_schema = result_schema()
+    # the second pass's cost is its simulations: with a top-K to simulate the bar counts
+    # them (an honest rate and ETA), otherwise the combinations
+    sims = None if only is None else len(only)
     with ResultWriter(out, table_schema, provenance(space), column_docs()) as writer, tqdm(
-        total=stop - start, unit="comb", unit_scale=True, disable=None if progress else True,
-        desc=space.spec.name, leave=False,
+        total=sims if sims is not None else stop - start, unit="sim" if sims is not None else "comb",
+        unit_scale=True, disable=quiet, desc=f"{space.spec.name}: " + ("simulating the best" if sims is not None
+                                                                       else "evaluating"),
+        leave=False, mininterval=0.5,
     ) as bar:
         for enc in encoder.chunks(chunk_rows, start, stop):
             cols = evaluate_encoded(packed, enc, simulate=simulate, max_tasks=max_tasks, only=only)
@@ -220,7 +248,7 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
             summary.n_simulated += int(np.count_nonzero(cols["simulated"]))
             summary.first_reason += enc.first_reason
             summary.breaks += enc.breaks
-            bar.update(enc.n_combinations)
+            bar.update(int(np.count_nonzero(cols["simulated"])) if sims is not None else enc.n_combinations)
             bar.set_postfix(rows=summary.n_rows, feasible=summary.n_feasible, refresh=False)
         summary.seconds = time.perf_counter() - began
         if summary.n_rows or keep_empty:
