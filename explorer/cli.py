@@ -402,10 +402,12 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
               help="Seed of the sampler (numpy's range).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="Folder for the journal and the Parquet parts.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Progress bar with trials per second and the best feasible step time so far.")
 @_guard
 def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler: str, objective: str,
               max_mem: float | None, storage: str | None, study_name: str | None, batch: int, seed: int,
-              out_dir: Path) -> None:
+              out_dir: Path, progress: bool) -> None:
     """Search a space with Optuna; resumes the named study if it exists."""
     import optuna
 
@@ -416,9 +418,17 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
     _announce_compile()
     if study_name is not None:  # names the journal and the parts' folder: keep them inside --out
         confined_name(study_name, "command line", "--study-name")
-    summary = run_study(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
-                        sampler=sampler, objective=objective, max_mem_gib=max_mem, batch=batch, timeout_s=timeout_s,
-                        seed=seed)
+    from tqdm import tqdm
+
+    with tqdm(total=n_trials, unit="trial", desc=f"study {study_name or loaded.spec.name}", leave=False,
+              disable=None if progress else True, mininterval=0.5) as bar:
+        def on_batch(done: int, best: float | None) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix_str(f"best step {best:.4g} s" if best is not None else "no feasible trial yet")
+
+        summary = run_study(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
+                            sampler=sampler, objective=objective, max_mem_gib=max_mem, batch=batch,
+                            timeout_s=timeout_s, seed=seed, on_batch=on_batch)
     click.echo(f"study {summary.study_name}: {summary.n_new} new trials ({summary.n_trials_total} in total) in "
                f"{summary.seconds:.1f} s; metrics in {out_dir / summary.study_name}/")
     if summary.best:

@@ -198,7 +198,11 @@ def default_storage(out_dir: Path, study_name: str) -> optuna.storages.BaseStora
 def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: str | None = None,
               storage: str | None = None, sampler: str = "tpe", objective: str = "time-memory",
               max_mem_gib: float | None = None, batch: int = 64, timeout_s: float | None = None,
-              seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S) -> StudySummary:
+              seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S,
+              on_batch: Callable[[int, float | None], object] | None = None) -> StudySummary:
+    """Run ``n_trials`` more trials of the named study in batches; ``on_batch`` hears,
+    after each batch, the trials done so far and the best feasible step time of the
+    whole study (None while no trial is feasible)."""
     encoder = Encoder(loaded)
     space = search_space(encoder)
     check_options(loaded, space, sampler=sampler, storage=storage)
@@ -257,6 +261,8 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
                     parts.append(part)
                 done += len(trials)
                 optuna.storages.fail_stale_trials(study)
+                if on_batch is not None:
+                    on_batch(done, best_feasible_step(study))
     feasible = [t for t in study.trials if t.state == TrialState.COMPLETE
                 and max(_constraint(t), default=1.0) <= 0]
     best = sorted(feasible, key=lambda t: t.values[0])[:5]
@@ -269,6 +275,13 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
               for t in best],
         parts=parts, seconds=time.perf_counter() - began, n_recovered=retry.count,
     )
+
+
+def best_feasible_step(study: optuna.Study) -> float | None:
+    """The shortest step time among the study's complete trials that meet the constraints."""
+    steps = [t.values[0] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if max(_constraint(t), default=1.0) <= 0]
+    return min(steps) if steps else None
 
 
 def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], encoder: Encoder, packed: Any,

@@ -178,3 +178,18 @@ def test_cli_study_refuses_bad_options_in_one_line(tmp_path, args, needles):
     assert len(error) == 1
     for needle in needles:
         assert needle in error[0]
+
+
+def test_each_batch_reports_trials_done_and_the_best_feasible_step(tmp_path):
+    """on_batch hears 8, 16, 24 trials and a best step that never rises; the last one
+    equals the summary's best."""
+    from paraspace.explorer.study import run_study
+    from paraspace.spaces.catalog import load_space
+
+    heard: list[tuple[int, float | None]] = []
+    summary = run_study(load_space("llama3-8b-h100-64"), n_trials=24, out_dir=tmp_path, batch=8, sampler="random",
+                        on_batch=lambda done, best: heard.append((done, best)))
+    assert [d for d, _ in heard] == [8, 16, 24]
+    bests = [b for _, b in heard if b is not None]
+    assert bests == sorted(bests, reverse=True)
+    assert bests[-1] == summary.best[0]["step_time_s"]
