@@ -32,7 +32,7 @@ def attention_gemm_s(m: float, n: float, k: float, dev, tiles, ab: float, work):
     return gemm_time_peak_s(m, n, k, dev, tiles, ab, peak), gemm_time_peak_s(m, k, n, dev, tiles, ab, peak) + w, w
 
 
-@jit
+@jit(inline=True)
 def mla_projections_s(sh, model, dev, tiles, work):
     """MLA (DeepSeek-V2/V3): KV down (replicated), KV up, Q down and up (or one Q
     projection without a query rank), and the core over qk = nope + rope heads:
@@ -71,7 +71,7 @@ def mla_projections_s(sh, model, dev, tiles, work):
     return f1, b1, w1, attn_f, attn_b, v_out, rope_width, latent_norm_bytes, proj_out
 
 
-@jit
+@jit(inline=True)
 def mha_projections_s(sh, model, dev, tiles, work):
     """MHA / GQA: one fused QKV projection (kv_heads for K and V) and the core;
     the same tuple as ``mla_projections_s`` (no latent norms)."""
@@ -84,7 +84,7 @@ def mha_projections_s(sh, model, dev, tiles, work):
     return f1, b1, w1, attn_f, attn_b, q_out, q_out + kv_out, 0.0, q_out + 2.0 * kv_out
 
 
-@jit
+@jit(inline=True)
 def norms_s(sh, model, rope_width: float, latent_norm_bytes: float, dev) -> float:
     """Forward seconds of a layer's memory-bound elementwise work: two norms, two
     residual adds, dropout, the latent norms and the rotary embedding (fused:
@@ -107,7 +107,7 @@ def norms_s(sh, model, rope_width: float, latent_norm_bytes: float, dev) -> floa
     return memory_bound_s(mem_bytes, n_kernels, dev)
 
 
-@jit
+@jit(inline=True)
 def attention_s(sh, model, dev, tiles, work):
     """The ``Attention`` of one layer of ``sh``'s shape."""
     if model.mla > 0:

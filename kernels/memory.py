@@ -157,7 +157,7 @@ MemoryPeak = namedtuple("MemoryPeak", ("peak", "overhead", "weights", "grads", "
                                        "stage", "host_peak"))
 
 
-@jit
+@jit(inline=True)
 def activation_sizes(sh, recompute: int, model, work):
     """The ``Activations`` of a layer of ``sh``'s shape. While a layer's backward
     recomputes, what it did not keep lives again for that one layer: (all of it)
@@ -183,7 +183,7 @@ def activation_sizes(sh, recompute: int, model, work):
                        layer_input_bytes(b, s, t, c, sp, model, ab))
 
 
-@jit
+@jit(inline=True)
 def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model, work):
     """(weights, gradients, optimizer states, host) bytes of stage ``stage``'s
     device: ZeRO shards over DP x CP (experts over expert DP), weight offload
@@ -225,7 +225,7 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
     return weights, grads, optim, host
 
 
-@jit
+@jit(inline=True)
 def stage_activation_bytes(stage: int, sh, kn, acts, logits: float, model):
     """(activation bytes on the device, bytes offloaded to the host) of stage
     ``stage`` at the schedule's peak (``in_flight_chunks``): kept layers keep
@@ -270,7 +270,7 @@ def stage_activation_bytes(stage: int, sh, kn, acts, logits: float, model):
     return device, host
 
 
-@jit
+@jit(inline=True)
 def device_memory(sh, kn, edp: float, logits: float, moe_buffer: float, model, dev, work):
     """The ``MemoryPeak`` over the candidate's stages: tensors plus the fixed
     overhead and the allocator's fragmentation (a fraction of the tensors)."""

@@ -17,7 +17,7 @@ from paraspace.kernels.parameters import attention_weights
 Mlp = namedtuple("Mlp", ("up_f", "up_b", "up_w", "down_f", "down_b", "down_w", "act"))
 
 
-@jit
+@jit(inline=True)
 def dense_mlp_s(sh, model, dev, tiles):
     """The ``Mlp`` of one dense layer of ``sh``'s shape (ffn / t wide per rank)."""
     f = model.ffn / sh.t
@@ -30,7 +30,7 @@ def dense_mlp_s(sh, model, dev, tiles):
     return Mlp(f3, b3, w3, f4, b4, w4, act)
 
 
-@jit
+@jit(inline=True)
 def gemm_cast_s(sh, model, att, dev, work):
     """(forward, backward) seconds of casting 8-bit GEMMs' operands: inputs and
     weights forward, output gradients backward; the MLP's, and the attention

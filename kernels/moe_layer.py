@@ -28,7 +28,7 @@ MoeLayer = namedtuple("MoeLayer", ("fwd", "bwd", "wgrad", "ep_f", "ep_b", "buffe
                                    "efficiency", "disp", "comb", "experts_f", "experts_b", "experts_w", "rc", "rc_ep"))
 
 
-@jit
+@jit(inline=True)
 def routed_experts_s(sh, model, dev, tiles, work):
     """The router and the routed experts of this rank: (router GEMM forward,
     backward, W; softmax and top-k; rows per local expert on the busiest rank;
@@ -48,7 +48,7 @@ def routed_experts_s(sh, model, dev, tiles, work):
     return rf, rb, rw, router, m_e, g1w, g2w, g1f + g2f + g_act, g1b + g2b + 2.0 * g_act
 
 
-@jit
+@jit(inline=True)
 def shared_experts_s(sh, model, dev, tiles):
     """(forward, backward, W) seconds of the shared experts, a dense gated MLP split by t."""
     if model.shared_experts <= 0:
@@ -60,7 +60,7 @@ def shared_experts_s(sh, model, dev, tiles):
     return s1f + s2f + s_act, s1b + s2b + 2.0 * s_act, s1w + s2w
 
 
-@jit
+@jit(inline=True)
 def ep_traffic_s(sh, ep_stride: float, dispatch: int, model, dev, tiers, work):
     """(local permute pass, dispatch, combine) seconds of one MoE layer's
     micro-batch; with expert TP the dispatched rows are gathered among its ranks
@@ -79,7 +79,7 @@ def ep_traffic_s(sh, ep_stride: float, dispatch: int, model, dev, tiers, work):
     return local, disp, comb
 
 
-@jit
+@jit(inline=True)
 def ep_exposed_s(disp: float, comb: float, compute_f: float, compute_b: float, tbo: int, schedule: int):
     """(forward, backward) EP seconds not hidden: all of dispatch + combine, or with
     two-batch overlap what outlasts the other half-batch's expert compute."""
@@ -102,7 +102,7 @@ def ep_exposed_s(disp: float, comb: float, compute_f: float, compute_b: float, t
     return ep_f, ep_b
 
 
-@jit
+@jit(inline=True)
 def moe_layer_s(sh, att, ep_stride: float, recompute: int, rc_dense: float, dispatch: int, tbo: int, schedule: int,
                 model, dev, tiers, tiles, work):
     """The ``MoeLayer`` of one MoE layer (all zeros on a dense model, whose

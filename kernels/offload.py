@@ -24,7 +24,7 @@ def host_exposed_s(to_host: float, to_device: float, compute: float, dev) -> flo
     return max(0.0, max(to_host, to_device) / dev.host_link_bytes_per_s - compute)
 
 
-@jit
+@jit(inline=True)
 def offload_costs(costs, sh, recompute: int, off_act: int, off_w: int, lp: float, moe_params: float,
                   layer_fwd: float, layer_bwd: float, moe_f: float, moe_b: float, model, dev, work) -> None:
     """Fill the exposed host-link slots of ``costs`` (C_OFF_* with activations and

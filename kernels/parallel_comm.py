@@ -38,7 +38,7 @@ def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: i
     return etp, edp, etp * ep
 
 
-@jit
+@jit(inline=True)
 def tp_layer_comm_s(sh, tp_overlap: int, qkv_f: float, out_f: float, up_f: float, down_f: float, tiers) -> float:
     """One direction of a layer's TP collectives: all-reduce after attention and
     MLP, or with sequence parallelism all-gather before and reduce-scatter after
@@ -59,7 +59,7 @@ def tp_layer_comm_s(sh, tp_overlap: int, qkv_f: float, out_f: float, up_f: float
     return 2.0 * collective_time_s(ALL_REDUCE, t, 1.0, msg, tiers)
 
 
-@jit
+@jit(inline=True)
 def cp_ring_s(sh, model, rope_width: float, core_f: float, core_b: float, tiers):
     """(forward, backward) exposed seconds of ring attention: K and V chunks pass
     c - 1 times, overlapped with the attention core (``core_f``, ``core_b``)."""
@@ -79,7 +79,7 @@ def cp_ring_s(sh, model, rope_width: float, core_f: float, core_b: float, tiers)
     return cp_f, cp_b
 
 
-@jit
+@jit(inline=True)
 def embedding_head_comm_s(sh, tiers):
     """TP seconds of the vocab-parallel embedding (its output reduced, with SP
     scattered and gathered again) and of the LM head's loss (max and sum, with SP
@@ -95,14 +95,14 @@ def embedding_head_comm_s(sh, tiers):
     return emb, head
 
 
-@jit
+@jit(inline=True)
 def p2p_s(sh, tiers) -> float:
     """One pipeline message: a micro-batch's activations (split by t with SP) to the next stage."""
     msg = sh.tokens * sh.h * sh.ab
     return collective_time_s(SEND_RECV, sh.p, sh.t * sh.c * sh.d, msg / sh.t if sh.sp else msg, tiers)
 
 
-@jit
+@jit(inline=True)
 def dp_sync_s(zero: int, sh, placement: int, layers_max: float, layer_dense: float, layer_expert: float,
               pass_dense: float, dense_max: float, expert_max: float, tiers, work):
     """(gradient reduction, parameter gather) seconds of the device with the most
@@ -134,7 +134,7 @@ def dp_sync_s(zero: int, sh, placement: int, layers_max: float, layer_dense: flo
     return grad, param
 
 
-@jit
+@jit(inline=True)
 def exposed_dp_s(zero: int, dc: float, edp: float, m: float, t_max: float, fwd: float, bwd: float, grad: float,
                  param: float) -> float:
     """Data-parallel seconds not hidden: ZeRO-3 gathers for forward and backward

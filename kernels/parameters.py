@@ -232,7 +232,7 @@ def model_flop_per_sequence(model, s: float) -> float:
     return flop + 2.0 * s * h * model.vocab
 
 
-@jit
+@jit(inline=True)
 def largest_stage_params(pp: int, schedule: int, parts, model):
     """The device with the most parameters, as (total, its non-expert, its expert,
     non-expert parameters of the stage with the most): DualPipe devices hold

@@ -19,7 +19,7 @@ def recomputed_layers(recompute: int, rc_layers: float, nd: float, nm: float):
     return min(k - fr_m, nd), fr_m
 
 
-@jit
+@jit(inline=True)
 def recompute_s(recompute: int, sh, layer_fwd: float, tp_layer: float, cp_f: float, core_f: float, dev):
     """(compute, communication) seconds a dense layer's recompute adds to its backward."""
     rc_compute = 0.0

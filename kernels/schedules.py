@@ -54,7 +54,7 @@ def dualpipe_steady_s(pp: int, model, costs, recompute: int, rc_layers) -> float
     return t_steady
 
 
-@jit
+@jit(inline=True)
 def pipeline_s(schedule: int, pp: int, v: float, m: float, bn, model, costs, recompute: int, rc_layers):
     """(pipeline time, the busiest device's steady work per micro-batch) of ``m``
     micro-batches over stages whose bottleneck is ``bn`` (``Bottleneck``)."""
@@ -78,7 +78,7 @@ def pipeline_s(schedule: int, pp: int, v: float, m: float, bn, model, costs, rec
     return pipe, t_steady
 
 
-@jit
+@jit(inline=True)
 def pp_comm_s(schedule: int, p: float, v: float, p2p: float) -> float:
     """Pipeline sends on the fill and drain path: 2 (p - 1) messages, v times as
     many with interleaving."""

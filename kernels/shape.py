@@ -21,7 +21,7 @@ Shape = namedtuple("Shape", ("t", "p", "d", "c", "e", "et", "b", "s", "ab", "h",
                              "fused", "norm_tokens"))
 
 
-@jit
+@jit(inline=True)
 def shape_of(tp, pp, dp, cp, mb, ep, etp, sp_flag, model, dev, work):
     """The ``Shape`` of a row from its strategy columns and parameter records."""
     t = float(tp)

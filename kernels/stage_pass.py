@@ -110,7 +110,7 @@ def stage_pass_s(stage, pp, model, costs, recompute, rc_layers):
     return fwd, bwd, wgrad, rc, tp_time, ep_time, off_time, cp_time
 
 
-@jit
+@jit(inline=True)
 def bottleneck_s(pp: int, model, costs, recompute: int, rc_layers):
     """The ``Bottleneck`` over the ``pp`` stages (the first slowest one)."""
     t_max = -1.0

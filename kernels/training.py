@@ -122,7 +122,7 @@ N_OUT = len(OUTPUTS)
 ) = range(N_OUT)
 
 
-@jit
+@jit(inline=True)
 def end_stage_costs(costs, sh, layer_fwd: float, layer_bwd: float, tp_layer: float, att, mlp, moe, model, dev,
                     tiers, tiles) -> None:
     """Fill the end stages' slots of ``costs``: the embedding (first stage), the
@@ -165,7 +165,7 @@ def end_stage_costs(costs, sh, layer_fwd: float, layer_bwd: float, tp_layer: flo
     costs[C_MTP_W] = mtp_w
 
 
-@jit
+@jit(inline=True)
 def step_sync_costs(costs, sh, zero: int, optimizer: int, schedule: int, placement: int, model, dev, tiers,
                     work) -> None:
     """Fill the once-per-step slots of ``costs``: the device with the most
