@@ -264,12 +264,22 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if dask_address is not None:
         from paraspace.explorer.distributed import run_on_dask
 
+        if shard is not None:
+            raise InputError(f"command line: --shard = {shard!r} with --dask: expected one of them (--dask runs every "
+                             "shard of --shards N; --shard runs one here)")
         check_shard_count(shards, encoder.n_combinations, "--shards", shards)
         folder = out or Path("results") / loaded.spec.name
-        parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows)
+        # every sweep option reaches the shards (progress bars stay on the workers' side: off)
+        parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows,
+                            options={"simulate": simulate, "max_tasks": max_tasks, "simulate_top": simulate_top})
         rows = sum(p["n_rows"] for p in parts)
-        click.echo(f"{len(parts)} shards on {dask_address}: {sum(p['n_combinations'] for p in parts):,} combinations "
-                   f"-> {rows:,} candidates ({sum(p['n_feasible'] for p in parts):,} fit) in {folder}/")
+        n_combinations = sum(p["n_combinations"] for p in parts)
+        click.echo(f"{len(parts)} shards on {dask_address}: {n_combinations:,} combinations "
+                   f"-> {rows:,} candidates ({sum(p['n_feasible'] for p in parts):,} fit, "
+                   f"{sum(p['n_simulated'] for p in parts):,} simulated) in {folder}/")
+        if explain:
+            first = np.sum([p["first_reason"] for p in parts], axis=0)
+            click.echo(explain_table(first, np.sum([p["breaks"] for p in parts], axis=0), n_combinations))
         if n_top and rows:
             click.echo(_top_table(top(folder, n_top), columns, wide))
         return

@@ -25,16 +25,19 @@ from paraspace.spaces.errors import CatalogError
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows: int) -> dict[str, Any]:
-    """On a worker: evaluate shard ``index`` of ``count`` and write it."""
+def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows: int,
+               options: dict[str, Any]) -> dict[str, Any]:
+    """On a worker: evaluate shard ``index`` of ``count`` with the sweep's ``options``
+    (``run_sweep``'s simulate, max_tasks, simulate_top) and write it."""
     from paraspace.spaces.encode import Encoder
 
     n = Encoder(space).n_combinations
     start, stop = shard_range(n, index, count)
     summary = run_sweep(space, Path(out) / f"part-{index}-of-{count}.parquet", chunk_rows=chunk_rows, progress=False,
-                        start=start, stop=stop, keep_empty=True)
+                        start=start, stop=stop, keep_empty=True, **options)
     return {"path": str(summary.path), "n_combinations": summary.n_combinations, "n_rows": summary.n_rows,
-            "n_feasible": summary.n_feasible, "seconds": summary.seconds}
+            "n_feasible": summary.n_feasible, "n_simulated": summary.n_simulated, "seconds": summary.seconds,
+            "first_reason": summary.first_reason.tolist(), "breaks": summary.breaks.tolist()}
 
 
 def connect(address: str, cluster: Any, timeout_s: float) -> Any:
@@ -53,8 +56,10 @@ def connect(address: str, cluster: Any, timeout_s: float) -> Any:
 
 
 def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
-                chunk_rows: int = DEFAULT_CHUNK, connect_timeout_s: float | None = None) -> list[dict[str, Any]]:
-    """Submit every shard to the cluster at ``address`` ("local": a LocalCluster) and wait."""
+                chunk_rows: int = DEFAULT_CHUNK, connect_timeout_s: float | None = None,
+                options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Submit every shard to the cluster at ``address`` ("local": a LocalCluster) and wait;
+    ``options`` go to every shard's ``run_sweep`` (simulate, max_tasks, simulate_top)."""
     from dask.distributed import LocalCluster
 
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
@@ -62,7 +67,7 @@ def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
     try:
         with connect(address, cluster, CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s) as client:
             ensure_folder(out_dir)
-            futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, pure=False)
+            futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, options or {}, pure=False)
                        for i in range(shards)]
             return client.gather(futures)
     finally:

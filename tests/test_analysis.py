@@ -122,3 +122,18 @@ def test_dask_local_cluster_equals_the_local_sweep(tmp_path, results):
     assert out.exit_code == 0, out.output
     assert sorted(p.name for p in folder.glob("*.parquet")) == [f"part-{i}-of-3.parquet" for i in range(3)]
     assert top(folder, 100_000).equals(top(results, 100_000))
+
+
+def test_dask_honours_every_sweep_option(tmp_path):
+    """--no-simulate reaches the workers (nothing simulated), --explain prints the
+    summed rule counts, and --shard with --dask is refused in one line."""
+    pytest.importorskip("dask.distributed", reason="dask[distributed] (the test extra) is not installed")
+    folder = tmp_path / "dask"
+    out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--dask", "local", "--shards", "2", "--out",
+                                    str(folder), "-n", "0", "--no-simulate", "--explain"])
+    assert out.exit_code == 0, out.output
+    assert "0 simulated" in out.output and "kept" in out.output and "2,304 combinations" in out.output
+    frame = pl.concat([pl.read_parquet(p) for p in sorted(folder.glob("*.parquet"))])
+    assert not frame["simulated"].any()
+    refused = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--dask", "local", "--shard", "0/2"])
+    assert refused.exit_code == 2 and "--shard = '0/2' with --dask: expected one of them" in refused.output
