@@ -580,13 +580,22 @@ def _finite(value: Any) -> Any:
 @click.option("--loso", is_flag=True,
               help="Training files: also fit the calibrated knobs without each source and predict it "
                    "(leave-one-source-out; about two minutes on 2 cores).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
 @_guard
-def validate_cmd(file: Path, as_json: bool, loso: bool) -> None:
+def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
     """Predict every row of a published-measurement CSV and report the errors."""
     from paraspace.explorer import validate
 
     _announce_compile()
-    kind, results = validate.run(file)
+    from tqdm import tqdm
+
+    with tqdm(unit="row", desc=f"validate {file.name}", leave=False, mininterval=0.5,
+              disable=None if progress else True) as bar:
+        def on_row(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        kind, results = validate.run(file, on_row)
     stats = validate.summary(results)
     held = held_stats = None
     if loso and kind == "training":

@@ -619,11 +619,17 @@ def predict_row(predict: Any, row: dict[str, str | None], source: str) -> RowRes
                          status="unsupported", reason=str(err).removeprefix(f"{source}: "))
 
 
-def run(path: str | Path) -> tuple[str, list[RowResult]]:
+def run(path: str | Path, on_row: Any = None) -> tuple[str, list[RowResult]]:
+    """Every row of ``path`` predicted; ``on_row(done, total)`` hears each row as it is done."""
     df = read(path)
     kind = kind_of(df)
     predict = {"comm": predict_comm, "inference": predict_inference}.get(kind, predict_training)
-    return kind, [predict_row(predict, r, str(path)) for r in df.iter_rows(named=True)]
+    results = []
+    for row in df.iter_rows(named=True):
+        results.append(predict_row(predict, row, str(path)))
+        if on_row is not None:
+            on_row(len(results), df.height)
+    return kind, results
 
 
 def summary(results: list[RowResult]) -> dict[str, Any]:

@@ -317,3 +317,10 @@ def test_leave_one_source_out_within_threshold(training_results):
     # held out is never better than in sample by more than noise for a source the fit saw
     in_sample = validate.summary(training_results)
     assert stats["ok"]["mape"] >= in_sample["ok"]["mape"] - 1e-9
+
+
+def test_each_row_is_reported_as_it_is_done(tmp_path):
+    heard = []
+    validate.run(write(tmp_path, [ROW, {**ROW, "id": "t-2"}, {**ROW, "id": "t-3"}]),
+                 lambda done, total: heard.append((done, total)))
+    assert heard == [(1, 3), (2, 3), (3, 3)]
