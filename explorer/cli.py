@@ -289,14 +289,14 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         index, count = parse_shard(shard)
         check_shard_count(count, encoder.n_combinations, "--shard", shard)
         start, stop = shard_range(encoder.n_combinations, index, count)
+        target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
+    else:
+        target = out or Path("results") / f"{loaded.spec.name}.parquet"
     expected = expected_seconds(stop - start, simulate_top, simulate)
     if expected > WARN_AFTER_S:
         click.echo(f"{loaded.spec.name}: {stop - start:,} combinations and up to {simulate_top:,} simulations: "
                    f"about {expected / 60:.0f} minutes on 2 cores (--shard I/N or --dask splits it; "
                    "--simulate-top lowers the simulations)", err=True)
-        target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
-    else:
-        target = out or Path("results") / f"{loaded.spec.name}.parquet"
     summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
                         max_tasks=max_tasks, simulate_top=simulate_top, start=start, stop=stop,
                         keep_empty=shard is not None)
