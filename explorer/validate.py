@@ -521,6 +521,61 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     return base
 
 
+#: isolated-phase rows: the phase and the per-GPU throughput metric it is measured by
+PHASE_METRICS = {"prefill": "input_tokens_per_s_per_gpu", "decode": "output_tokens_per_s_per_gpu"}
+
+
+def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
+    """A prefill or decode phase measured in isolation (DeepSeek's profile, SGLang's
+    large-EP tests): one replica of tp x pp GPUs runs ``batch`` sequences per
+    attention-DP rank (``batch`` EMPTY: as many as its KV cache holds, capped at the
+    runtime's 4096) through ``kernels.inference``'s prefill of ``input_len`` tokens, or
+    one decode step over a KV cache of ``input_len`` tokens; the metric is those tokens
+    per second per GPU. A replica whose cache cannot hold the batch is predicted out
+    of memory."""
+    rid = row.get("id") or ""
+    where = f"{source}: row {rid}"
+    mode, metric = row.get("mode") or "", row.get("metric") or ""
+    base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
+                     gpu=row.get("gpu") or "", metric=metric, measured=_measured(row, "value", source),
+                     predicted=None, status="unsupported")
+    if PHASE_METRICS.get(mode) != metric:
+        raise CatalogError(where, "metric", metric, f"{PHASE_METRICS.get(mode)} for a {mode} row")
+    ints = {k: _num(row, k, source) for k in ("tp", "pp", "input_len")}
+    for key, value in ints.items():
+        if not value:
+            raise CatalogError(where, key, row.get(key), "a positive number (EMPTY is not allowed here)")
+    model = row_model(row, source, where)
+    hardware = row_hardware(row, source, where, row.get("gpu") or "")
+    dtype = row.get("dtype") or ""
+    if dtype not in WEIGHT_BYTES or dtype not in hardware.device.peak_TFLOP_per_s:
+        raise CatalogError(where, "dtype", dtype, f"one of {sorted(WEIGHT_BYTES)} that {hardware.name} has a peak for")
+    tp, pp = ints["tp"], ints["pp"]
+    ep = _num(row, "ep", source) or 1
+    if model.moe is not None and (tp % ep or model.moe.experts % ep):
+        raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp} and of n_experts = {model.moe.experts} "
+                           "(redundant expert copies are not modelled)")
+    attention_dp = _num(row, "attention_dp", source) == 1
+    kv = WEIGHT_BYTES.get(row.get("kv_dtype") or dtype, WEIGHT_BYTES[dtype])
+    srv = inference.serving(tp=tp, pp=pp, ep=ep, attention_dp=float(attention_dp), n_gpus=tp * pp,
+                            weight_bytes=WEIGHT_BYTES[dtype], act_bytes=2.0, kv_bytes=kv)
+    device, tiers, tiles = pack_hardware(hardware, dtype)
+    m, dev, s = pack_model(model)[0], device[0], srv[0]
+    seq = float(ints["input_len"])
+    batch = _num(row, "batch", source)
+    replica = float(batch * (tp if attention_dp else 1)) if batch else inference.max_batch(m, dev, s, seq)
+    if replica < 1.0:
+        base.status = "no-candidate"
+        return base
+    if mode == "prefill":
+        base.predicted = replica * seq / inference.prefill_s(m, dev, tiers, tiles, s, replica, seq) / (tp * pp)
+    else:
+        base.predicted = replica / inference.decode_step_s(m, dev, tiers, tiles, s, replica, seq) / (tp * pp)
+    base.status = "ok" if replica <= inference.kv_capacity(m, dev, s, seq) else "oom"
+    base.chosen = {"batch": int(replica), "batch_limit": "row" if batch else "kv-cache"}
+    return base
+
+
 def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     """One inference benchmark point through ``kernels.inference.serve``: the model
     from the row's columns, the hardware from ``gpu`` in the row's dtype, the
@@ -534,6 +589,8 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     metric = row.get("metric") or ""
     if row.get("concurrency") and (row.get("mode") or "agg") == "agg" and metric in SERVING_METRICS:
         return predict_serving(row, source)
+    if row.get("mode") in PHASE_METRICS:
+        return predict_phase(row, source)
     base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",
                      gpu=row.get("gpu") or "", metric=metric, measured=_measured(row, "value", source),
                      predicted=None, status="unsupported")

@@ -499,3 +499,44 @@ def test_closed_loop_serving_rows_go_through_the_serving_simulation():
     cols, _ = evaluate_space(space)
     by_id = {r.id: r for r in served}
     assert by_id[row["id"]].predicted == float(cols["tpot_s"][0])
+
+
+PHASE = {**ROW, "id": "p-1", "mode": "prefill", "metric": "input_tokens_per_s_per_gpu", "tp": "2", "n_gpus": "2",
+         "pp": "1", "ep": "1", "attention_dp": "0", "batch": "4", "input_len": "1000", "output_len": "",
+         "value": "5000"}
+
+
+def test_isolated_phases_are_tokens_per_second_per_gpu_of_the_replica(tmp_path, h100, llama3_8b):
+    """Prefill of 4 prompts of 1,000 tokens on a TP2 replica: 4 x 1,000 tokens over the
+    replica's prefill time, per GPU (/ 2). Decode: 4 tokens (one per sequence) over one
+    step at a KV length of 1,000, per GPU. Under attention DP the batch is per rank:
+    4 x 2 = 8 sequences in the replica."""
+    fields = list(PHASE) + ["mode"]
+    rows = [PHASE, {**PHASE, "id": "d-1", "mode": "decode", "metric": "output_tokens_per_s_per_gpu"}]
+    path = tmp_path / "phase.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(fields)))
+        writer.writeheader()
+        writer.writerows(rows)
+    prefill, decode = validate.run(path)[1]
+    assert prefill.status == decode.status == "ok"
+    dev, tiers, tiles = validate.pack_hardware(validate.load_hardware("h100-sxm5-80gb"), "fp8")
+    model = validate.pack_model(validate.row_model(PHASE, "t", "t"))[0]
+    srv = inf.serving(tp=2, pp=1, ep=1, attention_dp=0.0, n_gpus=2, weight_bytes=1.0, act_bytes=2.0, kv_bytes=1.0)[0]
+    t_pre = inf.prefill_s(model, dev[0], tiers, tiles, srv, 4.0, 1000.0)
+    t_dec = inf.decode_step_s(model, dev[0], tiers, tiles, srv, 4.0, 1000.0)
+    assert prefill.predicted == pytest.approx(4 * 1000 / t_pre / 2, rel=1e-12)
+    assert decode.predicted == pytest.approx(4 / t_dec / 2, rel=1e-12)
+    assert prefill.chosen == {"batch": 4, "batch_limit": "row"}
+
+
+def test_a_phase_row_with_an_ep_that_splits_no_expert_evenly_says_so(tmp_path):
+    moe = {**PHASE, "n_experts": "8", "topk": "2", "expert_ffn": "1024", "ep": "3", "tp": "3", "n_gpus": "3",
+           "heads": "33", "kv_heads": "3", "hidden": "4224"}
+    path = tmp_path / "p.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys([*PHASE, *moe])))
+        writer.writeheader()
+        writer.writerow(moe)
+    (result,) = validate.run(path)[1]
+    assert result.status == "unsupported" and "ep = 3" in result.reason and "redundant expert" in result.reason
