@@ -332,9 +332,7 @@ def _opened(results: Path) -> Results:
 
 
 def _with_frame_config(frame: pl.DataFrame) -> str:
-    with pl.Config(tbl_rows=len(frame), tbl_cols=len(frame.columns), tbl_width_chars=250,
-                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, fmt_str_lengths=60):
-        return str(frame)
+    return display.frame_text(frame)
 
 
 @main.command("top")

@@ -223,6 +223,21 @@ def _printed(renderable: Table | str, width: int) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
+def frame_text(frame: pl.DataFrame, width: int | None = None) -> str:
+    """Any small frame (``compare``'s columns side by side, a study's best trials) as a
+    plain table at the terminal's width: every column, long cells folded rather than
+    the table running past the edge."""
+    width = width or terminal_width()
+    if frame.is_empty():
+        return "(no rows)"
+    table = Table(box=_BOX, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
+    for column in frame.columns:
+        table.add_column(column, justify="right" if frame.schema[column].is_numeric() else "left", overflow="fold")
+    for i in range(frame.height):
+        table.add_row(*(_cell(frame, column, i) for column in frame.columns))
+    return _printed(table, width)
+
+
 def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wide: bool = False,
                width: int | None = None, extra: Sequence[str] = ()) -> str:
     """``frame``'s rows as a table for a terminal ``width`` columns wide (default: this terminal's).

@@ -257,3 +257,20 @@ def test_a_serving_result_shows_its_own_dimensions_and_metrics(tmp_path):
         assert "tok/s/gpu = output_tokens_per_s_per_gpu" in text
     differ, held = display.varying(frame)
     assert set(differ) | set(held) == set(display.dimensions(frame)) and "mode" in display.dimensions(frame)
+
+
+def test_compare_fits_an_80_column_terminal(tmp_path):
+    from click.testing import CliRunner
+
+    from paraspace.explorer.cli import main
+
+    out = tmp_path / "s.parquet"
+    assert CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--out", str(out), "--no-progress", "-n", "0",
+                                     "--no-simulate"]).exit_code == 0
+    ids = [str(i) for i in pl.read_parquet(out).sort("row_id")["row_id"].head(2)]
+    result = CliRunner().invoke(main, ["compare", str(out), "--ids", ids[0], "--ids", ids[1]], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["column", ids[0], ids[1], "difference"]
+    assert max(len(line) for line in lines) <= 80
+    assert any(line.split()[:1] == ["step_time_s"] for line in lines)
