@@ -150,7 +150,14 @@ def pin(space: LoadedSpace, strategy: Mapping[str, Any]) -> LoadedSpace:
             dims[name] = values
     dims.update({name: (value,) for name, value in given.items()})  # unknown names: the schema's error
     raw["dimensions"] = dims
-    pinned = validate(SpaceSpec, raw, space.source)
+    try:
+        pinned = validate(SpaceSpec, raw, space.source)
+    except CatalogError as err:
+        # a value given on the command line: name the option, not the schema's list index
+        name = err.field.removeprefix("dimensions.").split(".")[0]
+        if err.field.startswith("dimensions.") and name in given:
+            raise CatalogError("command line", f"--set {name}", given[name], err.expected) from None
+        raise
     if pinned.dimensions.dp is None:
         others = 1
         for name in ("tp", "pp", "cp"):

@@ -144,6 +144,7 @@ def test_eval_human_report():
         (["--set", "foo=1"], ["--set foo=1", "KEY=VALUE", "micro_batch"]),
         (["--set", "recompute=partial"], ["dimensions.recompute", "'partial'", "['none', 'selective', 'full', 'norms', 'moe-dispatch']"]),
         (["--set", "tp"], ["--set 'tp'", "KEY=VALUE"]),
+        (["--set", "tp=x"], ["command line: --set tp = 'x'", "integer"]),
         (["--dtype", "fp4"], ["dtype", "'fp4'"]),
     ],
 )
