@@ -135,8 +135,10 @@ class Lengths(Record):
     that mean and log-standard deviation ``sigma``, rounded, at least 1."""
 
     distribution: Literal["fixed", "lognormal"] = "fixed"
-    mean: Positive
-    sigma: NonNegative = 0.0
+    #: at least one token (a request is whole tokens)
+    mean: Annotated[float, Field(ge=1, le=MAX_COUNT, allow_inf_nan=False)]
+    #: at most 5: a log-standard deviation of 5 already spans e^-10 .. e^10 around the mean at 2 sigma
+    sigma: Annotated[float, Field(ge=0, le=5, allow_inf_nan=False)] = 0.0
 
     @model_validator(mode="after")
     def _sigma(self) -> Lengths:

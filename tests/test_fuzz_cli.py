@@ -397,3 +397,35 @@ def test_fuzz_extremes_inside_the_bounds(tmp_path_factory, case):
     check_clean(result, args)
     if result.exit_code == 0 and json.loads(result.output)["step_time_analytic_s"] < EVENT_TIER_MAX_S:
         check_json_row(result.output)
+
+
+# --------------------------------------------------------------------------- serving spaces
+
+#: a serving space that evaluates in about a second: Llama 3 8B on 2 H100, 4 candidates
+SERVING_BASE: dict[str, Any] = {
+    "name": "fuzz-serving", "description": "a small serving space to mutate", "model": "llama3-8b",
+    "hardware": "h100-sxm5-80gb", "devices": 2, "host_overhead_us": 200.0, "simulate_top": 2,
+    "workload": {"input_len": 512, "output_len": 64, "concurrency": 8, "n_requests": 64},
+    "sla": {"ttft_s": 2.0, "tpot_s": 0.05},
+    "dimensions": {"tp": [1, 2], "max_batch": [8, 16]},
+}
+
+
+def check_serving_parquet(path: Path) -> None:
+    """Latencies and throughputs of feasible deployments are finite and positive."""
+    fit = pl.read_parquet(path).filter(pl.col("feasible"))
+    for column in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu", "mem_peak_bytes"):
+        assert fit[column].is_finite().all() and (fit[column] > 0).all(), column
+
+
+@FUZZ
+@given(content=hostile_toml(SERVING_BASE))
+def test_fuzz_serving_toml(tmp_path_factory, content):
+    folder = tmp_path_factory.mktemp("serving")
+    path, out = folder / "serving.toml", folder / "serving.parquet"
+    path.write_bytes(content)
+    args = ["serve", str(path), "--out", str(out), "-n", "0"]
+    result = run(args)
+    check_clean(result, args)
+    if result.exit_code == 0 and out.is_file():
+        check_serving_parquet(out)

@@ -579,6 +579,8 @@ def test_catalog_serving_spaces_ship_as_package_data():
 
 
 @pytest.mark.parametrize(("path", "value"), [(("workload", "input_len"), 1e300), (("workload", "rate_per_s"), float("inf")),
+                                             (("workload", "input_len"), 5e-324),
+                                             (("workload", "output_len", "sigma"), 6.0),
                                              (("sla", "ttft_s"), float("nan")), (("host_overhead_us",), 1e30)])
 def test_serving_numbers_are_bounded(path, value):
     """Serving lengths, rates and latencies are finite and at most 2**24, as the catalog's counts."""
