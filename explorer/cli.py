@@ -599,7 +599,13 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
     if loso and kind == "training":
         from paraspace.explorer import loso as loso_mod
 
-        held = loso_mod.run(str(file), results)
+        with tqdm(unit="fit", desc="leave-one-source-out: rows at each knob pair", leave=False, mininterval=0.5,
+                  disable=None if progress else True) as bar:
+            def on_job(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            held = loso_mod.run(str(file), results, on_job=on_job)
         held_stats = loso_mod.summary(results, held)
     if as_json:
         rows = [{"id": r.id, "metric": r.metric, "measured": r.measured, "predicted": r.predicted,

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import multiprocessing
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from itertools import product
+from typing import Any
 
 import numpy as np
 
@@ -65,8 +66,9 @@ def _predict(args: tuple[list[dict], str, dict[str, dict[str, float]]]) -> list[
     return [r.predicted if r.predicted is not None else np.nan for r in results]
 
 
-def surfaces(rows: list[dict], path: str, workers: int = 2) -> Surfaces:
-    """Predict ``rows`` at every COARSE knob pair of their family, then interpolate onto FINE."""
+def surfaces(rows: list[dict], path: str, workers: int = 2, on_job: Any = None) -> Surfaces:
+    """Predict ``rows`` at every COARSE knob pair of their family, then interpolate onto
+    FINE; ``on_job(done, total)`` hears each (knob pair, worker slice) as it finishes."""
     families = list(fit_published.FAMILIES)
     family = np.array([next((i for i, f in enumerate(families) if r.get("gpu") in fit_published.FAMILIES[f]), -1)
                        for r in rows])
@@ -79,7 +81,11 @@ def surfaces(rows: list[dict], path: str, workers: int = 2) -> Surfaces:
         jobs += [(rows[i::workers], path, update) for i in range(workers)]
     # spawned, not forked: the parent has run numba's OpenMP threads already
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(pool.map(_predict, jobs))
+        futures = [pool.submit(_predict, job) for job in jobs]
+        for done, _ in enumerate(as_completed(futures), start=1):
+            if on_job is not None:
+                on_job(done, len(futures))
+        parts = [f.result() for f in futures]
     for j in range(len(pairs)):
         for i in range(workers):
             coarse[i::workers, j] = parts[j * workers + i]
@@ -129,12 +135,13 @@ def leave_one_source_out(family: np.ndarray, seconds: np.ndarray, measured: np.n
     return out
 
 
-def run(path: str, results: list[validate.RowResult], workers: int = 2) -> list[float | None]:
+def run(path: str, results: list[validate.RowResult], workers: int = 2, on_job: Any = None) -> list[float | None]:
     """LOSO step time of every training row of ``path`` (None where the row has no
-    prediction); ``results`` are ``validate.run``'s, in the file's order."""
+    prediction); ``results`` are ``validate.run``'s, in the file's order; ``on_job``
+    as in ``surfaces``."""
     rows = list(validate.read(path).iter_rows(named=True))
     keep = [i for i, r in enumerate(results) if r.status in ("ok", "oom")]
-    surf = surfaces([rows[i] for i in keep], path, workers)
+    surf = surfaces([rows[i] for i in keep], path, workers, on_job)
     measured = np.array([results[i].measured or np.nan for i in keep])
     sources = np.array([results[i].source for i in keep])
     fit_rows = np.array([results[i].status == "ok" and results[i].quality == "ok" and not rows[i].get("n_experts")

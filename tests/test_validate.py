@@ -324,3 +324,14 @@ def test_each_row_is_reported_as_it_is_done(tmp_path):
     validate.run(write(tmp_path, [ROW, {**ROW, "id": "t-2"}, {**ROW, "id": "t-3"}]),
                  lambda done, total: heard.append((done, total)))
     assert heard == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_cli_loso_on_a_small_file(tmp_path):
+    """Two sources of one row each: each is predicted with the knobs fitted on the
+    other, the JSON carries both the in-sample and the held-out predictions."""
+    path = write(tmp_path, [ROW, {**ROW, "id": "t-2", "source": "other", "micro_batch": "2"}])
+    result = CliRunner().invoke(main, ["validate", str(path), "--loso", "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["loso"]["ok"]["n"] == 2
+    assert all(r["loso_predicted"] > 0 for r in data["rows"])
