@@ -120,7 +120,8 @@ def check_space(space: LoadedSpace) -> None:
 
 @dataclass
 class Encoded:
-    """A chunk of a space: the kept rows' columns and what was dropped."""
+    """A chunk of a space: the kept rows' columns and what was dropped. Serving spaces
+    (``spaces.serving.encode``) fill it with their own reason codes (``ServingReason``)."""
 
     columns: dict[str, np.ndarray]
     n_combinations: int

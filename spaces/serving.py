@@ -31,7 +31,7 @@ each prompt moving from the one to the other; the serving enums below are mirror
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
+from paraspace.spaces.encode import Encoded
 from paraspace.spaces.enums import Dtype, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import MAX_COUNT, Hardware, Model, Record, validate
@@ -316,19 +317,7 @@ def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
     return out
 
 
-@dataclass
-class EncodedServing:
-    columns: dict[str, np.ndarray]
-    n_combinations: int
-    first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
-    breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.columns["row_id"].shape[0])
-
-
-def encode(space: LoadedServing) -> EncodedServing:
+def encode(space: LoadedServing) -> Encoded:
     """Every combination of the dimensions (C order, the last fastest), filtered by
     vectorised rules; kept rows carry ``row_id`` and the derived ``instances``."""
     values = dimension_values(space)
@@ -344,7 +333,7 @@ def encode(space: LoadedServing) -> EncodedServing:
     decode_devices = space.spec.devices - np.where(out["mode"] == Mode.DISAGG,
                                                    out["prefill_instances"] * out["prefill_tp"], 0)
     out["instances"] = (decode_devices // (out["tp"] * out["pp"])).astype(np.int32)
-    return EncodedServing(out, n, np.bincount(reason, minlength=len(ServingReason)).astype(np.int64), breaks)
+    return Encoded(out, n, np.bincount(reason, minlength=len(ServingReason)).astype(np.int64), breaks)
 
 
 def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
@@ -393,7 +382,7 @@ def dtype_bytes_table() -> np.ndarray:
 
 
 __all__ = [
-    "DIMENSIONS", "DTYPE_BYTES", "EncodedServing", "Feasible", "LoadedServing", "Mode", "REASON_TEXT", "Scheduler",
+    "DIMENSIONS", "DTYPE_BYTES", "Feasible", "LoadedServing", "Mode", "REASON_TEXT", "Scheduler",
     "ServingReason", "ServingSpec", "dimension_values", "dtype_bytes_table", "encode", "enum_labels",
     "load_serving", "names", "serving_from_raw",
 ]
