@@ -99,13 +99,13 @@ def passes_per_device(schedule: int, v: int, m: int) -> int:
     return (3 if split_backward(schedule) else 2) * v * m
 
 
-@jit
+@jit(inline=True)
 def split_backward(schedule: int) -> bool:
     """Whether the schedule runs the weight-gradient half of a backward (W) as a pass of its own."""
     return schedule == SCHEDULE_ZB_H1 or schedule == SCHEDULE_DUALPIPE
 
 
-@jit
+@jit(inline=True)
 def chain_position(schedule: int, p: int, d: int, c: int) -> int:
     """Position along the micro-batch's pipeline (virtual stage) of device d's chunk c.
 
@@ -125,19 +125,19 @@ def micro_ids(schedule: int, p: int, m: int) -> int:
     return m + p if schedule == SCHEDULE_PIPEDREAM else m
 
 
-@jit
+@jit(inline=True)
 def streams_per_device(n_tiers: int) -> int:
     """Compute stream + per link tier a critical and a bulk communication stream."""
     return 1 + 2 * n_tiers
 
 
-@jit
+@jit(inline=True)
 def comm_stream(device: int, n_tiers: int, tier: int) -> int:
     """The device's stream of latency-critical traffic (PP sends, EP) on link tier ``tier``."""
     return device * streams_per_device(n_tiers) + 1 + tier
 
 
-@jit
+@jit(inline=True)
 def bulk_stream(device: int, n_tiers: int, tier: int) -> int:
     """The device's stream of data-parallel traffic on link tier ``tier``."""
     return device * streams_per_device(n_tiers) + 1 + n_tiers + tier
@@ -375,7 +375,7 @@ def _pipedream_order(p: int, m: int, d: int, passes, chunks, micros) -> int:
     return n
 
 
-@jit
+@jit(inline=True)
 def _put_chunk(passes, chunks, micros, n: int, kind: int, c: int, i: int) -> int:
     passes[n] = kind
     chunks[n] = c
@@ -383,7 +383,7 @@ def _put_chunk(passes, chunks, micros, n: int, kind: int, c: int, i: int) -> int
     return n + 1
 
 
-@jit
+@jit(inline=True)
 def _put(passes, chunks, micros, n: int, kind: int, i: int) -> int:
     passes[n] = kind
     chunks[n] = 0
@@ -391,7 +391,7 @@ def _put(passes, chunks, micros, n: int, kind: int, i: int) -> int:
     return n + 1
 
 
-@jit
+@jit(inline=True)
 def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> int:
     group = p * v
     chunk = (k % group) // p
@@ -693,7 +693,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             order_ptr, order_idx, n_res)
 
 
-@jit
+@jit(inline=True)
 def _share_link(dur, res, lo: int, hi: int, shared_res: int, open_dp: int) -> None:
     """Tasks lo..hi-1 just created: those on ``shared_res`` (critical traffic on
     the data-parallel tier) lengthen the open data-parallel transfer by their
@@ -766,7 +766,7 @@ def _ep_pair_next(passes, chunks, o: int, length: int, p: int, d: int, fwd_ns, b
     return 2 * pair <= halves
 
 
-@jit
+@jit(inline=True)
 def _hold(held, n_held: int, vs: int, key: int, is_f: bool, label: int, c: int) -> int:
     held[n_held, 0] = vs
     held[n_held, 1] = key
@@ -792,7 +792,7 @@ def _dualpipe_holds(passes, chunks, micros, o: int, length: int) -> bool:
     return False
 
 
-@jit
+@jit(inline=True)
 def _task(dur, res, kind, stage, micro, chunk, n, duration, resource, task_kind, d, i, c) -> int:
     dur[n] = duration
     res[n] = resource
@@ -803,13 +803,13 @@ def _task(dur, res, kind, stage, micro, chunk, n, duration, resource, task_kind,
     return n + 1
 
 
-@jit
+@jit(inline=True)
 def _share(total: int, parts: int, k: int) -> int:
     """Part k of ``total`` split in ``parts``; the last part takes the remainder."""
     return total // parts + (total % parts if k == parts - 1 else 0)
 
 
-@jit
+@jit(inline=True)
 def _edge(src, dst, n_e, a, b) -> int:
     src[n_e] = a
     dst[n_e] = b

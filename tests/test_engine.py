@@ -235,11 +235,10 @@ def test_empty_graph_and_idle_resource():
     assert run_kernel(g.arrays()) == (OK, [0], [3])
 
 
-def test_priority_compute_before_communication():
-    """Kinds below K_PP are compute (priority 0), the rest communication (1)."""
-    assert naive_engine.K_FIRST_COMM == engine.K_FIRST_COMM == engine.K_PP
-    assert [engine.priority(k) for k in range(engine.N_KINDS)] == [0] * 5 + [1] * 5
-    assert len(engine.KIND_NAMES) == engine.N_KINDS
+def test_kinds_compute_then_communication():
+    """Kinds below K_PP are compute, the rest communication, in both engines."""
+    assert naive_engine.K_FIRST_COMM == engine.K_FIRST_COMM == engine.K_PP == 5
+    assert len(engine.KIND_NAMES) == engine.N_KINDS == 10
 
 
 # --------------------------------------------------------------------------- deadlock
