@@ -91,21 +91,74 @@ def _merge(parts: Iterable[dict[str, list[float]]]) -> dict[str, list[float]]:
     return out
 
 
+#: each grid point's rows go to the pool in this many slices (both processes work on every point)
+SLICES = 2
+
+
+def fitted_knobs(rows: list[dict]) -> list[str]:
+    """The knobs ``rows`` exercise (FA1's only where a row ran it)."""
+    return [k for k in GRIDS if k != "attention_efficiency_flash1" or any(r.get("attention") == "flash1" for r in rows)]
+
+
+def fit_jobs(rows: list[dict]) -> int:
+    """Pool jobs of one ``fit_knobs`` call on ``rows`` (for progress)."""
+    return ROUNDS * SLICES * sum(len(GRIDS[k]) for k in fitted_knobs(rows))
+
+
+class Progress:
+    """Counts finished pool jobs against the total known up front; ``on_job(done, total)``."""
+
+    def __init__(self, total: int, on_job: Callable[[int, int], object] | None) -> None:
+        self.total, self.done, self.on_job = total, 0, on_job
+
+    def step(self) -> None:
+        self.done += 1
+        if self.on_job is not None:
+            self.on_job(self.done, self.total)
+
+
 def fit_knobs(pool: ProcessPoolExecutor, rows: list[dict], path: str, profiles: tuple[str, ...],
-              start: dict[str, float]) -> dict[str, float]:
+              start: dict[str, float], progress: Progress | None = None) -> dict[str, float]:
     """Coordinate descent over ``GRIDS`` minimising ``source_score`` of ``rows``;
     a knob no row exercises keeps its ``start`` value."""
     chosen = dict(start)
-    knobs = [k for k in GRIDS if k != "attention_efficiency_flash1"
-             or any(r.get("attention") == "flash1" for r in rows)]
-    halves = [rows[0::2], rows[1::2]]  # both processes work on every grid point
+    halves = [rows[i::SLICES] for i in range(SLICES)]
     for _ in range(ROUNDS):
-        for knob in knobs:
+        for knob in fitted_knobs(rows):
             jobs = [(half, path, {p: {**chosen, knob: g} for p in profiles}) for g in GRIDS[knob] for half in halves]
-            parts = list(pool.map(_errors, jobs))
-            scores = [(source_score(_merge(parts[i:i + 2])), g) for i, g in zip(range(0, len(parts), 2), GRIDS[knob])]
+            parts = []
+            for part in pool.map(_errors, jobs):
+                parts.append(part)
+                if progress is not None:
+                    progress.step()
+            scores = [(source_score(_merge(parts[i:i + SLICES])), g)
+                      for i, g in zip(range(0, len(parts), SLICES), GRIDS[knob])]
             chosen[knob] = min(scores)[1]
     return chosen
+
+
+def _fit_sets(rows: list[dict], fit_sources: set[str] | None) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per family: its dense rows and those of them the knobs are fitted on."""
+    out = {}
+    for family, profiles in FAMILIES.items():
+        mine = [r for r in rows if r.get("gpu") in profiles and not r.get("n_experts")]
+        fit_rows = [r for r in mine if fit_sources is None or r["source"] in fit_sources]
+        if fit_rows:
+            out[family] = (mine, fit_rows)
+    return out
+
+
+def total_jobs(sets: dict[str, tuple[list[dict], list[dict]]]) -> int:
+    """Pool jobs of a whole ``fit``: per family the fit on every fit row, then one per
+    source held out (for a source that is not the only one)."""
+    total = 0
+    for mine, fit_rows in sets.values():
+        total += fit_jobs(fit_rows)
+        for source in sorted({r["source"] for r in mine}):
+            others = [r for r in fit_rows if r["source"] != source]
+            if others:
+                total += fit_jobs(others)
+    return total
 
 
 def _summary(by_source: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -113,22 +166,23 @@ def _summary(by_source: dict[str, list[float]]) -> dict[str, dict[str, float]]:
             for k, v in sorted(by_source.items())}
 
 
-def fit(path: str, fit_sources: set[str] | None = None, workers: int = 2) -> dict[str, Any]:
+def fit(path: str, fit_sources: set[str] | None = None, workers: int = 2,
+        on_job: Callable[[int, int], object] | None = None) -> dict[str, Any]:
     """Per family: the fitted knobs, each source's error before / after the fit,
-    and its leave-one-source-out error (``None`` for a source that is the only one)."""
+    and its leave-one-source-out error (``None`` for a source that is the only one).
+    ``on_job(done, total)`` hears every finished pool job (a grid point's slice of rows)."""
     df = validate.read(path)
     rows = list(df.iter_rows(named=True))
     record: dict[str, Any] = {}
+    sets = _fit_sets(rows, fit_sources)
+    progress = Progress(total_jobs(sets), on_job)
     with ProcessPoolExecutor(workers) as pool:
-        for family, profiles in FAMILIES.items():
-            mine = [r for r in rows if r.get("gpu") in profiles and not r.get("n_experts")]
-            fit_rows = [r for r in mine if fit_sources is None or r["source"] in fit_sources]
-            if not fit_rows:
-                continue
+        for family, (mine, fit_rows) in sets.items():
+            profiles = FAMILIES[family]
             base = validate.load_hardware(profiles[0]).device
             start = {"gemm_max_efficiency": base.gemm_max_efficiency,
                      "attention_efficiency_flash1": base.attention_efficiency}  # no prior: the FA2 value
-            chosen = fit_knobs(pool, fit_rows, path, profiles, start)
+            chosen = fit_knobs(pool, fit_rows, path, profiles, start, progress)
             before = _summary(errors_by_source(predict_all(mine, path, {})))
             after = _summary(errors_by_source(predict_all(mine, path, {p: dict(chosen) for p in profiles})))
             held: dict[str, float | None] = {}
@@ -137,7 +191,7 @@ def fit(path: str, fit_sources: set[str] | None = None, workers: int = 2) -> dic
                 if not others:
                     held[source] = None
                     continue
-                knobs = fit_knobs(pool, others, path, profiles, start)
+                knobs = fit_knobs(pool, others, path, profiles, start, progress)
                 errs = errors_by_source(predict_all([r for r in mine if r["source"] == source], path,
                                                     {p: dict(knobs) for p in profiles}))
                 held[source] = source_score(errs) if errs else None
@@ -153,10 +207,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--fit-source", action="append", help="source key(s) to fit on (default: every source)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (it shows on a terminal only)")
     args = ap.parse_args()
     known = set(catalog.names("hardware"))
     assert all(p in known for ps in FAMILIES.values() for p in ps)
-    record = fit(args.file, set(args.fit_source) if args.fit_source else None)
+    from tqdm import tqdm
+
+    # every pool job is one grid point's slice of rows: a second or two each on 2 cores
+    with tqdm(unit="fit", desc="fitting knobs (all sources, then each left out)", leave=False, mininterval=0.5,
+              disable=True if args.no_progress else None) as bar:
+        def on_job(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        record = fit(args.file, set(args.fit_source) if args.fit_source else None, on_job=on_job)
     for family, r in record.items():
         print(f"{family}: " + ", ".join(f"{k} = {v}" for k, v in r["knobs"].items()))
         for source, e in r["sources"].items():
