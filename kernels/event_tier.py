@@ -27,7 +27,14 @@ from paraspace.kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCH
 from paraspace.kernels.collectives import group_tier
 from paraspace.kernels.engine import K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
 from paraspace.kernels.jit import jit
-from paraspace.kernels.pipeline import build_step, split_backward, steady_in_flight, steady_span_ns, streams_per_device
+from paraspace.kernels.pipeline import (
+    build_step_recipe,
+    recipe_durations,
+    split_backward,
+    steady_in_flight,
+    steady_span_ns,
+    streams_per_device,
+)
 from paraspace.kernels.training import (
     C_DP_GRAD,
     C_DP_PARAM,
@@ -91,9 +98,11 @@ def task_bound(pp, vpp, schedule, n_micro, zero, n_buckets: int):
 
 
 @jit
-def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-              dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets):
-    """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
+def row_inputs(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+               dispatch, tbo, rc_layers, off_act, off_w, model, dev, tiers, tiles, work):
+    """What ``kernels.pipeline.build_step`` takes for one candidate besides its schedule,
+    shape and buckets: (fwd_ns, bwd_ns, wgrad_ns, ep_ns, send_ns, pp_tier, dp_tier,
+    ep_tier, dp_grad_ns, dp_param_ns, z3_gather_ns, z3_scatter_ns, optimizer_ns)."""
     costs = np.empty(N_COST, dtype=np.float64)
     row_costs(tp, pp, dp, cp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement, dispatch,
               tbo, off_act, off_w, model, dev, tiers, tiles, work, costs)
@@ -135,7 +144,6 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
             fwd_ns[d, c] = np.int64(round(f * NS))
             bwd_ns[d, c] = np.int64(round(b * NS))
             wgrad_ns[d, c] = min(np.int64(round(w * NS)), bwd_ns[d, c])
-    n_tiers = tiers.shape[0]
     pp_tier = group_tier(float(pp), float(tp * cp * dp), tiers)
     dp_tier = group_tier(float(dp * cp), float(tp), tiers)
     ep_stride, _, _ = ep_strides(float(tp), float(cp), float(dp), float(ep), float(etp), placement)
@@ -149,10 +157,33 @@ def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimize
         z3_scatter = np.int64(round(dp_grad / v * NS))
         dp_grad = 0.0
         dp_param = 0.0
-    return build_step(schedule, p, v, n_micro, fwd_ns, bwd_ns, wgrad_ns, np.int64(round(costs[C_P2P] * NS)), pp_tier,
-                      dp_tier,
-                      n_tiers, zero, np.int64(round(dp_grad * NS)), np.int64(round(dp_param * NS)), n_buckets,
-                      z3_gather, z3_scatter, np.int64(round(costs[C_OPT] * NS)), ep_ns, ep_tier, tbo)
+    return (fwd_ns, bwd_ns, wgrad_ns, ep_ns, np.int64(round(costs[C_P2P] * NS)), pp_tier, dp_tier, ep_tier,
+            np.int64(round(dp_grad * NS)), np.int64(round(dp_param * NS)), np.int64(z3_gather), np.int64(z3_scatter),
+            np.int64(round(costs[C_OPT] * NS)))
+
+
+@jit
+def row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+              dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets):
+    """The task graph of one candidate (``kernels.pipeline.build_step``'s tuple)."""
+    graph, _ = row_graph_recipe(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp,
+                                placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles,
+                                work, n_buckets)
+    return graph
+
+
+@jit
+def row_graph_recipe(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                     dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets):
+    """The task graph of one candidate and its durations' recipe
+    (``kernels.pipeline.build_step_recipe``)."""
+    fwd_ns, bwd_ns, wgrad_ns, ep_ns, send_ns, pp_tier, dp_tier, ep_tier, dp_grad_ns, dp_param_ns, z3g, z3s, opt_ns = \
+        row_inputs(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                   dispatch, tbo, rc_layers, off_act, off_w, model, dev, tiers, tiles, work)
+    v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
+    return build_step_recipe(schedule, pp, v, n_micro, fwd_ns, bwd_ns, wgrad_ns, send_ns, pp_tier, dp_tier,
+                             tiers.shape[0], zero, dp_grad_ns, dp_param_ns, n_buckets, z3g, z3s, opt_ns, ep_ns, ep_tier,
+                             tbo)
 
 
 @jit
@@ -224,50 +255,171 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
 
 
 @jit
-def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                 dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets,
-                 out) -> int:
-    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets)
-    dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
+def run_graph(graph, pp: int, v: int, schedule: int, n_tiers: int, out) -> int:
+    """Simulate a step graph (``build_step``'s tuple) and write its ``SIM_OUTPUTS`` into
+    ``out``; returns the engine's status."""
+    dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = graph
     start = np.empty(dur.shape[0], dtype=np.int64)
     end = np.empty(dur.shape[0], dtype=np.int64)
     status = simulate(dur, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, start, end)
     if status != OK:
         return status
-    v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
-    step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, pp, v, tiers.shape[0], out)
+    step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, pp, v, n_tiers, out)
     if schedule == SCHEDULE_PIPEDREAM:  # one steady-state period: each device's span, not the staggered makespan
-        span = steady_span_ns(res, start, end, pp, tiers.shape[0]) / NS
+        span = steady_span_ns(res, start, end, pp, n_tiers) / NS
         out[S_BUBBLE] = max(0.0, out[S_BUBBLE] + span - out[S_STEP])  # the span covers the busiest device
         out[S_STEP] = span
         out[S_INFLIGHT] = steady_in_flight(kind, micro, order_ptr, order_idx)
     return OK
 
 
+@jit
+def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                 dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets,
+                 out) -> int:
+    g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets)
+    v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
+    return run_graph(g, pp, v, schedule, tiers.shape[0], out)
+
+
+#: what a row's graph structure depends on besides its durations (``graph_key``)
+N_KEY = 14
+
+
+@jit
+def graph_key(i: int, schedule: int, pp: int, v: int, n_micro: int, zero: int, tbo: int, inputs, key) -> None:
+    """Row ``i``'s graph-structure key into ``key``: rows with equal keys have graphs that
+    differ only in their durations (``kernels.pipeline.build_step_recipe``). A row with
+    MoE traffic gets its own key (its graph depends on the durations)."""
+    fwd_ns, bwd_ns, wgrad_ns, ep_ns, send_ns, pp_tier, dp_tier, ep_tier, dp_grad_ns, dp_param_ns, z3g, z3s, opt_ns = \
+        inputs
+    has_ep = 0
+    for d in range(ep_ns.shape[0]):
+        for c in range(ep_ns.shape[1]):
+            if ep_ns[d, c, 2] + ep_ns[d, c, 3] > 0:
+                has_ep = 1
+    key[0] = schedule
+    key[1] = pp
+    key[2] = v
+    key[3] = n_micro
+    key[4] = 0 if zero == 0 else (1 if zero < 3 else 3)
+    key[5] = pp_tier
+    key[6] = dp_tier
+    key[7] = 1 if send_ns > 0 else 0
+    key[8] = 1 if dp_grad_ns > 0 else 0
+    key[9] = 1 if dp_param_ns > 0 else 0
+    key[10] = 1 if z3g > 0 or z3s > 0 else 0
+    key[11] = has_ep
+    key[12] = ep_tier * 2 + tbo if has_ep else 0
+    key[13] = i if has_ep else -1
+
+
+@jit
+def _same_key(keys, a: int, b: int) -> bool:
+    for k in range(keys.shape[1]):
+        if keys[a, k] != keys[b, k]:
+            return False
+    return True
+
+
+@jit
+def graph_groups(keys):
+    """Rows (indices into ``keys``) ordered so that rows of one graph structure are
+    adjacent, and the groups' bounds (CSR): sorted by a hash of the key, a group
+    starts wherever the exact key changes (a hash collision only splits a group)."""
+    n = keys.shape[0]
+    h = np.empty(n, dtype=np.int64)
+    for r in range(n):
+        x = np.int64(1469598103934665603)
+        for k in range(keys.shape[1]):
+            x = (x ^ keys[r, k]) * np.int64(1099511628211)  # FNV-1a over the fields, wrapping
+        h[r] = x
+    order = np.argsort(h, kind="mergesort")
+    ptr = np.empty(n + 1, dtype=np.int64)
+    n_groups = 0
+    for t in range(n):
+        if t == 0 or not _same_key(keys, order[t], order[t - 1]):
+            ptr[n_groups] = t
+            n_groups += 1
+    ptr[n_groups] = n
+    return order, ptr[:n_groups + 1]
+
+
 @jit(parallel=True)
 def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, select, analytic_step, tokens, mfu, n_buckets):
+                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, select,
+                  analytic_step, tokens, mfu, n_buckets):
     """Simulate the rows where ``select`` is true; returns (n, N_SIM) float64.
 
-    Rows not simulated get the analytic step time, ``simulated`` 0 and NaN
-    elsewhere; a row whose schedule deadlocked gets ``simulated`` -1. ``tokens`` and ``mfu`` (the analytic tier's columns) are
-    rewritten in place from the simulated step time."""
+    Rows whose graphs differ only in their durations (``graph_key``: the same schedule,
+    shape, link tiers and kinds of traffic) share one graph: it is built once per group,
+    with the recipe of its durations, and each row of the group fills in its own
+    durations (``kernels.pipeline.recipe_durations``) and runs it. Rows not simulated
+    get the analytic step time, ``simulated`` 0 and NaN elsewhere; a row whose schedule
+    deadlocked gets ``simulated`` -1. ``tokens`` and ``mfu`` (the analytic tier's
+    columns) are rewritten in place from the simulated step time."""
     n = tp.shape[0]
     out = np.full((n, N_SIM), np.nan)
-    for i in prange(n):
-        row = out[i]
-        if select[i]:
-            status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
-                                  optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i],
-                                  rc_layers[i], off_act[i], off_w[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
-            if status == OK:
-                scale = analytic_step[i] / row[S_STEP]
-                tokens[i] *= scale
-                mfu[i] *= scale
-                continue
-            row[S_SIMULATED] = -1.0  # the schedule deadlocked: a bug the caller must report
-            continue
-        row[S_STEP] = analytic_step[i]
-        row[S_SIMULATED] = 0.0
+    for i in range(n):
+        if not select[i]:
+            out[i, S_STEP] = analytic_step[i]
+            out[i, S_SIMULATED] = 0.0
+    chosen = np.flatnonzero(select)
+    keys = np.empty((chosen.shape[0], N_KEY), dtype=np.int64)
+    for j in prange(chosen.shape[0]):
+        i = chosen[j]
+        inputs = row_inputs(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
+                            optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i], rc_layers[i],
+                            off_act[i], off_w[i], model[0], dev[0], tiers, tiles, work[0])
+        v = vpp[i] if schedule[i] == SCHEDULE_INTERLEAVED else 1
+        graph_key(i, schedule[i], pp[i], v, n_micro[i], zero[i], tbo[i], inputs, keys[j])
+    order, ptr = graph_groups(keys)
+    n_tiers = tiers.shape[0]
+    for g in prange(ptr.shape[0] - 1):
+        first = chosen[order[ptr[g]]]
+        graph, recipe = row_graph_recipe(tp[first], pp[first], dp[first], cp[first], vpp[first], mb[first],
+                                         recompute[first], sp[first], tp_overlap[first], zero[first], optimizer[first],
+                                         schedule[first], ep[first], etp[first], placement[first], dispatch[first],
+                                         tbo[first], rc_layers[first], off_act[first], off_w[first], n_micro[first],
+                                         model[0], dev[0], tiers, tiles, work[0], n_buckets)
+        rec, links = recipe
+        v = vpp[first] if schedule[first] == SCHEDULE_INTERLEAVED else 1
+        split = split_backward(schedule[first])
+        dur = graph[0].copy()
+        for t in range(ptr[g], ptr[g + 1]):
+            i = chosen[order[t]]
+            if i != first:
+                fwd_ns, bwd_ns, wgrad_ns, ep_ns, send_ns, pp_tier, dp_tier, ep_tier, dp_grad_ns, dp_param_ns, z3g, \
+                    z3s, opt_ns = row_inputs(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i],
+                                             tp_overlap[i], zero[i], optimizer[i], schedule[i], ep[i], etp[i],
+                                             placement[i], dispatch[i], tbo[i], rc_layers[i], off_act[i], off_w[i],
+                                             model[0], dev[0], tiers, tiles, work[0])
+                if not recipe_durations(rec, links, split, fwd_ns, bwd_ns, wgrad_ns, send_ns, dp_grad_ns,
+                                        dp_param_ns, z3g, z3s, opt_ns, dur):  # (MoE rows have keys of their own)
+                    row = out[i]
+                    status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i],
+                                          tp_overlap[i], zero[i], optimizer[i], schedule[i], ep[i], etp[i],
+                                          placement[i], dispatch[i], tbo[i], rc_layers[i], off_act[i], off_w[i],
+                                          n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
+                    _finish_row(status, i, analytic_step, tokens, mfu, row)
+                    continue
+            shared = (dur, graph[1], graph[2], graph[3], graph[4], graph[5], graph[6], graph[7], graph[8], graph[9],
+                      graph[10], graph[11], graph[12])
+            row = out[i]
+            status = run_graph(shared, pp[i], v, schedule[i], n_tiers, row)
+            _finish_row(status, i, analytic_step, tokens, mfu, row)
     return out
+
+
+@jit(inline=True)
+def _finish_row(status: int, i: int, analytic_step, tokens, mfu, row) -> None:
+    """A simulated row: its analytic tokens/s and MFU rescaled to the simulated step,
+    or ``simulated`` -1 where its schedule deadlocked (a bug the caller must report)."""
+    if status == OK:
+        scale = analytic_step[i] / row[S_STEP]
+        tokens[i] *= scale
+        mfu[i] *= scale
+    else:
+        row[S_SIMULATED] = -1.0
+

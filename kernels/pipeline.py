@@ -409,7 +409,35 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                n_tiers: int, zero: int, dp_grad_ns: int, dp_param_ns: int, n_buckets: int,
                z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, ep_ns, ep_tier: int, tbo: int,
                ep_pairs: bool = True):
-    """Arrays of one training step's task graph (see the module docstring).
+    """Arrays of one training step's task graph (``build_step_recipe``'s graph)."""
+    graph, _ = build_step_recipe(schedule, p, v, m, fwd_ns, bwd_ns, wgrad_ns, send_ns, pp_tier, dp_tier, n_tiers, zero,
+                                 dp_grad_ns, dp_param_ns, n_buckets, z3_gather_ns, z3_scatter_ns, optimizer_ns, ep_ns,
+                                 ep_tier, tbo, ep_pairs)
+    return graph
+
+
+#: a task's duration recipe (``build_step_recipe``): which input it is a share of
+R_FORWARD, R_BACKWARD, R_WGRAD, R_DP_PARAM, R_DP_GRAD, R_Z3_GATHER, R_Z3_SCATTER, R_SEND, R_OPTIMIZER, R_NONE = range(10)
+#: recipe columns: the input, its (device, chunk) indices, and the share (parts, k)
+N_RECIPE = 5
+
+
+@jit(inline=True)
+def _rec(rec, t: int, op: int, a: int, b: int, parts: int, k: int) -> None:
+    rec[t, 0] = op
+    rec[t, 1] = a
+    rec[t, 2] = b
+    rec[t, 3] = parts
+    rec[t, 4] = k
+
+
+@jit
+def build_step_recipe(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, pp_tier: int,
+                      dp_tier: int, n_tiers: int, zero: int, dp_grad_ns: int, dp_param_ns: int, n_buckets: int,
+                      z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, ep_ns, ep_tier: int, tbo: int,
+                      ep_pairs: bool = True):
+    """Arrays of one training step's task graph (see the module docstring), and the
+    recipe of its durations.
 
     fwd_ns, bwd_ns: int64[p, v], one micro-batch of each device's chunk;
     wgrad_ns: the weight-gradient part of bwd_ns, run as a separate W pass by
@@ -453,8 +481,13 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     ``_ep_pair_next`` finds it exposes no more than the passes' halves.
     Without ``ep_pairs``, and for unpaired passes (warm-up, cool-down), each
     pass runs its EP part alone, as in the other schedules.
-    Returns (dur_ns, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx,
-    n_pred, order_ptr, order_idx, n_resources).
+    Returns ((dur_ns, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx,
+    n_pred, order_ptr, order_idx, n_resources), (recipe, links)): recipe[t] says
+    which input task t's duration is a share of (``R_*``, its device and chunk, the
+    share's parts and index; R_NONE for MoE tasks), links the (data-parallel
+    transfer, critical transfer) pairs whose durations add (``_share_link``), so
+    that ``recipe_durations`` rebuilds ``dur_ns`` from other inputs of the same
+    structure (``kernels.event_tier``: rows sharing a graph).
     """
     P = p * v  # positions along a micro-batch's pipeline
     per_dev = passes_per_device(schedule, v, m)
@@ -486,6 +519,9 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     e_cap = 4 * cap
     src = np.empty(e_cap, dtype=np.int32)
     dst = np.empty(e_cap, dtype=np.int32)
+    rec = np.full((cap, N_RECIPE), R_NONE, dtype=np.int32)
+    links = np.empty((cap, 2), dtype=np.int32)
+    n_links = 0
     # per (position, micro-batch id) the pass's first task and its output; -1 where the
     # pass is outside the step (PipeDream's window: done in the previous period or later)
     f_first = np.full((P, n_ids), -1, dtype=np.int64)
@@ -522,12 +558,14 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
         if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
             for k in range(nb):
                 open_dp = n
+                _rec(rec, n, R_DP_PARAM, 0, 0, nb, k)
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_param_ns, nb, k), dp_res, K_DP, d, -1, -1)
         if z3:  # ZeRO-3: the first two passes' gathers start the step
             for o in range(min(2, length)):
                 if passes[o] == W_PASS:
                     continue
                 z3_gathers[o] = open_dp = n
+                _rec(rec, n, R_Z3_GATHER, 0, 0, 1, 0)
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o], chunks[o])
         split = split_backward(schedule)
         for o in range(length):
@@ -582,7 +620,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                 tail = n  # C_F: the forward's output; its held send waits for it too
                 n = _task(dur, res, kind, stage, micro, chunk, n, pend[2], ep_res, K_EP, d, pend[6], pend[7])
                 n_e = _edge(src, dst, n_e, fx, tail)
-                _share_link(dur, res, made, n, shared_res, open_dp)
+                n_links = _share_link(dur, res, made, n, shared_res, open_dp, links, n_links)
                 f_out[pend[4], pend[5]] = tail
                 f_last[pend[4], pend[5]] = tail
                 pend[0] = -1
@@ -591,10 +629,11 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                 made = n
                 n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, -1, ep_ns[sd, sc, 3],
                                    experts, ep_ns[sd, sc, 2], halves, ep_res, compute, task_kind, d, i, c)
-                _share_link(dur, res, made, n, shared_res, open_dp)
+                n_links = _share_link(dur, res, made, n, shared_res, open_dp, links, n_links)
                 prev = n - 1
             for k in range(pieces):
                 piece = n
+                _rec(rec, n, R_FORWARD if is_f else (R_BACKWARD if is_b else R_WGRAD), sd, sc, pieces, k)
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(total, pieces, k), compute, task_kind, d, i, c)
                 if prev >= 0:
                     n_e = _edge(src, dst, n_e, prev, piece)
@@ -608,6 +647,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                         open_dp = -1
                 if reduce_here and k < pieces - 1:  # bucket k of the gradients is final: reduce it
                     rid = open_dp = n
+                    _rec(rec, n, R_DP_GRAD, 0, 0, nb, k)
                     n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
                     n_e = _edge(src, dst, n_e, piece, rid)
                 prev = piece
@@ -624,7 +664,7 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                 made = n
                 n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, prev, ep_ns[sd, sc, 2],
                                    experts, ep_ns[sd, sc, 3], halves, ep_res, compute, task_kind, d, i, c)
-                _share_link(dur, res, made, n, shared_res, open_dp)
+                n_links = _share_link(dur, res, made, n, shared_res, open_dp, links, n_links)
                 prev = n - 1
             out = prev
             if is_b:
@@ -642,12 +682,13 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
                     sid = prev
                     if send_ns > 0 or tail >= 0:  # (a send of 0 ns joins the pair's two ends)
                         sid = n
+                        _rec(rec, n, R_SEND, 0, 0, 1, 0)
                         n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
                                   held[h, 4])
                         n_e = _edge(src, dst, n_e, prev, sid)
                         if tail >= 0:
                             n_e = _edge(src, dst, n_e, tail, sid)
-                        _share_link(dur, res, sid, n, shared_res, open_dp)
+                        n_links = _share_link(dur, res, sid, n, shared_res, open_dp, links, n_links)
                     if held[h, 2] == 1:
                         f_out[held[h, 0], held[h, 1]] = sid
                     else:
@@ -657,21 +698,25 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
             # the data-parallel traffic this pass releases
             if reduce_here:  # the last bucket
                 rid = open_dp = n
+                _rec(rec, n, R_DP_GRAD, 0, 0, nb, nb - 1)
                 n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, nb - 1), dp_res, K_DP, d, -1,
                           -1)
                 n_e = _edge(src, dst, n_e, prev, rid)
             if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
                 gid = open_dp = n
                 z3_gathers[o + 2] = gid
+                _rec(rec, n, R_Z3_GATHER, 0, 0, 1, 0)
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
                           chunks[o + 2])
                 n_e = _edge(src, dst, n_e, prev, gid)
             if z3 and ((is_b and not split) or is_w):  # this pass's weight gradients are final
                 rid = open_dp = n
+                _rec(rec, n, R_Z3_SCATTER, 0, 0, 1, 0)
                 n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
                 n_e = _edge(src, dst, n_e, prev, rid)
         # the optimizer step closes the device's step, after all of its reductions
         opt = n
+        _rec(rec, n, R_OPTIMIZER, 0, 0, 1, 0)
         n = _task(dur, res, kind, stage, micro, chunk, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1)
         for j in range(reductions_from, opt):
             if kind[j] == K_DP and (j < gathers or j >= gathers + (nb if gather_params else 0)):
@@ -689,20 +734,63 @@ def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, 
     # every stream's order
     order_ptr, order_idx = order_by_id(n_res, res[:n])
     sync = np.full(n, -1, dtype=np.int32)
-    return (dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
-            order_ptr, order_idx, n_res)
+    return ((dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
+             order_ptr, order_idx, n_res), (rec[:n], links[:n_links]))
+
+
+@jit
+def recipe_durations(rec, links, split: bool, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, dp_grad_ns: int,
+                     dp_param_ns: int, z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, dur) -> bool:
+    """A graph's durations from its recipe (``build_step_recipe``) and new inputs of
+    the same structure, into ``dur``: each task the same share of the same input,
+    then the critical transfers' time added to the data-parallel transfers they
+    share a link with. Returns False (``dur`` unusable) where a task has no recipe
+    (MoE traffic: its graph depends on the durations)."""
+    for t in range(rec.shape[0]):
+        op = rec[t, 0]
+        a = rec[t, 1]
+        b = rec[t, 2]
+        if op == R_FORWARD:
+            total = fwd_ns[a, b]
+        elif op == R_BACKWARD:
+            total = bwd_ns[a, b] - wgrad_ns[a, b] if split else bwd_ns[a, b]
+        elif op == R_WGRAD:
+            total = wgrad_ns[a, b]
+        elif op == R_DP_PARAM:
+            total = dp_param_ns
+        elif op == R_DP_GRAD:
+            total = dp_grad_ns
+        elif op == R_Z3_GATHER:
+            total = z3_gather_ns
+        elif op == R_Z3_SCATTER:
+            total = z3_scatter_ns
+        elif op == R_SEND:
+            total = send_ns
+        elif op == R_OPTIMIZER:
+            total = optimizer_ns
+        else:
+            return False
+        dur[t] = _share(total, rec[t, 3], rec[t, 4])
+    for j in range(links.shape[0]):
+        dur[links[j, 0]] += dur[links[j, 1]]
+    return True
 
 
 @jit(inline=True)
-def _share_link(dur, res, lo: int, hi: int, shared_res: int, open_dp: int) -> None:
+def _share_link(dur, res, lo: int, hi: int, shared_res: int, open_dp: int, links, n_links: int) -> int:
     """Tasks lo..hi-1 just created: those on ``shared_res`` (critical traffic on
     the data-parallel tier) lengthen the open data-parallel transfer by their
-    own duration (the link moves both flows' bytes; module docstring)."""
+    own duration (the link moves both flows' bytes; module docstring). Each
+    such pair goes into ``links``; returns their new count."""
     if open_dp < 0:
-        return
+        return n_links
     for t in range(lo, hi):
         if res[t] == shared_res:
             dur[open_dp] += dur[t]
+            links[n_links, 0] = open_dp
+            links[n_links, 1] = t
+            n_links += 1
+    return n_links
 
 
 @jit
