@@ -27,6 +27,7 @@ ADAM, ADAM_8BIT, CPU_ADAM, ADAM_NO_MASTER, ADAM_8BIT_PAGED = 0, 1, 2, 3, 4  # sp
 # No master: fp32 m and v (8 of 12); reads weight 2 + m, v 8 + grad 4, writes weight 2 + m, v 8, clip 4 = 28.
 # Paged 8-bit: m and v (2 of 12) on the host, paged in and out over the link (2 bytes each way, overlapped),
 # the in-place update reads weight 2 + m, v 2 + grad 4, writes weight 2 + m, v 2, clip 4 = 16
+OK, OUT_OF_MEMORY, OUT_OF_HOST_MEMORY = 0.0, 1.0, 2.0  # spaces.enums.Feasibility
 STATE_SHARE = {ADAM: 1.0, ADAM_8BIT: 0.5, CPU_ADAM: 0.0, ADAM_NO_MASTER: 8 / 12, ADAM_8BIT_PAGED: 0.0}
 HOST_SHARE = {ADAM: 0.0, ADAM_8BIT: 0.0, CPU_ADAM: 1.0, ADAM_NO_MASTER: 0.0, ADAM_8BIT_PAGED: 2 / 12}
 STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0, ADAM_NO_MASTER: 28.0, ADAM_8BIT_PAGED: 16.0}
@@ -320,12 +321,39 @@ def model_flop_per_sequence(model, s):
     return model["layers"] * per_layer + 2 * s * h * model["vocab"]
 
 
+def recomputes(recompute, rc_layers, n, j):
+    """Whether layer ``j`` of a device's ``n`` is fully recomputed: every one with
+    full recompute, or with ``rc_layers`` > 0 only the device's last ``rc_layers``."""
+    if recompute != FULL:
+        return False
+    return rc_layers <= 0 or j >= n - rc_layers
+
+
+def host_exposed_s(to_host_bytes, to_device_bytes, compute_s, dev):
+    """Host-link transfers of one pass, hidden behind its compute: the link is
+    full duplex, so the larger direction sets the transfer time."""
+    return max(0.0, max(to_host_bytes, to_device_bytes) / dev["host_link_bytes_per_s"] - compute_s)
+
+
 def evaluate_one(strategy, model, dev, tiers, tiles, work):
     """One candidate, the long way round. ``strategy`` keys: tp pp dp cp vpp
-    mb recompute sp zero schedule n_micro. Returns {OUTPUTS name: value}."""
+    mb recompute sp zero schedule n_micro, and optionally tpo opt rc_layers
+    off_act off_w (0 when absent). Returns {OUTPUTS name: value}.
+
+    Host offload (ZeRO-Offload / activation offload, ``kernels.offload``): a
+    layer whose activations are offloaded sends all it keeps but its input to
+    the host in its forward and fetches it back in its backward; with weight
+    offload it fetches its weights in both passes and sends its gradients down
+    in the backward. A fully recomputed layer keeps only its input, so it
+    offloads no activations. What the link cannot hide behind the pass's own
+    compute is exposed. Last-k recompute (``recompute_layers``): with full
+    recompute only the device's last k layers recompute; the others keep their
+    activations (and offload them)."""
     t, p, d, c = (float(strategy[k]) for k in ("tp", "pp", "dp", "cp"))
     v, b, m = float(strategy["vpp"]), float(strategy["mb"]), float(strategy["n_micro"])
     recompute, zero, schedule = strategy["recompute"], strategy["zero"], strategy["schedule"]
+    rc_layers = int(strategy.get("rc_layers", 0))
+    off_act, off_w = bool(strategy.get("off_act", 0)), bool(strategy.get("off_w", 0))
     sp = bool(strategy["sp"]) and t > 1
     pp = int(p)
     s, ab = work["seq_len"], work["act_bytes"]
@@ -403,6 +431,16 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     elif recompute == NORMS:  # both norms again on the (SP) shard: read the input, write the output
         rc_work = memory_bound_s(2 * 2 * seq_tokens * h * ab, 2, dev)
 
+    # -- host offload per layer: (forward, backward) seconds the host link exposes, for a
+    #    layer that keeps its activations and for one fully recomputed (it keeps its input)
+    layer_input = ab * tokens * h / (t if sp else 1)
+    kept_mode = NONE if recompute == FULL else recompute  # what a layer not recomputed keeps
+    act_out = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab) - layer_input if off_act else 0.0
+    w_in = layer_params(model, t) * work["weight_bytes"] if off_w else 0.0
+    g_out = layer_params(model, t) * work["grad_bytes"] if off_w else 0.0
+    off_kept = (host_exposed_s(act_out, w_in, layer_f, dev), host_exposed_s(g_out, act_out + w_in, layer_b, dev))
+    off_recomputed = (host_exposed_s(0.0, w_in, layer_f, dev), host_exposed_s(g_out, w_in, layer_b, dev))
+
     # -- embedding, output head and loss
     embed_f = memory_bound_s(2 * tokens * h * ab, 1, dev)
     embed_b = memory_bound_s(3 * tokens * h * ab, 1, dev)
@@ -438,14 +476,19 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     stages = []
     for i in range(pp):
         n_layers = layers_on(i)
-        st = {
-            "compute": n_layers * (layer_f + layer_b + rc_work),
-            "tp": n_layers * (tp_fwd + tp_bwd + rc_comm),
-            "cp": n_layers * (cp_fwd + cp_bwd),
-            "fwd": n_layers * (layer_f + tp_fwd + cp_fwd),
-            "rc": n_layers * (rc_work + rc_comm),
-            "w": n_layers * layer_w + (head_w if i == pp - 1 else 0.0),
-        }
+        st = dict.fromkeys(("compute", "tp", "cp", "fwd", "rc", "off"), 0.0)
+        for j in range(n_layers):  # layer by layer: which recompute, which offload
+            full = recomputes(recompute, rc_layers, n_layers, j)
+            # full recompute: only the layers recomputed; other modes: every layer (none: nothing)
+            rc_w, rc_c = (rc_work, rc_comm) if full or recompute != FULL else (0.0, 0.0)
+            off_f, off_b = off_recomputed if full else off_kept
+            st["compute"] += layer_f + layer_b + rc_w
+            st["tp"] += tp_fwd + tp_bwd + rc_c
+            st["cp"] += cp_fwd + cp_bwd
+            st["fwd"] += layer_f + tp_fwd + cp_fwd + off_f
+            st["rc"] += rc_w + rc_c
+            st["off"] += off_f + off_b
+        st["w"] = n_layers * layer_w + (head_w if i == pp - 1 else 0.0)
         if i == 0:
             st["compute"] += embed_f + embed_b
             st["tp"] += embed_comm
@@ -454,7 +497,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             st["compute"] += head_f + head_b
             st["tp"] += head_comm
             st["fwd"] += head_f + head_comm
-        st["total"] = st["compute"] + st["tp"] + st["cp"]
+        st["total"] = st["compute"] + st["tp"] + st["cp"] + st["off"]
         st["bwd"] = st["total"] - st["fwd"]
         stages.append(st)
     slowest = stages[0]
@@ -510,8 +553,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "cp_comm_s": m * slowest["cp"],
         "pp_comm_s": pp_comm,
         "dp_comm_s": dp_comm,
-        "ep_comm_s": 0.0,  # dense models only: no expert parallelism, no offload
-        "offload_s": 0.0,
+        "ep_comm_s": 0.0,  # dense models only: no expert parallelism
+        "offload_s": m * slowest["off"],
         "moe_dispatch_s": 0.0,
         "expert_gemm_rows": 0.0,
         "expert_gemm_efficiency": 0.0,
@@ -527,36 +570,74 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     }
 
     # -- memory, per stage; report the stage with the highest total
-    act = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    # a layer not recomputed keeps what its recompute mode keeps (all of it under full
+    # recompute with last-k), a fully recomputed one its input
+    kept = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab)
     # the layer being recomputed holds again what it did not keep (nothing without recompute)
-    recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab) - act
+    recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab) - \
+        activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
     # one set of communication buffers per process group of more than one rank (TP, CP, DP x CP, PP)
     groups = sum(1 for size in (t, c, d * c, p) if size > 1)
     fixed_overhead = dev["memory_overhead_bytes"] + groups * dev.get("comm_buffer_bytes", 0.0)
+    # weight offload streams one unit at a time, the current and the prefetched one on the
+    # device: a layer, or the embedding / output matrix, whichever is larger
+    unit = max(layer_params(model, t), V * h / t)
     best = None
+    host_peak = 0.0
     for i in range(pp):
         params = stage_params(i)
-        if zero >= 3:  # own shard + two gathered layers (current and prefetched), never more than all
-            sharded = params / group + 2 * layer_params(model, t)
-            weights = (params if sharded > params else sharded) * work["weight_bytes"]
+        host = 0.0
+        if off_w:  # weights and gradients on the host, two units of them on the device (ZeRO or not)
+            host += params * (work["weight_bytes"] + work["grad_bytes"])
+            weights = min(params, 2 * unit) * work["weight_bytes"]
+            grads = min(params, 2 * unit) * work["grad_bytes"]
         else:
-            weights = params * work["weight_bytes"]
-        grads = params * work["grad_bytes"] / (group if zero >= 2 else 1)
+            if zero >= 3:  # own shard + two gathered layers (current and prefetched), never more than all
+                sharded = params / group + 2 * layer_params(model, t)
+                weights = (params if sharded > params else sharded) * work["weight_bytes"]
+            else:
+                weights = params * work["weight_bytes"]
+            grads = params * work["grad_bytes"] / (group if zero >= 2 else 1)
         optim = params * work["optimizer_bytes"] * STATE_SHARE[opt_kind] / (group if zero >= 1 else 1)
+        # CPU Adam's fp32 master and moments, paged Adam's moments: in host memory, sharded like on a device
+        host += params * work["optimizer_bytes"] * HOST_SHARE[opt_kind] / (group if zero >= 1 else 1)
+
         chunks = in_flight_chunks(schedule, p, v, m, i)
-        stage_equivalents = chunks / v if schedule == INTERLEAVED else chunks
-        acts = stage_equivalents * layers_on(i) * act + recompute_buffer
+        n_layers = layers_on(i)
+        # one micro-batch's activations on this device, layer by layer (interleaved: a chunk
+        # holds 1/v of the device's layers), and what of them waits on the host
+        on_device = on_host = 0.0
+        offloaded_layers = 0
+        for j in range(n_layers):
+            recomputed = recomputes(recompute, rc_layers, n_layers, j)
+            held = layer_input if recomputed else kept
+            if off_act:  # only the input stays; a recomputed layer keeps nothing else to send
+                on_device += layer_input
+                on_host += held - layer_input
+                offloaded_layers += 0 if recomputed else 1
+            else:
+                on_device += held
+        per_chunk = 1 / v if schedule == INTERLEAVED else 1.0
+        acts = chunks * on_device * per_chunk + recompute_buffer
+        host_acts = chunks * on_host * per_chunk
+        if offloaded_layers > 0:
+            # the layer in its backward and the one being fetched are back on the device
+            # (at most as many layers as went to the host)
+            back = min(2.0, chunks * offloaded_layers) * (kept - layer_input)
+            acts += back
+            host_acts -= back
+        host += host_acts
         if i == pp - 1:
             acts += 4 * logits  # fp32 logits
         tensors = weights + grads + optim + acts
         overhead = fixed_overhead + dev.get("memory_fragmentation", 0.0) * tensors
         total = tensors + overhead
-        # CPU Adam's fp32 master and moments, paged Adam's moments: in host memory, sharded like on a device
-        host = params * work["optimizer_bytes"] * HOST_SHARE[opt_kind] / (group if zero >= 1 else 1)
+        host_peak = max(host_peak, host)  # every device's host share must fit
         if best is None or total > best[0]:
             best = (total, weights, grads, optim, acts, i, host, overhead)
     total, weights, grads, optim, acts, i, host_bytes, overhead = best
-    fits = total <= dev["hbm_capacity_bytes"]
+    fits_device = total <= dev["hbm_capacity_bytes"]
+    fits_host = host_peak <= dev["host_capacity_bytes"]
     out.update({
         "mem_weights_bytes": weights,
         "mem_grads_bytes": grads,
@@ -567,7 +648,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         "mem_overhead_bytes": overhead,
         "mem_peak_bytes": total,
         "mem_peak_stage": float(i),
-        "feasible": 1.0 if fits else 0.0,
-        "infeasible_reason": 0.0 if fits else 1.0,
+        "feasible": 1.0 if fits_device and fits_host else 0.0,
+        "infeasible_reason": OK if fits_device and fits_host else (OUT_OF_MEMORY if not fits_device
+                                                                   else OUT_OF_HOST_MEMORY),
     })
     return out

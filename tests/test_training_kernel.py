@@ -424,6 +424,83 @@ def test_evaluate_one_matches_rows(h100_8b):
         assert dict(zip(OUTPUTS, out.tolist())) == row
 
 
+def test_offload_and_last_k_recompute_match_naive():
+    """Host offload of activations and weights and last-k-layer recompute, with
+    every other dimension random as above: 30 random setups x 10 candidates, the
+    host memory small enough on some that weight offload does not fit there."""
+    rng = np.random.default_rng(20240712)
+    n_exposed = n_last_k = n_host_full = 0
+    for _ in range(30):
+        model, dev, tiers = _random_model(rng), _random_device(rng), _random_tiers(rng)
+        dev["host_capacity_bytes"] = rng.uniform(1, 512) * 2.0**30
+        tiles = np.array([[float(rng.choice([64, 128, 256])), float(rng.choice([64, 128, 256]))]])
+        strategies = []
+        for _ in range(10):
+            s = _random_strategy(rng)
+            s.update(recompute=int(rng.choice([s["recompute"], RECOMPUTE_FULL])),
+                     rc_layers=int(rng.integers(0, model["layers"][0] + 1)), off_act=int(rng.integers(2)),
+                     off_w=int(rng.integers(2)))
+            strategies.append(s)
+        work = params.record(
+            params.WORKLOAD, global_batch=float(rng.integers(1, 2048)),
+            seq_len=float(rng.choice([512, 2048, 8192])), act_bytes=2.0, weight_bytes=2.0,
+            grad_bytes=float(rng.choice([2.0, 4.0])), optimizer_bytes=12.0, flash_attention=float(rng.integers(2)),
+            gemm_cast_bytes=float(rng.choice([0.0, 3.0])),
+        )
+        for s, got in zip(strategies, run_rows(strategies, model, dev, tiers, tiles, work)):
+            _assert_outputs_close(got, run_naive(s, model, dev, tiers, tiles, work), s)
+            n_exposed += got["offload_s"] > 0
+            n_last_k += s["recompute"] == RECOMPUTE_FULL and 0 < s["rc_layers"] < model["layers"][0]
+            n_host_full += got["infeasible_reason"] == 2
+    assert n_exposed >= 20 and n_last_k >= 20 and n_host_full >= 5, (n_exposed, n_last_k, n_host_full)
+
+
+#: the short keys of ``naive.evaluate_one`` and the encoder's columns they read
+NAIVE_KEYS = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch",
+              "recompute": "recompute", "sp": "sequence_parallel", "tpo": "tp_overlap", "zero": "zero",
+              "opt": "optimizer", "schedule": "schedule", "rc_layers": "recompute_layers",
+              "off_act": "offload_activations", "off_w": "offload_weights", "n_micro": "n_microbatches"}
+
+
+@pytest.mark.parametrize("model_name", ["llama3-8b", "gpt3-175b"])
+def test_widened_space_matches_naive(model_name):
+    """A catalog dense model on catalog hardware, every dimension the reference
+    models widened (tp, pp, cp, vpp, micro-batch, recompute and its last k layers,
+    offload of activations and weights, SP, TP overlap, ZeRO, every optimizer,
+    the schedules GPipe, 1F1B, interleaved, ZB-H1): 300 random candidates of
+    the encoded space through ``explorer.evaluate.analytic``, as a sweep
+    evaluates them, against the plain-Python reference."""
+    from pathlib import Path
+
+    from paraspace.explorer.evaluate import analytic, pack
+    from paraspace.spaces.catalog import space_from_raw
+    from paraspace.spaces.encode import Encoder
+
+    raw = {"name": "wide", "description": "every dense dimension widened", "model": model_name,
+           "hardware": "a100-sxm4-80gb", "devices": 16, "global_batch": 64, "seq_len": 4096,
+           "dimensions": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "cp": [1, 2], "vpp": [1, 2], "micro_batch": [1, 2, 4],
+                          "recompute": ["none", "selective", "full", "norms"], "recompute_layers": [0, 1, 3],
+                          "offload_activations": [False, True], "offload_weights": [False, True],
+                          "sequence_parallel": [False, True], "tp_overlap": [False, True], "zero": [0, 1, 2, 3],
+                          "optimizer": ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged"],
+                          "schedule": ["gpipe", "1f1b", "interleaved", "zb-h1"]}}
+    space = space_from_raw(raw, "test", Path(__file__).parent)
+    packed = pack(space)
+    cols = Encoder(space).encode_all().columns
+    got = analytic(packed, cols)
+    model, dev, work = naive.fields(packed.model), naive.fields(packed.device), naive.fields(packed.workload)
+    tiers, tiles = naive.tier_list(packed.tiers), naive.tile_list(packed.tiles)
+    rng = np.random.default_rng(20240713)
+    idx = rng.choice(cols["tp"].shape[0], size=300, replace=False)
+    for i in idx:
+        s = {k: int(cols[c][i]) for k, c in NAIVE_KEYS.items()}
+        _assert_outputs_close({name: float(got[name][i]) for name in OUTPUTS},
+                              naive.evaluate_one(s, model, dev, tiers, tiles, work), s)
+    sample = {c: cols[c][idx] for c in ("offload_activations", "offload_weights", "recompute_layers")}
+    assert sample["offload_activations"].any() and sample["offload_weights"].any()
+    assert (sample["recompute_layers"] > 0).any()
+
+
 # --------------------------------------------------------------------------- properties (modeling.md section 9)
 
 
