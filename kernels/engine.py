@@ -210,16 +210,14 @@ def order_by_id(n_res: int, res):
 
 
 @jit
-def exposed_ns(order_idx, a_lo: int, a_hi: int, want: int, b_lo: int, b_hi: int, kind, start, end) -> int:
-    """Time the tasks of kind ``want`` in ``order_idx[a_lo:a_hi]`` run while none
-    of ``order_idx[b_lo:b_hi]`` runs. Both runs are one stream's tasks, so each
-    is in time order and free of overlaps."""
-    total = 0
+def exposed_ns(order_idx, a_lo: int, a_hi: int, b_lo: int, b_hi: int, kind, start, end, acc) -> None:
+    """Time each task of ``order_idx[a_lo:a_hi]`` runs while none of
+    ``order_idx[b_lo:b_hi]`` runs, added to ``acc`` at the task's kind (one pass for
+    every kind). Both runs are one stream's tasks, so each is in time order and free
+    of overlaps."""
     j = b_lo
     for k in range(a_lo, a_hi):
         task = order_idx[k]
-        if kind[task] != want:
-            continue
         s = start[task]
         e = end[task]
         if e <= s:
@@ -234,8 +232,7 @@ def exposed_ns(order_idx, a_lo: int, a_hi: int, want: int, b_lo: int, b_hi: int,
             if hi > lo:
                 covered += hi - lo
             jj += 1
-        total += (e - s) - covered
-    return total
+        acc[kind[task]] += (e - s) - covered
 
 
 @jit

@@ -25,7 +25,9 @@ from numba import prange
 
 from paraspace.kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
 from paraspace.kernels.collectives import group_tier
-from paraspace.kernels.engine import K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, OK, exposed_ns, simulate
+from paraspace.kernels.engine import (
+    K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, N_KINDS, OK, exposed_ns, simulate,
+)
 from paraspace.kernels.jit import jit
 from paraspace.kernels.pipeline import (
     build_step_recipe,
@@ -199,6 +201,7 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
     dp_exposed = 0
     ep_exposed = 0
     per_dev = streams_per_device(n_tiers)
+    exposed = np.zeros(N_KINDS, dtype=np.int64)  # per task kind, one device's streams
     for d in range(p):
         r = d * per_dev
         lo = order_ptr[r]
@@ -210,18 +213,13 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
             worst_busy = busy
         # every communication stream is in time order like the compute stream; a
         # device's exposed time per class sums its streams (they rarely overlap idly)
-        dev_pp = 0
-        dev_dp = 0
-        dev_ep = 0
+        exposed[:] = 0
         for rr in range(r + 1, r + per_dev):
-            if order_ptr[rr + 1] == order_ptr[rr]:
-                continue
-            dev_pp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_PP, lo, hi, kind, start, end)
-            dev_dp += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_DP, lo, hi, kind, start, end)
-            dev_ep += exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], K_EP, lo, hi, kind, start, end)
-        pp_exposed = max(pp_exposed, dev_pp)
-        dp_exposed = max(dp_exposed, dev_dp)
-        ep_exposed = max(ep_exposed, dev_ep)
+            if order_ptr[rr + 1] > order_ptr[rr]:
+                exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], lo, hi, kind, start, end, exposed)
+        pp_exposed = max(pp_exposed, exposed[K_PP])
+        dp_exposed = max(dp_exposed, exposed[K_DP])
+        ep_exposed = max(ep_exposed, exposed[K_EP])
     # stage 0: forward passes begun minus backward passes begun (weight-gradient
     # passes where the backward is split: they still need the activations)
     release = K_BACKWARD
