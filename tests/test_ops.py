@@ -285,10 +285,14 @@ def test_gemm_faster_device_never_slower(m, n, k, flops_up, bw_up):
 @PROPS
 @given(m=st.integers(1, 1 << 15).map(float), n=dims, k=dims)
 def test_gemm_doubling_m_at_most_doubles_time(m, n, k):
-    """Per tile, ceil(2m/tm) <= 2 ceil(m/tm), so waves and traffic at most double."""
+    """Per tile, ceil(2m/tm) <= 2 ceil(m/tm), so waves and traffic at most double.
+    Where both sizes fill the same tiles the two times are equal in exact arithmetic
+    and may differ by an ulp either way (m=87, n=1387, k=1384 gives 6.0176341031344795e-06
+    then 6.017634103134479e-06): the bounds hold to 1e-12 relative."""
     one = ops.gemm_time_s(m, n, k, _scaled(), TILES_H100, 2.0)
     two = ops.gemm_time_s(2 * m, n, k, _scaled(), TILES_H100, 2.0)
-    assert one <= two <= 2 * one * (1 + 1e-12)
+    assert one <= two * (1 + 1e-12)
+    assert two <= 2 * one * (1 + 1e-12)
 
 
 @PROPS
