@@ -48,41 +48,23 @@ DEADLOCK = 1
 
 
 @jit
-def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, start_ns, end_ns) -> int:
-    """Run the task graph; fills ``start_ns``/``end_ns`` (-1 where a task never ran).
-
-    dur_ns: int64[n]; res: int32[n] resource of each task; kind: int8/int32[n];
-    sync: int32[n] synchronisation group or -1; succ_ptr: int64[n+1] and
-    succ_idx: int32[...] successors; n_pred: int32[n] predecessor counts;
-    order_ptr: int64[R+1] and order_idx: int32[...] each resource's task order.
-    Returns OK or DEADLOCK.
-
-    With every resource's order fixed, a task starts at the latest of its
-    predecessors' ends and the end of the task before it on its resource (a
-    synchronisation group's members at the latest of their own such times): the
-    times are the max-plus fixed point, whatever order equal-time events are seen
-    in. So the run is one topological pass over the dependencies plus each
-    resource's order (Kahn's algorithm with a stack, no event queue): O(tasks +
-    edges). A task no order lists, or one caught in a cycle of dependencies and
-    orders, never becomes ready: the run then ends with ``DEADLOCK``.
-    """
-    n = dur_ns.shape[0]
+def prepare(sync, n_pred, order_ptr, order_idx):
+    """What a run of a graph needs besides its durations (``run``): each task's initial
+    wait count (its predecessors, plus its resource unless it heads that resource's
+    order), the next task on its resource, the tasks ready at time 0, and the members
+    of each synchronisation group (CSR). Rows sharing a graph prepare it once."""
+    n = n_pred.shape[0]
     n_res = order_ptr.shape[0] - 1
-    # what a task waits for: its predecessors, and its resource (released by the task
-    # before it there); int64 throughout: narrower counters measured ~30% slower
-    pending = np.empty(n, dtype=np.int64)
-    ready = np.zeros(n, dtype=np.int64)  # latest end among what it waited for so far
-    nxt = np.full(n, -1, dtype=np.int64)  # the next task on its resource
-    released = np.zeros(n, dtype=np.bool_)  # a collective's member whose group has started
+    # int64 throughout: narrower counters measured ~30% slower in ``run``
+    pending0 = np.empty(n, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
     n_groups = 0
     for i in range(n):
-        pending[i] = n_pred[i] + 1
-        start_ns[i] = -1
-        end_ns[i] = -1
+        pending0[i] = n_pred[i] + 1
         if sync[i] + 1 > n_groups:
             n_groups = sync[i] + 1
-    stack = np.empty(n, dtype=np.int64)
-    n_stack = 0
+    ready0 = np.empty(n_res, dtype=np.int64)
+    n_ready = 0
     for r in range(n_res - 1, -1, -1):
         lo = order_ptr[r]
         hi = order_ptr[r + 1]
@@ -91,13 +73,11 @@ def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, ord
         for k in range(lo, hi - 1):
             nxt[order_idx[k]] = order_idx[k + 1]
         first = order_idx[lo]
-        pending[first] -= 1
-        if pending[first] == 0:
-            stack[n_stack] = first
-            n_stack += 1
-    group_ptr = np.zeros(n_groups + 1, dtype=np.int64)  # members of each group (CSR)
-    group_arrived = np.zeros(n_groups, dtype=np.int64)
-    group_latest = np.zeros(n_groups, dtype=np.int64)
+        pending0[first] -= 1
+        if pending0[first] == 0:
+            ready0[n_ready] = first
+            n_ready += 1
+    group_ptr = np.zeros(n_groups + 1, dtype=np.int64)
     for i in range(n):
         if sync[i] >= 0:
             group_ptr[sync[i] + 1] += 1
@@ -109,6 +89,36 @@ def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, ord
         if sync[i] >= 0:
             group_members[group_fill[sync[i]]] = i
             group_fill[sync[i]] += 1
+    return pending0, nxt, ready0[:n_ready], group_ptr, group_members
+
+
+@jit
+def workspace(n: int, n_groups: int):
+    """Scratch arrays of ``run`` for graphs of ``n`` tasks and ``n_groups`` groups,
+    reusable from one run to the next."""
+    return (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_),
+            np.empty(n, dtype=np.int64), np.empty(n_groups, dtype=np.int64), np.empty(n_groups, dtype=np.int64))
+
+
+@jit
+def run(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns) -> int:
+    """Run a prepared graph (``prepare``) with durations ``dur_ns``; fills ``start_ns``/
+    ``end_ns`` (-1 where a task never ran). ``work``: ``workspace``'s arrays.
+    Returns OK or DEADLOCK (see ``simulate``)."""
+    pending0, nxt, ready0, group_ptr, group_members = plan
+    pending, ready, released, stack, group_arrived, group_latest = work
+    n = dur_ns.shape[0]
+    for i in range(n):
+        pending[i] = pending0[i]
+        ready[i] = 0
+        released[i] = False
+        start_ns[i] = -1
+        end_ns[i] = -1
+    group_arrived[:] = 0
+    group_latest[:] = 0
+    n_stack = ready0.shape[0]
+    for k in range(n_stack):
+        stack[k] = ready0[k]
     done = 0
     while n_stack > 0:
         n_stack -= 1
@@ -150,6 +160,31 @@ def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, ord
                 stack[n_stack] = s
                 n_stack += 1
     return OK if done == n else DEADLOCK
+
+
+@jit
+def simulate(dur_ns, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, start_ns, end_ns) -> int:
+    """Run the task graph; fills ``start_ns``/``end_ns`` (-1 where a task never ran).
+
+    dur_ns: int64[n]; res: int32[n] resource of each task; kind: int8/int32[n];
+    sync: int32[n] synchronisation group or -1; succ_ptr: int64[n+1] and
+    succ_idx: int32[...] successors; n_pred: int32[n] predecessor counts;
+    order_ptr: int64[R+1] and order_idx: int32[...] each resource's task order.
+    Returns OK or DEADLOCK.
+
+    With every resource's order fixed, a task starts at the latest of its
+    predecessors' ends and the end of the task before it on its resource (a
+    synchronisation group's members at the latest of their own such times): the
+    times are the max-plus fixed point, whatever order equal-time events are seen
+    in. So the run is one topological pass over the dependencies plus each
+    resource's order (Kahn's algorithm with a stack, no event queue): O(tasks +
+    edges). A task no order lists, or one caught in a cycle of dependencies and
+    orders, never becomes ready: the run then ends with ``DEADLOCK``.
+    (``prepare`` + ``run``: rows sharing a graph prepare it once.)
+    """
+    plan = prepare(sync, n_pred, order_ptr, order_idx)
+    work = workspace(dur_ns.shape[0], plan[3].shape[0] - 1)
+    return run(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns)
 
 
 @jit

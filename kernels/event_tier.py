@@ -26,7 +26,7 @@ from numba import prange
 from paraspace.kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
 from paraspace.kernels.collectives import group_tier
 from paraspace.kernels.engine import (
-    K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, N_KINDS, OK, exposed_ns, simulate,
+    K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, N_KINDS, OK, exposed_ns, prepare, run, workspace,
 )
 from paraspace.kernels.jit import jit
 from paraspace.kernels.pipeline import (
@@ -253,13 +253,12 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
 
 
 @jit
-def run_graph(graph, pp: int, v: int, schedule: int, n_tiers: int, out) -> int:
-    """Simulate a step graph (``build_step``'s tuple) and write its ``SIM_OUTPUTS`` into
-    ``out``; returns the engine's status."""
-    dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = graph
-    start = np.empty(dur.shape[0], dtype=np.int64)
-    end = np.empty(dur.shape[0], dtype=np.int64)
-    status = simulate(dur, res, kind, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, start, end)
+def run_graph(graph, dur, plan, work, start, end, pp: int, v: int, schedule: int, n_tiers: int, out) -> int:
+    """Simulate a step graph (``build_step``'s tuple, prepared as ``plan``) with durations
+    ``dur`` and write its ``SIM_OUTPUTS`` into ``out``; returns the engine's status.
+    ``work``, ``start`` and ``end`` are scratch arrays reused across runs."""
+    _, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = graph
+    status = run(dur, sync, succ_ptr, succ_idx, plan, work, start, end)
     if status != OK:
         return status
     step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, pp, v, n_tiers, out)
@@ -272,13 +271,23 @@ def run_graph(graph, pp: int, v: int, schedule: int, n_tiers: int, out) -> int:
 
 
 @jit
+def prepared(graph):
+    """A graph's engine plan, scratch arrays and start/end buffers (``run_graph``)."""
+    dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = graph
+    plan = prepare(sync, n_pred, order_ptr, order_idx)
+    work = workspace(dur.shape[0], plan[3].shape[0] - 1)
+    return plan, work, np.empty(dur.shape[0], dtype=np.int64), np.empty(dur.shape[0], dtype=np.int64)
+
+
+@jit
 def simulate_one(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets,
                  out) -> int:
     g = row_graph(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
                   dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets)
     v = vpp if schedule == SCHEDULE_INTERLEAVED else 1
-    return run_graph(g, pp, v, schedule, tiers.shape[0], out)
+    plan, scratch, start, end = prepared(g)
+    return run_graph(g, g[0], plan, scratch, start, end, pp, v, schedule, tiers.shape[0], out)
 
 
 #: what a row's graph structure depends on besides its durations (``graph_key``)
@@ -385,6 +394,7 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
         v = vpp[first] if schedule[first] == SCHEDULE_INTERLEAVED else 1
         split = split_backward(schedule[first])
         dur = graph[0].copy()
+        plan, scratch, start, end = prepared(graph)
         for t in range(ptr[g], ptr[g + 1]):
             i = chosen[order[t]]
             if i != first:
@@ -402,10 +412,8 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
                                           n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
                     _finish_row(status, i, analytic_step, tokens, mfu, row)
                     continue
-            shared = (dur, graph[1], graph[2], graph[3], graph[4], graph[5], graph[6], graph[7], graph[8], graph[9],
-                      graph[10], graph[11], graph[12])
             row = out[i]
-            status = run_graph(shared, pp[i], v, schedule[i], n_tiers, row)
+            status = run_graph(graph, dur, plan, scratch, start, end, pp[i], v, schedule[i], n_tiers, row)
             _finish_row(status, i, analytic_step, tokens, mfu, row)
     return out
 
