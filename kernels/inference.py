@@ -127,6 +127,8 @@ SERVING = np.dtype(
         ("kv_fraction", np.float64),  # share of the HBM left after weights and overhead given to the KV cache
         ("batch_cap", np.float64),  # most concurrent sequences per replica the runtime schedules
         ("moe_imbalance", np.float64),  # busiest expert's rows / the mean
+        # speculative draft tokens a decode step verifies (kernels.serving; ``serve`` here models none)
+        ("draft_tokens", np.float64),
     ]
 )
 
@@ -161,9 +163,9 @@ N_OUT = len(OUTPUTS)
 
 def serving(**values: float) -> np.ndarray:
     """A SERVING record; ``kv_fraction``, ``batch_cap``, ``moe_imbalance``,
-    ``attention_dp`` and ``ep`` default to 0.95, 4096, 1, 0 and 1."""
+    ``attention_dp``, ``ep`` and ``draft_tokens`` default to 0.95, 4096, 1, 0, 1 and 0."""
     defaults = {"kv_fraction": KV_CACHE_FRACTION, "batch_cap": BATCH_CAP, "moe_imbalance": 1.0,
-                "attention_dp": 0.0, "ep": 1.0}
+                "attention_dp": 0.0, "ep": 1.0, "draft_tokens": 0.0}
     return params.record(SERVING, **{**defaults, **values})
 
 
@@ -202,28 +204,33 @@ def device_weight_bytes(model, srv) -> float:
     attention ranks, routed experts by ep and the expert TP tp / ep) at
     weight_bytes; the embedding (first stage) and LM head (last stage, a second
     matrix unless tied on one device), split by the attention ranks, at act_bytes."""
+    best = 0.0
+    for stage in range(int(srv.pp)):
+        best = max(best, stage_weight_bytes(model, srv, stage))
+    return best
+
+
+@jit
+def stage_weight_bytes(model, srv, stage: int) -> float:
+    """Weight bytes on a device of pipeline stage ``stage`` (``device_weight_bytes``)."""
     p = int(srv.pp)
     ta = attention_ranks(srv)
     etp = srv.tp / srv.ep
     emb = model.vocab * model.hidden / ta
-    best = 0.0
-    for stage in range(p):
-        n = device_layers(stage, p, model.layers)
-        nd = device_dense_layers(stage, p, model)
-        matrices = nd * layer_params(model, ta)
-        if n > nd:
-            dense, expert = moe_layer_params(model, ta, srv.ep, etp)
-            matrices += (n - nd) * (dense + expert)
-        tables = 0.0
-        if stage == 0:
+    n = device_layers(stage, p, model.layers)
+    nd = device_dense_layers(stage, p, model)
+    matrices = nd * layer_params(model, ta)
+    if n > nd:
+        dense, expert = moe_layer_params(model, ta, srv.ep, etp)
+        matrices += (n - nd) * (dense + expert)
+    tables = 0.0
+    if stage == 0:
+        tables += emb
+    if stage == p - 1:
+        matrices += model.hidden * (2.0 if model.bias > 0 else 1.0)  # final norm
+        if model.tied_embeddings == 0 or p > 1:
             tables += emb
-        if stage == p - 1:
-            matrices += model.hidden * (2.0 if model.bias > 0 else 1.0)  # final norm
-            if model.tied_embeddings == 0 or p > 1:
-                tables += emb
-        total = matrices * srv.weight_bytes + tables * srv.act_bytes
-        best = max(best, total)
-    return best
+    return matrices * srv.weight_bytes + tables * srv.act_bytes
 
 
 @jit
@@ -274,6 +281,21 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
     (``kernels.ops.causal_kv_len``), a decode step's min(s, window).
     With the device's ``kernel_fusion`` each residual add + norm pair is one
     kernel and rotary runs inside attention (as ``kernels.training``)."""
+    return _attention_block_s(model, dev, tiers, tiles, srv, b, q, s, q > 1.0)
+
+
+@jit
+def verify_attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: float) -> float:
+    """``attention_block_s`` of a speculative verification step: ``q`` new tokens
+    (the last one and the drafts) of each of ``b`` sequences attend to the whole
+    cache of ``s`` keys as a decode step does (the KV read once per sequence,
+    the FLOP q times a decode step's; the drafts' causal mask among themselves,
+    q (q - 1) / 2 of q s pairs, is not taken off). q = 1 is the decode step."""
+    return _attention_block_s(model, dev, tiers, tiles, srv, b, q, s, False)
+
+
+@jit
+def _attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: float, causal: bool) -> float:
     dp = srv.attention_dp > 0
     ta = attention_ranks(srv)
     br = b / srv.tp if dp else b  # sequences this rank attends
@@ -283,7 +305,6 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
     ab = srv.act_bytes
     kvb = srv.kv_bytes
     heads = model.heads / ta
-    causal = q > 1.0
     if causal:
         s = causal_kv_len(s, model.sliding_window)
     elif model.sliding_window > 0.0:
@@ -301,11 +322,11 @@ def attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: floa
         else:
             proj += gemm_time_s(tokens, heads * qk, h, dev, tiles, wb)
         v_out = heads * model.v_head_dim
-        if q > 1.0:  # prefill: per-head K and V after the up-projections
+        if causal:  # prefill: per-head K and V after the up-projections
             attn, _, _ = attention_qkv_fwd_bwd_s(br, q, s, heads, heads, qk, model.v_head_dim, causal, True, dev,
                                                  ab)
-        else:  # decode with absorbed up-projections: every head reads the shared latent
-            flops = 2.0 * br * heads * s * (latent + model.kv_lora_rank)
+        else:  # decode (q queries a sequence) with absorbed up-projections: every head reads the shared latent
+            flops = 2.0 * br * q * heads * s * (latent + model.kv_lora_rank)
             traffic = br * s * latent * kvb
             attn = max(flops / (attention_peak(dev, kvb) * dev.attention_efficiency),
                        traffic / (dev.hbm_bytes_per_s * dev.memory_efficiency)) + dev.launch_s
