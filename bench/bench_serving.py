@@ -52,7 +52,9 @@ def reference_row(packed, srv, cols, i: int) -> dict[str, float]:
                         hit=wl.prefix_hit_rate, concurrency=wl.concurrency, rate=wl.rate_per_s, host=wl.host_s,
                         max_batch=float(cols["max_batch"][i]), max_tokens=float(cols["max_tokens"][i]),
                         static=cols["scheduler"][i] == ks.STATIC, engines=float(cols["instances"][i] * s.pp),
-                        devices=wl.devices)
+                        devices=wl.devices, draft=int(s.draft_tokens), acceptance=wl.acceptance_rate,
+                        draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, t),
+                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b))
 
 
 def bench_analytic(space, n_rows: int, n_ref: int) -> None:
@@ -88,18 +90,20 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
     fits = np.flatnonzero(np.isin(metrics["reason"], [ks.OK, ks.SLA_TTFT, ks.SLA_TPOT]) & (cols["mode"] == ks.AGG))
     rows = np.resize(fits, n_configs)
     began = time.perf_counter()
-    g, h, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
-                                                   srv[rows].view(np.recarray), cols["dtype"][rows], serve.GRID)
+    g, h, dp, ds, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
+                                                           srv[rows].view(np.recarray), cols["dtype"][rows], serve.GRID)
     tables_s = time.perf_counter() - began
     rng = np.random.default_rng(0)
     in_len = np.maximum(np.rint(rng.lognormal(np.log(2048) - 0.08, 0.4, n_requests)), 1.0)
     out_len = np.maximum(np.rint(rng.lognormal(np.log(256) - 0.08, 0.4, n_requests)), 1.0)
     gaps = rng.exponential(1.0, n_requests)
     clients = np.full(n_configs, 8.0)
+    acceptance = float(packed.workload[0].acceptance_rate)
+    seed = serve.draw_seed(space)
     rate = np.zeros(n_configs)
     args = (in_len, out_len, gaps, clients, rate, cols["max_batch"][rows].astype(float),
             cols["max_tokens"][rows].astype(float), cols["scheduler"][rows], cap, 2e-4, kv_coef, pair_coef, 0.0,
-            serve.GRID, g, h)
+            serve.GRID, g, h, cols["draft_tokens"][rows], acceptance, seed, dp, ds)
     serving_sim.simulate_rows(*(a[:1] if isinstance(a, np.ndarray) and a.shape[0] == n_configs else a
                                 for a in args))  # compile / load the cache
     began = time.perf_counter()
@@ -110,7 +114,8 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
                            max_batch=int(cols["max_batch"][r]), max_tokens=float(cols["max_tokens"][r]),
                            static=cols["scheduler"][r] == ks.STATIC, cap=float(cap[j]), host=2e-4,
                            kv_coef=float(kv_coef[j]), pair_coef=float(pair_coef[j]), hit=0.0, grid=list(serve.GRID),
-                           g=list(g[j]), h=list(h[j])) for j, r in enumerate(rows[:n_ref])]
+                           g=list(g[j]), h=list(h[j]), draft=int(cols["draft_tokens"][r]), acceptance=acceptance,
+                           seed=seed, dp=list(dp[j]), ds=list(ds[j])) for j, r in enumerate(rows[:n_ref])]
     ref_s = time.perf_counter() - began
     worst = max(abs(sim[j, serving_sim.S_TTFT] / r["ttft_s"] - 1.0) for j, r in enumerate(refs))
     rate_k = n_configs / sim_s

@@ -69,6 +69,7 @@ def pack_serving(space: LoadedServing) -> PackedServing:
                   longest_seq_len=float((in_len + out_len).max()), prefix_hit_rate=wl.prefix_hit_rate,
                   concurrency=wl.concurrency or 0.0, rate_per_s=wl.rate_per_s or 0.0, devices=spec.devices,
                   host_s=spec.host_overhead_us * 1e-6, kv_fraction=spec.kv_fraction,
+                  acceptance_rate=wl.acceptance_rate or 0.0,
                   sla_ttft_s=sla.ttft_s or 0.0, sla_ttft_p90_s=sla.ttft_p90_s or 0.0, sla_tpot_s=sla.tpot_s or 0.0,
                   sla_tpot_p90_s=sla.tpot_p90_s or 0.0)
     for key, value in values.items():
@@ -80,7 +81,8 @@ def pack_serving(space: LoadedServing) -> PackedServing:
 def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefill: bool = False) -> np.ndarray:
     """One ``kernels.inference.SERVING`` record per row (built column by column): the
     row's (decode) replica, or with ``prefill`` its prefill replica (prefill_tp
-    devices, pp 1, TP attention, the row's ep)."""
+    devices, pp 1, TP attention, the row's ep); both run the row's draft tokens
+    (the prefill replica's draft modules build their caches over the prompt)."""
     nbytes = dtype_bytes_table()
     n = cols["tp"].shape[0]
     rec = np.zeros(n, inference.SERVING)
@@ -95,6 +97,7 @@ def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefil
     rec["kv_fraction"] = space.spec.kv_fraction
     rec["batch_cap"] = cols["max_batch"]
     rec["moe_imbalance"] = 1.0
+    rec["draft_tokens"] = cols["draft_tokens"]
     return rec.view(np.recarray)
 
 
@@ -124,14 +127,20 @@ def sample_requests(space: LoadedServing) -> tuple[np.ndarray, np.ndarray, np.nd
     return in_len, out_len, gaps
 
 
+def draw_seed(space: LoadedServing) -> int:
+    """The seed of the simulation's acceptance draws (``kernels.serving_sim.unit_draw``):
+    the workload's, folded below 2^32."""
+    return space.spec.workload.seed % 2**32
+
+
 def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
              metrics: dict[str, np.ndarray], rows: np.ndarray) -> None:
     """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns."""
     if rows.size == 0:
         return
     pick = {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
-    g, h, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
-                                                   srv[rows].view(np.recarray), pick["dtype"], GRID)
+    g, h, dp, ds, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
+                                                           srv[rows].view(np.recarray), pick["dtype"], GRID)
     wl = space.spec.workload
     engines = metrics["engines"][rows]
     clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
@@ -141,7 +150,8 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
     sim = serving_sim.simulate_rows(in_len, out_len, gaps, clients, rate, pick["max_batch"].astype(np.float64),
                                     pick["max_tokens"].astype(np.float64), pick["scheduler"], cap,
                                     space.spec.host_overhead_us * 1e-6, kv_coef, pair_coef, wl.prefix_hit_rate,
-                                    GRID, g, h)
+                                    GRID, g, h, pick["draft_tokens"], wl.acceptance_rate or 0.0, draw_seed(space),
+                                    dp, ds)
     ok = sim[:, serving_sim.S_STUCK] == 0
     devices = float(space.spec.devices)
     for target, column in (("ttft_s", serving_sim.S_TTFT), ("ttft_p90_s", serving_sim.S_TTFT_P90),
@@ -151,6 +161,8 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
     metrics["output_tokens_per_s_per_gpu"][rows[ok]] = sim[ok, serving_sim.S_OTPS] * engines[ok] / devices
     metrics["requests_per_s"][rows[ok]] = sim[ok, serving_sim.S_SUSTAINED_RPS] * engines[ok]
     metrics["output_tokens_per_s_per_user"][rows[ok]] = 1.0 / sim[ok, serving_sim.S_TPOT]
+    measured = ok & np.isfinite(sim[:, serving_sim.S_TOKENS_PER_STEP])  # not where no request decoded
+    metrics["tokens_per_step"][rows[measured]] = sim[measured, serving_sim.S_TOKENS_PER_STEP]
     metrics["simulated"][rows] = 1.0
     sla = ks.sla_reasons(packed.workload, sim[:, serving_sim.S_TTFT], sim[:, serving_sim.S_TTFT_P90],
                          sim[:, serving_sim.S_TPOT], sim[:, serving_sim.S_TPOT_P90])

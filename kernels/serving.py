@@ -22,6 +22,7 @@ token, decode attention reading ``kv_read`` cached tokens and prefill attention
 over ``pairs`` causal (query, key) pairs::
 
     iteration_s = host_s + rows_s(tokens) + head_rows_s(rows) + kv_s_per_token * kv_read + pair_s * pairs
+                  (+ the draft modules' passes, "Speculative decoding" below)
 
 ``rows_s`` is ``kernels.inference.forward_s`` of ``tokens`` one-token sequences
 over an empty cache minus its head: every GEMM at m = tokens (reading its whole
@@ -50,15 +51,52 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   out / period; by Little's law e2e = c * period / B; TTFT = e2e - decode;
   TPOT = decode / (out - 1).
 - Poisson at lambda per engine, continuous: the iteration time t solves
-  t = iteration_s(B + lambda t in, B + lambda t, B (in + out / 2), lambda t
-  pairs) with B = lambda (out - 1) t decoding requests (fixed point; unstable
-  when it diverges or B exceeds the batch or KV limit or the tokens exceed
-  max_tokens). TPOT = t; TTFT = t (1/2 + ceil(in / (max_tokens - B))).
+  t = iteration_s(B q + lambda t in, B q + lambda t, B (in + out / 2 + q - 1),
+  lambda t pairs) with B = lambda (out - 1) t / E decoding requests (fixed
+  point; unstable when it diverges or B exceeds the batch or KV limit or the
+  tokens exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E;
+  TTFT = t (1/2 + ceil(in / (max_tokens - B q))).
 - Poisson, static: waves of the B requests that arrived during the last one, B
   = lambda period(B) (fixed point); TTFT = period / 2 + prefill.
 
 Disaggregated candidates (``disagg_one``): prefill replicas and decode
 replicas apart, the prompt's KV cache sent between them (``kv_transfer_s``).
+
+Speculative decoding / multi-token prediction
+---------------------------------------------
+With ``k = draft_tokens`` > 0 (the ``SERVING`` record) a decode step drafts k
+tokens per sequence and verifies q = k + 1 positions (the last token and the
+drafts) in one target forward: its GEMMs at m = b q rows, the head on b q rows,
+and attention reading each sequence's cache once for its q queries
+(``kernels.inference.verify_attention_block_s``). Each draft is accepted with
+probability a (the workload's ``acceptance_rate``) until the first rejection,
+so a sequence emits 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens a step
+on average (``expected_tokens``; Leviathan et al. 2023, arXiv:2211.17192,
+eq. 1) and its cache grows by as many.
+
+The draft is a *module*: one transformer layer of the model's own kind (MoE
+when the model's last layer is) after a 2h -> h projection of the token's
+embedding and the target's last hidden state, sharing the model's embedding
+and LM head. That is DeepSeek-V3's MTP module (arXiv:2412.19437, section 2.2;
+a model with ``mtp_depth`` D uses min(k, D) of its own, the k steps cycling
+through them, as TensorRT-LLM's "MTP Eagle" mode reuses DeepSeek-V3's single
+module for every draft) and EAGLE's draft head (one decoder layer after a
+fully connected 2h -> h layer; Li et al. 2024, arXiv:2401.15077), the generic
+speculator of a model without MTP modules. DeepSeek-V3 reports 85-90%
+acceptance of its second-token prediction and 1.8x the tokens per second
+(section 5.4.3). Costs, each 0 when k = 0:
+
+- weights: the modules on the last stage's devices (``draft_weight_bytes``);
+- KV: each module keeps a layer's cache (``replica_kv_bytes_per_token``);
+- a decode step of b sequences: k module passes over b rows, each with the
+  head on b rows (``draft_steps_s``), and k reads of a module's cache;
+- prefill: every prompt token passes the modules once, building their caches
+  (``draft_prompt_s``, and their causal pairs in ``pair_s``).
+
+In the closed forms a request needs (out - 1) / E decode steps (E =
+``expected_tokens``) whose KV reads are in + q + (j - 1) E, j = 1 ..; TPOT =
+decode time / (out - 1) as before. The drafting of one step is charged whole
+to it (engines overlap little of it: the draft needs the verified token).
 
 The simulation (``kernels.serving_sim``) takes the same iteration cost, as a
 table over token counts, and in the degenerate cases reproduces these closed
@@ -74,14 +112,19 @@ from numba import prange
 
 from paraspace.kernels.inference import (
     attention_block_s,
-    device_weight_bytes,
+    attention_ranks,
+    dense_mlp_s,
     forward_s,
     head_s,
     kv_bytes_per_token,
     kv_units,
+    moe_mlp_s,
+    stage_weight_bytes,
+    verify_attention_block_s,
 )
 from paraspace.kernels.jit import jit
-from paraspace.kernels.ops import attention_peak
+from paraspace.kernels.ops import attention_peak, gemm_time_s, memory_bound_s
+from paraspace.kernels.training import device_layers, layer_params, moe_layer_params
 
 # spaces.serving.Scheduler
 STATIC = 0
@@ -113,6 +156,7 @@ SERVING_WORKLOAD = np.dtype(
         ("devices", np.float64),
         ("host_s", np.float64),  # host and scheduler time per iteration
         ("kv_fraction", np.float64),
+        ("acceptance_rate", np.float64),  # probability each draft token is accepted (speculative decoding)
         ("sla_ttft_s", np.float64),  # 0: not checked
         ("sla_ttft_p90_s", np.float64),
         ("sla_tpot_s", np.float64),
@@ -126,6 +170,7 @@ OUTPUTS = (
     "batch",  # mean running requests per engine
     "prefill_s",  # prefill of one wave (closed loop, static Poisson) or of one prompt's iterations (Poisson)
     "decode_step_s",  # one decode iteration at the batch and mean KV length
+    "tokens_per_step",  # tokens a decoding sequence emits per decode iteration (1 without drafts)
     "kv_transfer_s",  # disaggregated: one prompt's KV cache from its prefill to its decode replica (0 aggregated)
     "ttft_s",
     "tpot_s",
@@ -141,7 +186,8 @@ OUTPUTS = (
 )
 N_OUT = len(OUTPUTS)
 (
-    O_ENGINES, O_BATCH, O_PREFILL, O_DECODE_STEP, O_KV_TRANSFER, O_TTFT, O_TPOT, O_E2E, O_TPS_GPU, O_TPS_USER, O_RPS, O_KV_CAP,
+    O_ENGINES, O_BATCH, O_PREFILL, O_DECODE_STEP, O_TOKENS_PER_STEP, O_KV_TRANSFER, O_TTFT, O_TPOT, O_E2E, O_TPS_GPU,
+    O_TPS_USER, O_RPS, O_KV_CAP,
     O_MEM_W, O_MEM_KV, O_MEM_PEAK, O_REASON,
 ) = range(N_OUT)
 
@@ -178,47 +224,194 @@ def decode_rows_s(model, dev, tiers, tiles, srv, b: float) -> float:
     return forward_s(model, dev, tiers, tiles, srv, b, 1.0, 0.0)
 
 
+# --------------------------------------------------------------------------- speculative decoding
+
+
+@jit
+def expected_tokens(acceptance: float, draft: float) -> float:
+    """Tokens a sequence emits per decode step with ``draft`` draft tokens, each
+    accepted with probability ``acceptance`` until the first rejection (the
+    target's own token always comes): 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a),
+    k + 1 at a = 1, 1 at a = 0 or k = 0 (Leviathan et al. 2023, eq. 1)."""
+    total = 1.0
+    term = 1.0
+    for _ in range(int(draft)):
+        term *= acceptance
+        total += term
+    return total
+
+
+@jit
+def draft_modules(model, srv) -> float:
+    """Draft modules a replica runs (module doc): none without drafts; min(k,
+    mtp_depth) of the model's MTP modules; one EAGLE-style head otherwise."""
+    if srv.draft_tokens <= 0.0:
+        return 0.0
+    if model.mtp_depth > 0.0:
+        return min(srv.draft_tokens, model.mtp_depth)
+    return 1.0
+
+
+@jit
+def draft_layer_is_moe(model) -> bool:
+    """A draft module's layer is an MoE layer when the model's last layer is."""
+    return model.experts > 0 and model.layers > model.dense_layers
+
+
+@jit
+def draft_weight_bytes(model, srv) -> float:
+    """Weights of the draft modules on each device of the last stage: per module
+    one layer split as the model's (``kernels.training.layer_params`` /
+    ``moe_layer_params``), the 2h x h projection (replicated, as vLLM's
+    DeepSeek MTP ``eh_proj``) and three norms of h; embedding and head shared."""
+    n = draft_modules(model, srv)
+    if n <= 0.0:
+        return 0.0
+    ta = attention_ranks(srv)
+    h = model.hidden
+    if draft_layer_is_moe(model):
+        dense, expert = moe_layer_params(model, ta, srv.ep, srv.tp / srv.ep)
+        layer = dense + expert
+    else:
+        layer = layer_params(model, ta)
+    return n * (layer + 2.0 * h * h + 3.0 * h) * srv.weight_bytes
+
+
+@jit
+def replica_weight_bytes(model, srv) -> float:
+    """``kernels.inference.device_weight_bytes`` with the draft modules on the last
+    stage: the fullest device's weights."""
+    p = int(srv.pp)
+    best = 0.0
+    for stage in range(p):
+        w = stage_weight_bytes(model, srv, stage)
+        if stage == p - 1:
+            w += draft_weight_bytes(model, srv)
+        best = max(best, w)
+    return best
+
+
+@jit
+def replica_kv_bytes_per_token(model, srv) -> float:
+    """``kernels.inference.kv_bytes_per_token`` of the fullest stage counting a
+    layer's cache for each draft module on the last stage."""
+    per = kv_bytes_per_token(model, srv)
+    n = draft_modules(model, srv)
+    if n <= 0.0:
+        return per
+    p = int(srv.pp)
+    first = device_layers(0, p, model.layers)
+    return per / first * max(first, device_layers(p - 1, p, model.layers) + n)
+
+
+@jit
+def draft_rows_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
+    """One draft module's pass over ``tokens`` rows of the replica, without the
+    head: the embedding lookup and its two input norms, the 2h -> h projection
+    and one layer of the model's kind over an empty cache (as ``rows_s``);
+    0 without drafts."""
+    if srv.draft_tokens <= 0.0 or tokens <= 0.0:
+        return 0.0
+    rank = tokens / srv.tp if srv.attention_dp > 0 else tokens
+    h = model.hidden
+    t = attention_block_s(model, dev, tiers, tiles, srv, tokens, 1.0, 0.0)
+    if draft_layer_is_moe(model):
+        t += moe_mlp_s(model, dev, tiers, tiles, srv, rank)
+    else:
+        t += dense_mlp_s(model, dev, tiers, tiles, srv, rank)
+    t += gemm_time_s(rank, h, 2.0 * h, dev, tiles, srv.weight_bytes)
+    return t + memory_bound_s(6.0 * rank * h * srv.act_bytes, 3.0, dev)
+
+
+@jit
+def draft_prompt_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
+    """The draft modules' pass over ``tokens`` prompt tokens (building their KV
+    caches; their attention pairs are in ``pair_s``); 0 without drafts."""
+    n = draft_modules(model, srv)
+    if n <= 0.0:
+        return 0.0
+    return n * draft_rows_s(model, dev, tiers, tiles, srv, tokens)
+
+
+@jit
+def draft_steps_s(model, dev, tiers, tiles, srv, b: float) -> float:
+    """The k draft steps of a decode step of ``b`` sequences: k x (a module's pass
+    over b rows + the head on b rows); their cache reads are in ``kv_s_per_token``.
+    0 without drafts."""
+    if srv.draft_tokens <= 0.0 or b <= 0.0:
+        return 0.0
+    return srv.draft_tokens * (draft_rows_s(model, dev, tiers, tiles, srv, b)
+                               + head_rows_s(model, dev, tiers, tiles, srv, b))
+
+
+# --------------------------------------------------------------------------- iteration parts
+
+
 @jit
 def kv_s_per_token(model, dev, tiers, tiles, srv) -> float:
     """Decode-step seconds per cached token read: the slope of ``forward_s`` in
     the KV length between 0 and ``s`` (one sequence; its attention halves, the
     only terms that depend on the KV length; linear while the decode
     attention stays on one side of its roofline, which holds from s = 0 for
-    both its memory-bound GQA and its compute-bound absorbed-MLA forms)."""
+    both its memory-bound GQA and its compute-bound absorbed-MLA forms). With
+    k draft tokens the step verifies q = k + 1 positions per sequence
+    (``verify_attention_block_s``: the cache read once, q times the FLOP) and
+    each of the k draft steps reads a module's one-layer cache."""
     s = 4096.0
     if model.sliding_window > 0.0:
         s = min(s, model.sliding_window)
+    q = srv.draft_tokens + 1.0
     # the attention half is forward_s's only term that depends on the KV length, the same in every layer
-    per_layer = attention_block_s(model, dev, tiers, tiles, srv, 1.0, 1.0, s) - attention_block_s(
-        model, dev, tiers, tiles, srv, 1.0, 1.0, 0.0)
-    return model.layers * per_layer / s
+    per_layer = verify_attention_block_s(model, dev, tiers, tiles, srv, 1.0, q, s) - verify_attention_block_s(
+        model, dev, tiers, tiles, srv, 1.0, q, 0.0)
+    coef = model.layers * per_layer / s
+    if srv.draft_tokens > 0.0:
+        draft = verify_attention_block_s(model, dev, tiers, tiles, srv, 1.0, 1.0, s) - verify_attention_block_s(
+            model, dev, tiers, tiles, srv, 1.0, 1.0, 0.0)
+        coef += srv.draft_tokens * draft / s
+    return coef
 
 
 @jit
 def pair_s(model, dev, srv) -> float:
-    """Prefill attention seconds per causal (query, key) pair, all layers: 2 x
-    heads / tp x (qk + v head dims) FLOP per layer at the attention peak (under
-    attention DP each rank attends 1 / tp of the prompts with every head)."""
+    """Prefill attention seconds per causal (query, key) pair, all layers and the
+    draft modules: 2 x heads / tp x (qk + v head dims) FLOP per layer at the
+    attention peak (under attention DP each rank attends 1 / tp of the prompts
+    with every head)."""
     if model.mla > 0:
         dims = model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim
     else:
         dims = 2.0 * model.head_dim
-    flops = model.layers * 2.0 * model.heads / srv.tp * dims
+    flops = (model.layers + draft_modules(model, srv)) * 2.0 * model.heads / srv.tp * dims
     return flops / (attention_peak(dev, srv.kv_bytes) * dev.attention_efficiency)
 
 
 @jit
 def kv_capacity_tokens(model, dev, srv) -> float:
     """Tokens a replica's KV cache holds (0 when the weights do not fit)."""
-    return kv_units(dev, srv, device_weight_bytes(model, srv), kv_bytes_per_token(model, srv))
+    return kv_units(dev, srv, replica_weight_bytes(model, srv), replica_kv_bytes_per_token(model, srv))
 
 
 @jit
 def iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float, tokens: float,
-                rows: float, kv_read: float, pairs: float) -> float:
-    """One engine iteration (module doc), the kernels evaluated at these counts."""
+                rows: float, kv_read: float, pairs: float, prompt: float, drafting: float) -> float:
+    """One engine iteration (module doc), the kernels evaluated at these counts:
+    ``tokens`` rows (q per decoding sequence plus the prompt chunks), ``rows``
+    head rows, ``prompt`` of the tokens prompt tokens (the draft modules pass
+    them once), ``drafting`` sequences that draft k tokens each."""
     return (host + rows_s(model, dev, tiers, tiles, srv, tokens) + head_rows_s(model, dev, tiers, tiles, srv, rows)
-            + kv_coef * kv_read + pair_coef * pairs)
+            + kv_coef * kv_read + pair_coef * pairs + draft_prompt_s(model, dev, tiers, tiles, srv, prompt)
+            + draft_steps_s(model, dev, tiers, tiles, srv, drafting))
+
+
+@jit
+def decode_reads(input_len: float, nd: float, q: float, e_tok: float) -> float:
+    """Cached tokens a request's decode steps read: n = nd / E steps (E tokens
+    each, ``expected_tokens``), step j reading in + q + (j - 1) E:
+    n in + n q + E n (n - 1) / 2, written so that q = E = 1 gives
+    nd in + nd (nd + 1) / 2 bit for bit."""
+    n = nd / e_tok
+    return n * input_len + 0.5 * n * (n + 1.0) + (q - 1.0) * n + (e_tok - 1.0) * 0.5 * n * (n - 1.0)
 
 
 @jit
@@ -232,10 +425,14 @@ def prompt_pairs(input_len: float, hit: float) -> float:
 def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_coef: float, b: float,
            max_tokens: float, static: bool):
     """(prefill, decode) seconds of a wave of ``b`` requests: the prompts in
-    ceil(b in_new / max_tokens) iterations (one when static), then out - 1
-    decode iterations at batch b with KV reads in + j."""
+    ceil(b in_new / max_tokens) iterations (one when static), then (out - 1) / E
+    decode iterations at batch b, each verifying q = k + 1 positions per
+    sequence and drafting k, with KV reads in + q + (j - 1) E (``decode_reads``;
+    in + j without drafts)."""
     inl = wl.input_len
     nd = wl.output_len - 1.0
+    q = srv.draft_tokens + 1.0
+    e_tok = expected_tokens(wl.acceptance_rate, srv.draft_tokens)
     prompt = b * inl * (1.0 - wl.prefix_hit_rate)
     chunks = 1.0 if static else max(math.ceil(prompt / max_tokens), 1.0)
     last = prompt - (chunks - 1.0) * max_tokens
@@ -244,10 +441,14 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     if chunks > 1.0:
         pre += (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, max_tokens)
     pre += pair_coef * b * prompt_pairs(inl, wl.prefix_hit_rate)
+    pre += draft_prompt_s(model, dev, tiers, tiles, srv, last)
+    if chunks > 1.0:
+        pre += (chunks - 1.0) * draft_prompt_s(model, dev, tiers, tiles, srv, max_tokens)
     dec = 0.0
     if nd > 0.0:
-        step = host + decode_rows_s(model, dev, tiers, tiles, srv, b)
-        dec = nd * step + kv_coef * b * (nd * inl + 0.5 * nd * (nd + 1.0))
+        step = host + decode_rows_s(model, dev, tiers, tiles, srv, b * q) + draft_steps_s(model, dev, tiers, tiles,
+                                                                                           srv, b)
+        dec = nd / e_tok * step + kv_coef * b * decode_reads(inl, nd, q, e_tok)
     return pre, dec
 
 
@@ -281,10 +482,13 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
         out[k] = np.nan
     pp = srv.pp
     engines = instances * pp
-    weights = device_weight_bytes(model, srv)
-    per_token = kv_bytes_per_token(model, srv)
+    weights = replica_weight_bytes(model, srv)
+    per_token = replica_kv_bytes_per_token(model, srv)
     cap = kv_units(dev, srv, weights, per_token)
+    q = srv.draft_tokens + 1.0
+    e_tok = expected_tokens(wl.acceptance_rate, srv.draft_tokens)
     out[O_ENGINES] = engines
+    out[O_TOKENS_PER_STEP] = e_tok
     out[O_KV_TRANSFER] = 0.0
     out[O_KV_CAP] = cap
     out[O_MEM_W] = weights
@@ -346,29 +550,30 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
             b = 0.0
             for _ in range(FIXED_POINT_ITERATIONS):
                 arrivals = lam * t
-                b = lam * nd * t
-                nt = iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, max(b + arrivals * new, 1.0),
-                                 max(b + arrivals, 1.0), b * (inl + 0.5 * outl), arrivals * pairs)
-                if b > bmax or b + arrivals * new > max_tokens:
+                b = lam * nd * t / e_tok  # each request decodes for (out - 1) / E iterations
+                nt = iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
+                                 max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0),
+                                 b * (inl + 0.5 * outl) + b * (q - 1.0), arrivals * pairs, arrivals * new, b)
+                if b > bmax or b * q + arrivals * new > max_tokens:
                     break
                 if abs(nt - t) <= FIXED_POINT_RTOL * nt:
                     t = nt
                     converged = True
                     break
                 t = nt
-            b = lam * nd * t
-            room = max_tokens - b
+            b = lam * nd * t / e_tok
+            room = max_tokens - b * q
             pre = t * math.ceil(new / room) if room > 0.0 else np.inf
             ttft = 0.5 * t + pre
-            tpot = t
-            dec = nd * t
+            tpot = t / e_tok
+            dec = nd * tpot
         e2e = ttft + dec
         rps_engine = lam
         if not converged:
             reason = OVERLOADED
     out[O_BATCH] = b
     out[O_PREFILL] = pre
-    out[O_DECODE_STEP] = tpot
+    out[O_DECODE_STEP] = tpot * e_tok
     out[O_TTFT] = ttft
     out[O_TPOT] = tpot
     out[O_E2E] = e2e
@@ -387,20 +592,23 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
 def kv_transfer_s(model, tiers, prefill_srv, input_len: float, devices: float) -> float:
     """One prompt's KV cache from a prefill replica to a decode replica: every
     prefill rank sends its share, input_len x its KV bytes a token
-    (``kernels.inference.kv_bytes_per_token``), at once over its own link of
+    (``replica_kv_bytes_per_token``: the draft modules' too), at once over its own link of
     the tier between the groups: the innermost when the whole deployment fits
     in its domain, else the outermost (the groups on different nodes)."""
     tier = tiers.shape[0] - 1
     if tiers[0].domain_devices > 0.0 and devices <= tiers[0].domain_devices:
         tier = 0
-    size = input_len * kv_bytes_per_token(model, prefill_srv)
+    size = input_len * replica_kv_bytes_per_token(model, prefill_srv)
     return size / tiers[tier].bytes_per_s + tiers[tier].latency_s
 
 
 @jit
 def decode_only_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, b: float, kv_mean: float) -> float:
-    """A decode-only iteration of ``b`` requests at a mean KV length ``kv_mean``."""
-    return host + decode_rows_s(model, dev, tiers, tiles, srv, b) + kv_coef * b * kv_mean
+    """A decode-only iteration of ``b`` requests at a mean KV length ``kv_mean``
+    (each verifying q = k + 1 positions, reading kv_mean + q - 1, and drafting k)."""
+    q = srv.draft_tokens + 1.0
+    return (host + decode_rows_s(model, dev, tiers, tiles, srv, b * q) + kv_coef * b * (kv_mean + (q - 1.0))
+            + draft_steps_s(model, dev, tiers, tiles, srv, b))
 
 
 @jit
@@ -412,32 +620,35 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     prompts/s, an M/D/1 queue in front: wait rho / (2 (1 - rho)) t_p at rho =
     X / mu. The KV cache then moves (``kv_transfer_s``); the decode engines run
     decode-only iterations t_d(B) at batch B, completing X(B) = engines B /
-    ((out - 1) t_d(B)) requests/s. Poisson rate R: B solves X(B) = R
+    (n t_d(B)) requests/s, n = (out - 1) / E iterations a request (E tokens
+    each, ``expected_tokens``). Poisson rate R: B solves X(B) = R
     (bisection). Closed loop, C users: B solves engines B + X (wait + t_p +
     transfer) = C, or B = max_batch when the decode side is the bottleneck;
-    e2e = C / X (Little). TTFT = e2e - transfer - (out - 1) t_d."""
+    e2e = C / X (Little). TTFT = e2e - transfer - n t_d."""
     inl = wl.input_len
     nd = max(wl.output_len - 1.0, 1.0)
     new = inl * (1.0 - wl.prefix_hit_rate)
     host = wl.host_s
-    if dev.hbm_capacity_bytes - device_weight_bytes(model, psrv) - dev.memory_overhead_bytes <= 0.0:
+    if dev.hbm_capacity_bytes - replica_weight_bytes(model, psrv) - dev.memory_overhead_bytes <= 0.0:
         out[O_REASON] = WEIGHTS_OOM
         return
     k = max(math.floor(max_tokens / new), 1.0)
     t_p = host + rows_s(model, dev, tiers, tiles, psrv, k * new) + head_rows_s(model, dev, tiers, tiles, psrv, k)
     t_p += pair_s(model, dev, psrv) * k * prompt_pairs(inl, wl.prefix_hit_rate)
+    t_p += draft_prompt_s(model, dev, tiers, tiles, psrv, k * new)
     mu = prefill_instances * k / t_p
     xfer = kv_transfer_s(model, tiers, psrv, inl, wl.devices)
     engines = instances * srv.pp
     bmax = min(max_batch, math.floor(out[O_KV_CAP] / srv.pp / (inl + wl.output_len)))
     kv_coef = kv_s_per_token(model, dev, tiers, tiles, srv)
     kv_mean = inl + 0.5 * wl.output_len
+    steps = nd / expected_tokens(wl.acceptance_rate, srv.draft_tokens)  # decode iterations a request
     lo = 0.0
     hi = bmax
     reason = OK
     if wl.concurrency > 0.0:
         t_top = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, bmax, kv_mean)
-        x_top = engines * bmax / (nd * t_top)
+        x_top = engines * bmax / (steps * t_top)
         rho = x_top / mu
         users = np.inf if rho >= 1.0 else engines * bmax + x_top * (rho / (2.0 * (1.0 - rho)) * t_p + t_p + xfer)
         if users <= wl.concurrency:  # the decode side bounds the rate; the other users wait to be prefilled
@@ -445,7 +656,7 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
         else:
             for _ in range(BISECTIONS):
                 mid = 0.5 * (lo + hi)
-                x = engines * mid / (nd * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
+                x = engines * mid / (steps * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
                 rho = x / mu
                 users = np.inf if rho >= 1.0 else engines * mid + x * (rho / (2.0 * (1.0 - rho)) * t_p + t_p + xfer)
                 if users <= wl.concurrency:
@@ -454,19 +665,19 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
                     hi = mid
         b = lo
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
-        rate = engines * b / (nd * t_d)
+        rate = engines * b / (steps * t_d)
         e2e = wl.concurrency / rate
     else:
         rate = wl.rate_per_s
         rho = rate / mu
         t_top = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, bmax, kv_mean)
-        if rho >= 1.0 or engines * bmax / (nd * t_top) < rate:
+        if rho >= 1.0 or engines * bmax / (steps * t_top) < rate:
             reason = OVERLOADED
             b = bmax
         else:
             for _ in range(BISECTIONS):
                 mid = 0.5 * (lo + hi)
-                x = engines * mid / (nd * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
+                x = engines * mid / (steps * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
                 if x < rate:
                     lo = mid
                 else:
@@ -474,8 +685,8 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
             b = hi
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
         wait = rho / (2.0 * (1.0 - rho)) * t_p if rho < 1.0 else np.inf
-        e2e = wait + t_p + xfer + nd * t_d
-    tpot = (xfer + nd * t_d) / nd
+        e2e = wait + t_p + xfer + steps * t_d
+    tpot = (xfer + steps * t_d) / nd
     ttft = e2e - nd * tpot
     out[O_BATCH] = b
     out[O_PREFILL] = t_p
@@ -488,7 +699,7 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     out[O_TPS_GPU] = rate * wl.output_len / wl.devices
     out[O_TPS_USER] = 1.0 / tpot
     ranks = srv.tp if srv.attention_dp > 0 else 1.0
-    out[O_MEM_KV] = kv_bytes_per_token(model, srv) * srv.pp * b * (inl + wl.output_len) / ranks
+    out[O_MEM_KV] = replica_kv_bytes_per_token(model, srv) * srv.pp * b * (inl + wl.output_len) / ranks
     out[O_MEM_PEAK] = out[O_MEM_W] + dev.memory_overhead_bytes + out[O_MEM_KV]
     if reason == OK:
         reason = sla_reason(wl, ttft, np.nan, tpot, np.nan)
@@ -526,11 +737,14 @@ def token_grid() -> np.ndarray:
 @jit(parallel=True)
 def cost_tables(model, devs, tiers, tiles, srv_rows, dtype, grid):
     """Per row the iteration cost's parts on ``grid`` token / row counts: (rows_s
-    table, head_rows_s table, kv_s_per_token, pair_s, kv capacity per engine)."""
+    table, head_rows_s table, draft_prompt_s table, draft_steps_s table (both 0
+    without drafts), kv_s_per_token, pair_s, kv capacity per engine)."""
     n = srv_rows.shape[0]
     k = grid.shape[0]
     g = np.empty((n, k))
     h = np.empty((n, k))
+    dp = np.empty((n, k))
+    ds = np.empty((n, k))
     kv_coef = np.empty(n)
     pair_coef = np.empty(n)
     cap = np.empty(n)
@@ -541,10 +755,12 @@ def cost_tables(model, devs, tiers, tiles, srv_rows, dtype, grid):
         for j in range(k):
             g[i, j] = rows_s(m, dev, tiers, tiles, srv, grid[j])
             h[i, j] = head_rows_s(m, dev, tiers, tiles, srv, grid[j])
+            dp[i, j] = draft_prompt_s(m, dev, tiers, tiles, srv, grid[j])
+            ds[i, j] = draft_steps_s(m, dev, tiers, tiles, srv, grid[j])
         kv_coef[i] = kv_s_per_token(m, dev, tiers, tiles, srv)
         pair_coef[i] = pair_s(m, dev, srv)
         cap[i] = math.floor(kv_capacity_tokens(m, dev, srv) / srv.pp)
-    return g, h, kv_coef, pair_coef, cap
+    return g, h, dp, ds, kv_coef, pair_coef, cap
 
 
 @jit

@@ -12,20 +12,35 @@ exponential gaps over the engine's rate). Every iteration, at time t:
    requests and the KV cache can take the request's prompt (plus the tokens it
    had generated, when it was preempted); the static scheduler admits only
    into an empty engine;
-3. every running request whose prompt is done decodes one token; if the cache
-   cannot grow by one token for each, the most recently admitted request is
-   preempted (vLLM's recompute: its cache is freed and it goes back to the
-   head of the queue, to re-prefill prompt and generated tokens);
+3. every running request whose prompt is done decodes one token (with k draft
+   tokens: verifies q = k + 1 positions and emits 1 + the number of leading
+   accepted drafts, below); if the cache cannot grow by q tokens for each, the
+   most recently admitted request is preempted (vLLM's recompute: its cache is
+   freed and it goes back to the head of the queue, to re-prefill prompt and
+   generated tokens);
 4. the rest of ``max_tokens`` (static: no limit) goes to prompt chunks, in
    admission order;
 5. the iteration takes ``host + rows(tokens) + head(rows) + kv * kv_read + pair
    * pairs`` (``kernels.serving.iteration_s``, with ``rows`` and ``head`` read off
-   per-configuration tables over token counts, linear in between); a request
-   whose prompt completes emits its first token at the iteration's end.
+   per-configuration tables over token counts, linear in between), plus with
+   drafts the draft modules' pass over the iteration's prompt tokens and the k
+   draft steps of its decoding requests (``kernels.serving.draft_prompt_s`` /
+   ``draft_steps_s`` tables); a request whose prompt completes emits its first
+   token at the iteration's end.
+
+Speculative decoding: with k = ``draft`` > 0 a decoding request's step emits
+1 + j tokens, j the number of leading drafts accepted, each with probability
+``acceptance`` (a geometric count truncated at k, mean
+``kernels.serving.expected_tokens``), at most the tokens it has left; its
+cache grows by as many. Draft i of the step at generated count g of request r
+is accepted when ``unit_draw(seed, r, g, i)`` < acceptance: a counter-based
+draw, the same whatever the batch, the thread or a preemption in between.
+``S_TOKENS_PER_STEP`` is the mean tokens a decode step emitted per request.
 
 Runs of decode-only iterations in which no request completes, none arrives
 and the cache does not fill are stepped without visiting each request (the
-same iteration times, in the same order, as the full loop).
+same iteration times, in the same order, as the full loop; without drafts:
+with them every step draws each request's acceptances).
 
 Deterministic: the inputs (lengths, unit gaps) are sampled by the caller from
 a seed; ties are broken by request index. A configuration whose head-of-queue
@@ -70,12 +85,36 @@ SIM_OUTPUTS = (
     "stuck",
     "sustained_requests_per_s",  # (module doc)
     "overloaded",  # 1: a Poisson engine's queue grows (module doc)
+    "tokens_per_step",  # mean tokens a decoding request emitted per decode iteration (1 without drafts)
 )
 N_SIM = len(SIM_OUTPUTS)
 (
     S_TTFT, S_TTFT_P50, S_TTFT_P90, S_TPOT, S_TPOT_P50, S_TPOT_P90, S_E2E, S_E2E_P90, S_OTPS, S_RPS, S_CONCURRENCY,
-    S_MAKESPAN, S_ITERATIONS, S_PREEMPTIONS, S_KV_PEAK, S_STUCK, S_SUSTAINED_RPS, S_OVERLOADED,
+    S_MAKESPAN, S_ITERATIONS, S_PREEMPTIONS, S_KV_PEAK, S_STUCK, S_SUSTAINED_RPS, S_OVERLOADED, S_TOKENS_PER_STEP,
 ) = range(N_SIM)
+
+@jit
+def _mix32(x):
+    """The low 32 bits of ``x`` (uint64) through Wellons' lowbias32 integer hash
+    (products below 2^64: no wrap-around, so Python's numpy scalars agree)."""
+    x = x & np.uint64(0xFFFFFFFF)
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
+    x ^= x >> np.uint64(16)
+    return x
+
+
+@jit
+def unit_draw(seed: int, request: int, position: int, draft: int) -> float:
+    """A uniform number in [0, 1) (32 bits) that depends only on its four
+    arguments (each below 2^32): the hash chained over them."""
+    x = _mix32(np.uint64(seed) ^ np.uint64(0x9E3779B9))
+    x = _mix32(x ^ np.uint64(request))
+    x = _mix32(x ^ np.uint64(position))
+    x = _mix32(x ^ np.uint64(draft))
+    return float(x) / 4294967296.0
 
 
 @jit
@@ -99,7 +138,7 @@ def lookup(grid, table, x: float) -> float:
 @jit
 def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: int, max_tokens: float,
                  scheduler: int, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float, grid,
-                 g_row, h_row, res) -> None:
+                 g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res) -> None:
     """Simulate one engine (module doc) and fill ``res`` (``SIM_OUTPUTS``)."""
     n = in_len.shape[0]
     arr_at = np.zeros(n)
@@ -141,6 +180,9 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
     preemptions = 0
     stuck = False
     static = scheduler == STATIC
+    q = draft + 1  # positions a decoding request verifies per iteration
+    dec_steps = 0.0  # (request, decode iteration) pairs
+    dec_tokens = 0.0  # tokens they emitted
     while n_done < n:
         if not closed:
             while issued < n and arr_at[issued] <= t:
@@ -175,7 +217,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
             decoding[r] = done_pre[r] >= target[r]
             if decoding[r]:
                 n_dec += 1
-        while kv_used + n_dec > cap:  # preempt the latest admitted (recompute later)
+        while kv_used + n_dec * q > cap:  # preempt the latest admitted (recompute later)
             if n_run == 1:
                 stuck = True
                 break
@@ -192,7 +234,8 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
             preemptions += 1
         if stuck:
             break
-        if n_dec == n_run:  # decode only: fast-forward the iterations in which nothing but the KV lengths change
+        # decode only (no drafts to draw): fast-forward the iterations in which nothing but the KV lengths change
+        if n_dec == n_run and draft == 0:
             ahead = np.inf
             kv_read = 0.0
             for i in range(n_run):
@@ -215,43 +258,57 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                     steps += 1
                 if steps > 0:
                     iterations += steps
+                    dec_steps += steps * n_dec
+                    dec_tokens += steps * n_dec
                     for i in range(n_run):
                         r = running[i]
                         gen[r] += steps
                         kv[r] += steps
                     continue
-        budget = np.inf if static else max_tokens - n_dec
+        budget = np.inf if static else max_tokens - n_dec * q
         tokens = 0.0
         rows = 0.0
         kv_read = 0.0
         pairs = 0.0
+        prompt = 0.0
         for i in range(n_run):
             r = running[i]
             if decoding[r]:
-                tokens += 1.0
-                rows += 1.0
-                kv_read += kv[r] + 1.0
+                tokens += q
+                rows += q
+                kv_read += kv[r] + q
             elif budget > 0.0:
                 c = min(target[r] - done_pre[r], budget)
                 prior = kv[r] - target[r] + done_pre[r]
                 pairs += c * (prior + 0.5 * c)
                 tokens += c
+                prompt += c
                 budget -= c
                 chunk[r] = c
                 if done_pre[r] + c >= target[r]:
                     rows += 1.0
         dt = host + lookup(grid, g_row, tokens) + lookup(grid, h_row, rows) + kv_coef * kv_read + pair_coef * pairs
+        if draft > 0:
+            dt += lookup(grid, dp_row, prompt) + lookup(grid, ds_row, float(n_dec))
         t += dt
         area += n_sys * dt
         iterations += 1
-        kv_peak = max(kv_peak, kv_used + n_dec)
+        kv_peak = max(kv_peak, kv_used + n_dec * q)
         keep = 0
         for i in range(n_run):
             r = running[i]
             if decoding[r]:
-                gen[r] += 1
-                kv[r] += 1.0
-                kv_used += 1.0
+                m = 1
+                if draft > 0:
+                    accepted = 0
+                    while accepted < draft and unit_draw(seed, r, gen[r], accepted) < acceptance:
+                        accepted += 1
+                    m = min(1 + accepted, int(out_len[r]) - gen[r])
+                gen[r] += m
+                kv[r] += m
+                kv_used += m
+                dec_steps += 1.0
+                dec_tokens += m
             elif chunk[r] > 0.0:
                 done_pre[r] += chunk[r]
                 chunk[r] = 0.0
@@ -283,6 +340,8 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
     res[S_STUCK] = 1.0 if stuck else 0.0
     if stuck:
         return
+    if dec_steps > 0.0:
+        res[S_TOKENS_PER_STEP] = dec_tokens / dec_steps
     ttft = first_at - arr_at
     e2e = done_at - arr_at
     multi = out_len > 1
@@ -323,15 +382,17 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
 
 @jit(parallel=True)
 def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, cap, host, kv_coef,
-                  pair_coef, hit, grid, g_table, h_table):
+                  pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table):
     """``SIM_OUTPUTS`` for every configuration (row): per-row ``clients`` (0: Poisson
     at ``rate``), ``max_batch``, ``max_tokens``, ``scheduler``, KV ``cap`` tokens,
-    ``kv_coef``, ``pair_coef`` and cost tables (``kernels.serving.cost_tables``);
-    the request lengths, unit gaps, ``host`` and ``hit`` are shared. (n, N_SIM)."""
+    ``kv_coef``, ``pair_coef``, ``draft`` tokens and cost tables
+    (``kernels.serving.cost_tables``); the request lengths, unit gaps, ``host``,
+    ``hit``, the draft ``acceptance`` and the draws' ``seed`` (below 2^32) are
+    shared. (n, N_SIM)."""
     n = clients.shape[0]
     out = np.empty((n, N_SIM))
     for i in prange(n):
         simulate_one(in_len, out_len, gaps, int(clients[i]), rate[i], int(max_batch[i]), max_tokens[i],
                      int(scheduler[i]), cap[i], host, kv_coef[i], pair_coef[i], hit, grid, g_table[i], h_table[i],
-                     out[i])
+                     int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i])
     return out

@@ -26,6 +26,8 @@ STRATEGY: tuple[Column, ...] = (
     Column("attention_dp", pa.bool_(), "bool", "attention data parallelism (each rank its own requests)"),
     Column("dtype", pa.dictionary(pa.int8(), pa.string()), "enum", "GEMM weight precision"),
     Column("kv_dtype", pa.dictionary(pa.int8(), pa.string()), "enum", "KV cache precision"),
+    Column("draft_tokens", pa.int32(), "tokens",
+           "speculative decoding: tokens drafted per decode step (0: off) by MTP modules or a one-layer draft head"),
     Column("max_batch", pa.int32(), "requests", "most requests an engine runs at once"),
     Column("max_tokens", pa.int32(), "tokens", "tokens per iteration (chunked-prefill budget)"),
     Column("scheduler", pa.dictionary(pa.int8(), pa.string()), "enum", "static or continuous batching"),
@@ -54,6 +56,9 @@ METRICS: tuple[Column, ...] = (
            kernel="kernels.serving.wave_s"),
     Column("decode_step_s", pa.float64(), "s", "one decode iteration at the batch (analytic tier)",
            kernel="kernels.serving.wave_s"),
+    Column("tokens_per_step", pa.float64(), "tokens",
+           "tokens a decoding request emits per decode iteration: (1 - a^(k+1)) / (1 - a) for k drafts accepted "
+           "at rate a (simulated rows: measured), 1 without drafts", kernel="kernels.serving.expected_tokens"),
     Column("kv_transfer_s", pa.float64(), "s", "disagg: one prompt's KV cache from prefill to decode replica",
            kernel="kernels.serving.kv_transfer_s"),
     Column("kv_capacity_tokens", pa.float64(), "tokens", "tokens the KV cache of one replica holds",

@@ -27,6 +27,18 @@ attention, the row's ep) and ``instances = (devices - prefill_instances *
 prefill_tp) / (tp * pp)`` decode replicas of the row's shape, the KV cache of
 each prompt moving from the one to the other; the serving enums below are mirrored as integers in
 ``kernels.serving`` (pinned by ``tests/test_serving.py``).
+
+Speculative decoding / MTP: ``dimensions.draft_tokens`` (0: off) drafts that
+many tokens a decode step, from the model's MTP modules (``mtp_depth``) or,
+for a model without them, an EAGLE-style one-layer draft head
+(``kernels.serving`` module doc); ``workload.acceptance_rate`` is the
+probability that each draft is accepted (DeepSeek-V3 reports 0.85-0.9 for its
+MTP module), required when a draft_tokens value is above 0::
+
+    [workload]
+    acceptance_rate = 0.85
+    [dimensions]
+    draft_tokens = [0, 1, 2, 3]
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ from pydantic import Field, model_validator
 from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
 from paraspace.spaces.encode import Encoded
 from paraspace.spaces.enums import Dtype, parse
-from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.errors import MISSING, CatalogError
 from paraspace.spaces.schema import MAX_COUNT, Hardware, Model, Record, validate
 
 #: value types of serving records: lengths, rates and latencies share the catalog's bound on
@@ -53,6 +65,10 @@ PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Text = Annotated[str, Field(min_length=1)]
 
 SERVING_DIR = CATALOG_DIR / "serving"
+
+#: most draft tokens a decode step may verify (speculative decoding); engines draft a handful
+#: (vLLM and SGLang examples use 1-7), and the expected gain a^k of one more vanishes beyond
+MAX_DRAFT_TOKENS = 16
 
 #: bytes per element of the precisions a serving space may name (weights and KV cache)
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
@@ -82,7 +98,8 @@ class ServingReason(IntEnum):
     EP_DENSE = 4  #: ep > 1 or attention DP on a dense model
     EP_SHAPE = 5  #: ep does not divide tp, or the routed experts, or tp / ep the expert FFN width
     ATTENTION_DP_TP1 = 6  #: attention DP with tp = 1 is the same row without it
-    TOKEN_BUDGET = 7  #: continuous batching with max_tokens < max_batch: a full batch's decode tokens do not fit
+    #: continuous batching with max_tokens < max_batch * (draft_tokens + 1): a full batch's decode rows do not fit
+    TOKEN_BUDGET = 7
     STATIC_TOKENS = 8  #: static batching has no token budget: only the first max_tokens value is kept
     AGG_PREFILL_GROUP = 9  #: aggregated: the prefill group's dimensions are unused, only their first values kept
     DISAGG_BUDGET = 10  #: disaggregated: the prefill replicas leave no whole decode replica, or ep does not divide prefill_tp
@@ -97,7 +114,7 @@ REASON_TEXT: dict[ServingReason, str] = {
     ServingReason.EP_DENSE: "ep>1 or attention_dp on a dense model",
     ServingReason.EP_SHAPE: "ep does not divide tp and the experts, or tp/ep the expert FFN",
     ServingReason.ATTENTION_DP_TP1: "attention_dp with tp=1 (same as without)",
-    ServingReason.TOKEN_BUDGET: "continuous: max_tokens < max_batch",
+    ServingReason.TOKEN_BUDGET: "continuous: max_tokens < max_batch * (draft_tokens + 1)",
     ServingReason.STATIC_TOKENS: "static: no token budget, only the first max_tokens kept",
     ServingReason.AGG_PREFILL_GROUP: "agg: prefill_tp / prefill_instances unused, only the first kept",
     ServingReason.DISAGG_BUDGET: "disagg: devices - prefill_instances*prefill_tp not a multiple of tp*pp (or 0), "
@@ -159,6 +176,8 @@ class Workload(Record):
     rate_per_s: Positive | None = None
     #: share of each prompt found in the prefix cache (not recomputed at prefill)
     prefix_hit_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    #: speculative decoding: probability that each draft token is accepted (required with drafts)
+    acceptance_rate: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     #: requests each simulated engine serves
     n_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     seed: Annotated[int, Field(ge=0)] = 0
@@ -204,6 +223,8 @@ class ServingDimensions(Record):
     #: GEMM weight precision (a Dtype label the hardware has a peak for)
     dtype: tuple[Text, ...] = ("bf16",)
     kv_dtype: tuple[Text, ...] = ("bf16",)
+    #: speculative decoding: tokens drafted per decode step (0: off), MTP modules or a one-layer draft head
+    draft_tokens: tuple[Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)], ...] = (0,)
     #: most requests an engine runs at once
     max_batch: tuple[PositiveInt, ...] = (256,)
     #: tokens per iteration (decode tokens plus prefill chunks): the chunked-prefill budget
@@ -272,9 +293,13 @@ def serving_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> Loaded
 
 
 def check_serving(space: LoadedServing) -> None:
-    """Checks beyond the schema: precisions known and on the hardware, distinct values."""
+    """Checks beyond the schema: precisions known and on the hardware, distinct
+    values, an acceptance rate where tokens are drafted."""
     peaks = space.hardware.device.peak_TFLOP_per_s
     dims = space.spec.dimensions
+    if max(dims.draft_tokens, default=0) > 0 and space.spec.workload.acceptance_rate is None:
+        raise CatalogError(space.source, "workload.acceptance_rate", MISSING,
+                           f"a probability in [0, 1] (dimensions.draft_tokens = {list(dims.draft_tokens)})")
     for name in ("dtype", "kv_dtype"):
         for value in getattr(dims, name):
             if value not in DTYPE_BYTES:
@@ -294,8 +319,8 @@ def check_serving(space: LoadedServing) -> None:
 # --------------------------------------------------------------------------- encoding
 
 #: the product's dimensions, slowest first (the Parquet strategy columns, with instances)
-DIMENSIONS = ("mode", "tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "max_batch", "max_tokens", "scheduler",
-              "prefill_tp", "prefill_instances")
+DIMENSIONS = ("mode", "tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "draft_tokens", "max_batch", "max_tokens",
+              "scheduler", "prefill_tp", "prefill_instances")
 #: enum-valued dimensions: Parquet dictionary columns with these labels
 DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler), "mode": enum_labels(Mode)}
 
@@ -357,7 +382,8 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
         ServingReason.EP_SHAPE: (tp % safe_ep != 0) | (experts % safe_ep != 0)
         | (np.full(tp.shape, moe is not None) & (expert_ffn % np.maximum(tp // safe_ep, 1) != 0)),
         ServingReason.ATTENTION_DP_TP1: adp & (tp == 1),
-        ServingReason.TOKEN_BUDGET: continuous & (c["max_tokens"] < c["max_batch"]),
+        ServingReason.TOKEN_BUDGET: continuous & (c["max_tokens"].astype(np.int64)
+                                                  < c["max_batch"].astype(np.int64) * (c["draft_tokens"] + 1)),
         ServingReason.STATIC_TOKENS: ~continuous & (c["max_tokens"] != values["max_tokens"][0]),
         ServingReason.AGG_PREFILL_GROUP: ~disagg & ((c["prefill_tp"] != values["prefill_tp"][0])
                                                     | (c["prefill_instances"] != values["prefill_instances"][0])),
@@ -382,7 +408,7 @@ def dtype_bytes_table() -> np.ndarray:
 
 
 __all__ = [
-    "DIMENSIONS", "DTYPE_BYTES", "Feasible", "LoadedServing", "Mode", "REASON_TEXT", "Scheduler",
+    "DIMENSIONS", "DTYPE_BYTES", "MAX_DRAFT_TOKENS", "Feasible", "LoadedServing", "Mode", "REASON_TEXT", "Scheduler",
     "ServingReason", "ServingSpec", "dimension_values", "dtype_bytes_table", "encode", "enum_labels",
     "load_serving", "names", "serving_from_raw",
 ]

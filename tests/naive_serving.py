@@ -4,9 +4,11 @@
 a deque, one request at a time). Tests check the kernels against them to
 ~1e-12; ``bench/bench_serving.py`` times them beside the kernels.
 
-The iteration's cost parts (``rows_s``, ``head_rows_s``: the operator and
-collective kernels of ``kernels.inference``) are taken as given callables or
-tables: they are tested on their own."""
+The iteration's cost parts (``rows_s``, ``head_rows_s``, the draft modules'
+``draft_prompt_s`` / ``draft_steps_s``: the operator and collective kernels of
+``kernels.inference``) are taken as given callables or tables: they are tested
+on their own. Speculative decoding: ``draft`` tokens a step, each accepted with
+probability ``acceptance``; the simulation draws them with ``unit_draw``."""
 
 from __future__ import annotations
 
@@ -28,24 +30,52 @@ def lookup(grid: list[float], table: list[float], x: float) -> float:
     return table[j - 1] + w * (table[j] - table[j - 1])
 
 
+def expected_tokens(acceptance: float, draft: int) -> float:
+    """1 + a + a^2 + ... + a^k."""
+    return sum(acceptance**j for j in range(draft + 1))
+
+
+def unit_draw(seed: int, request: int, position: int, draft: int) -> float:
+    """kernels.serving_sim.unit_draw: lowbias32 chained over the four numbers."""
+    def mix(x: int) -> int:
+        x &= 0xFFFFFFFF
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    x = mix(seed ^ 0x9E3779B9)
+    for value in (request, position, draft):
+        x = mix(x ^ value)
+    return x / 2**32
+
+
 def steady_state(rows: Callable[[float], float], head: Callable[[float], float], kv_coef: float, pair_coef: float,
                  cap_tokens: float, *, input_len: float, output_len: float, hit: float, concurrency: float,
                  rate: float, host: float, max_batch: float, max_tokens: float, static: bool, engines: float,
-                 devices: float) -> dict[str, float]:
+                 devices: float, draft: int = 0, acceptance: float = 0.0,
+                 draft_prompt: Callable[[float], float] = lambda t: 0.0,
+                 draft_steps: Callable[[float], float] = lambda b: 0.0) -> dict[str, float]:
     """The analytic tier's closed forms for one candidate (kernels.serving module doc)."""
     new = input_len * (1 - hit)
     pairs_one = new * (input_len - new + new / 2)
     nd = output_len - 1
+    q = draft + 1
+    e_tok = expected_tokens(acceptance, draft)
+    steps = nd / e_tok  # decode iterations a request
     b_max = min(max_batch, math.floor(cap_tokens / (input_len + output_len)))
 
     def wave(b: float, wave_static: bool) -> tuple[float, float]:
         prompt = b * new
         chunks = 1 if wave_static else max(math.ceil(prompt / max_tokens), 1)
-        pre = chunks * host + (chunks - 1) * rows(max_tokens) + rows(prompt - (chunks - 1) * max_tokens) + head(b)
-        pre += pair_coef * b * pairs_one
+        last = prompt - (chunks - 1) * max_tokens
+        pre = chunks * host + (chunks - 1) * rows(max_tokens) + rows(last) + head(b)
+        pre += pair_coef * b * pairs_one + (chunks - 1) * draft_prompt(max_tokens) + draft_prompt(last)
         dec = 0.0
-        if nd > 0:
-            dec = nd * (host + rows(b) + head(b)) + kv_coef * b * (nd * input_len + nd * (nd + 1) / 2)
+        if nd > 0:  # step j = 1 .. steps reads input_len + q + (j - 1) e_tok cached tokens
+            reads = steps * input_len + steps * q + e_tok * steps * (steps - 1) / 2
+            dec = steps * (host + rows(b * q) + head(b * q) + draft_steps(b)) + kv_coef * b * reads
         return pre, dec
 
     if concurrency > 0:
@@ -77,18 +107,19 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         t, stable = 0.0, False
         for _ in range(200):
             arrivals = lam * t
-            b = lam * nd * t
-            nt = (host + rows(max(b + arrivals * new, 1.0)) + head(max(b + arrivals, 1.0))
-                  + kv_coef * b * (input_len + output_len / 2) + pair_coef * arrivals * pairs_one)
-            if b > b_max or b + arrivals * new > max_tokens:
+            b = lam * steps * t
+            nt = (host + rows(max(b * q + arrivals * new, 1.0)) + head(max(b * q + arrivals, 1.0))
+                  + kv_coef * b * (input_len + output_len / 2 + q - 1) + pair_coef * arrivals * pairs_one
+                  + draft_prompt(arrivals * new) + draft_steps(b))
+            if b > b_max or b * q + arrivals * new > max_tokens:
                 break
             if abs(nt - t) <= 1e-12 * nt:
                 t, stable = nt, True
                 break
             t = nt
-        b = lam * nd * t
-        ttft = t / 2 + t * math.ceil(new / (max_tokens - b))
-        dec = nd * t
+        b = lam * steps * t
+        ttft = t / 2 + t * math.ceil(new / (max_tokens - b * q))
+        dec = steps * t
         e2e = ttft + dec
         rps = lam
     tpot = dec / nd if nd > 0 else 0.0
@@ -98,9 +129,13 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
 
 def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, clients: int, rate: float,
              max_batch: int, max_tokens: float, static: bool, cap: float, host: float, kv_coef: float,
-             pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float]) -> dict[str, float]:
+             pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float], draft: int = 0,
+             acceptance: float = 0.0, seed: int = 0, dp: list[float] | None = None,
+             ds: list[float] | None = None) -> dict[str, float]:
     """One engine's continuous- or static-batching run (kernels.serving_sim module doc)."""
     n = len(in_len)
+    q = draft + 1
+    step_count = step_tokens = 0
     closed = clients > 0
     cached = [math.floor(x * hit) for x in in_len]
     arrive = [0.0] * n
@@ -148,7 +183,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
             t = arrive[issued]
             continue
         decoding = {r for r in running if computed[r] >= target[r]}
-        while kv_used + len(decoding) > cap:
+        while kv_used + len(decoding) * q > cap:
             assert len(running) > 1, "stuck"
             victim = running.pop()
             kv_used -= kv[victim]
@@ -156,31 +191,40 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
             decoding.discard(victim)
             queue.appendleft(victim)
             preemptions += 1
-        budget = math.inf if static else max_tokens - len(decoding)
-        tokens = rows = kv_read = pairs = 0.0
+        budget = math.inf if static else max_tokens - len(decoding) * q
+        tokens = rows = kv_read = pairs = prompt = 0.0
         chunks = {}
         for r in running:
             if r in decoding:
-                tokens += 1
-                rows += 1
-                kv_read += kv[r] + 1
+                tokens += q
+                rows += q
+                kv_read += kv[r] + q
             elif budget > 0:
                 c = min(target[r] - computed[r], budget)
                 pairs += c * (kv[r] - target[r] + computed[r] + c / 2)
                 tokens += c
+                prompt += c
                 budget -= c
                 chunks[r] = c
                 if computed[r] + c >= target[r]:
                     rows += 1
         dt = host + lookup(grid, g, tokens) + lookup(grid, h, rows) + kv_coef * kv_read + pair_coef * pairs
+        if draft:
+            dt += lookup(grid, dp, prompt) + lookup(grid, ds, len(decoding))
         t += dt
         area += in_system * dt
         still = []
         for r in running:
             if r in decoding:
-                gen[r] += 1
-                kv[r] += 1
-                kv_used += 1
+                accepted = 0
+                while accepted < draft and unit_draw(seed, r, gen[r], accepted) < acceptance:
+                    accepted += 1
+                m = min(1 + accepted, int(out_len[r]) - gen[r])
+                gen[r] += m
+                kv[r] += m
+                kv_used += m
+                step_count += 1
+                step_tokens += m
             elif r in chunks:
                 computed[r] += chunks[r]
                 if computed[r] >= target[r]:
@@ -207,7 +251,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
     return {"ttft_s": sum(ttft) / n, "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
             "tpot_s": sum(tpot) / len(tpot) if tpot else math.nan, "tpot_p90_s": percentile(tpot, 90) if tpot else math.nan,
             "e2e_latency_s": sum(e2e) / n, "makespan_s": t, "concurrency": area / t, "requests_per_s": n / t,
-            "preemptions": preemptions}
+            "preemptions": preemptions, "tokens_per_step": step_tokens / step_count if step_count else math.nan}
 
 
 def percentile(ordered: list[float], q: float) -> float:

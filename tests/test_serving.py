@@ -51,7 +51,7 @@ def toy_srv(**overrides: float) -> np.ndarray:
 
 def workload(**overrides: float) -> np.ndarray:
     values = dict(input_len=512.0, output_len=16.0, longest_seq_len=0.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
-                  devices=1.0, host_s=0.0, kv_fraction=0.9, sla_ttft_s=0.0, sla_ttft_p90_s=0.0, sla_tpot_s=0.0,
+                  devices=1.0, host_s=0.0, kv_fraction=0.9, acceptance_rate=0.0, sla_ttft_s=0.0, sla_ttft_p90_s=0.0, sla_tpot_s=0.0,
                   sla_tpot_p90_s=0.0)
     values.update(overrides)
     rec = np.zeros(1, ks.SERVING_WORKLOAD).view(np.recarray)
@@ -84,15 +84,17 @@ def tables(env, srv):
 
 
 def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_batch=256.0, max_tokens=8192.0,
-            scheduler=ks.CONTINUOUS, host=0.0, hit=0.0, cap=None):
-    g, h, kv_coef, pair_coef, capacity = tables(env, srv)
+            scheduler=ks.CONTINUOUS, host=0.0, hit=0.0, cap=None, acceptance=0.0, seed=0):
+    """One engine of ``srv`` (its draft_tokens) simulated; returns (outputs, its cost parts)."""
+    g, h, dp, ds, kv_coef, pair_coef, capacity = tables(env, srv)
     if cap is not None:
         capacity = np.array([cap])
     gaps = np.ones(len(in_len)) if gaps is None else gaps
     out = serving_sim.simulate_rows(np.asarray(in_len, float), np.asarray(out_len, float), gaps, np.array([clients], float),
                                     np.array([rate]), np.array([max_batch]), np.array([max_tokens]),
-                                    np.array([scheduler], np.int8), capacity, host, kv_coef, pair_coef, hit, GRID, g, h)
-    return dict(zip(serving_sim.SIM_OUTPUTS, out[0])), (g[0], h[0], kv_coef[0], pair_coef[0], capacity[0])
+                                    np.array([scheduler], np.int8), capacity, host, kv_coef, pair_coef, hit, GRID, g, h,
+                                    srv["draft_tokens"].astype(np.int64), acceptance, seed, dp, ds)
+    return dict(zip(serving_sim.SIM_OUTPUTS, out[0])), (g[0], h[0], kv_coef[0], pair_coef[0], capacity[0], dp[0], ds[0])
 
 
 # --------------------------------------------------------------------------- enums, schema, encoder
@@ -251,7 +253,7 @@ def test_decode_never_beats_the_memory_bandwidth_ceiling(h100_fp8, tp, batch, kv
     weights = inference.device_weight_bytes(m, srv) - m.vocab * m.hidden / tp * 2.0
     kv_read = inference.kv_bytes_per_token(m, srv) * batch * kv_len
     step = ks.iteration_s(m, d, tiers, tiles, srv, 0.0, ks.kv_s_per_token(m, d, tiers, tiles, srv), 0.0,
-                          batch, batch, batch * kv_len, 0.0)
+                          batch, batch, batch * kv_len, 0.0, 0.0, batch)
     assert step >= (weights + kv_read) / d.hbm_bytes_per_s
 
 
@@ -425,7 +427,7 @@ def test_simulation_is_deterministic(fast):
 ])
 def test_simulation_agrees_with_the_reference(fast, case):
     in_len, out_len, gaps = lognormal_requests(150, seed=3)
-    sim, (g, h, kv_coef, pair_coef, cap) = run_sim(
+    sim, (g, h, kv_coef, pair_coef, cap, _, _) = run_sim(
         fast, toy_srv(), in_len, out_len, gaps, clients=case["clients"], rate=case["rate"], max_batch=16.0,
         max_tokens=case["max_tokens"], scheduler=case["scheduler"], host=2e-5, hit=0.25, cap=case["cap"])
     ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=case["clients"], rate=case["rate"],
@@ -501,7 +503,8 @@ def test_more_bandwidth_never_slows_an_iteration(make_device, make_tiers, toy_ti
         dev = make_device(hbm_bytes_per_s=bw, launch_s=4e-6)[0]
         tiers = make_tiers((8, bw / 10, 2e-6), (0, bw / 100, 5e-6))
         kv = ks.kv_s_per_token(m, dev, tiers, toy_tiles, srv)
-        times.append([ks.iteration_s(m, dev, tiers, toy_tiles, srv, 1e-4, kv, ks.pair_s(m, dev, srv), t, r, t * 900, 0.0)
+        times.append([ks.iteration_s(m, dev, tiers, toy_tiles, srv, 1e-4, kv, ks.pair_s(m, dev, srv), t, r, t * 900, 0.0,
+                                     t - r, r)
                       for t, r in ((1, 1), (16, 16), (600, 8), (4096, 64))])
     assert all(b <= a for a, b in zip(*times))
 
