@@ -401,21 +401,25 @@ def test_fuzz_extremes_inside_the_bounds(tmp_path_factory, case):
 
 # --------------------------------------------------------------------------- serving spaces
 
-#: a serving space that evaluates in about a second: Llama 3 8B on 2 H100, 4 candidates
+#: a serving space that evaluates in about a second: Llama 3 8B on 2 H100, 8 candidates, with and
+#: without speculative decoding (draft_tokens, acceptance_rate)
 SERVING_BASE: dict[str, Any] = {
     "name": "fuzz-serving", "description": "a small serving space to mutate", "model": "llama3-8b",
     "hardware": "h100-sxm5-80gb", "devices": 2, "host_overhead_us": 200.0, "simulate_top": 2,
-    "workload": {"input_len": 512, "output_len": 64, "concurrency": 8, "n_requests": 64},
+    "workload": {"input_len": 512, "output_len": 64, "concurrency": 8, "n_requests": 64, "acceptance_rate": 0.7},
     "sla": {"ttft_s": 2.0, "tpot_s": 0.05},
-    "dimensions": {"tp": [1, 2], "max_batch": [8, 16]},
+    "dimensions": {"tp": [1, 2], "max_batch": [8, 16], "draft_tokens": [0, 2]},
 }
 
 
 def check_serving_parquet(path: Path) -> None:
-    """Latencies and throughputs of feasible deployments are finite and positive."""
+    """Latencies and throughputs of feasible deployments are finite and positive; a decode
+    step emits between 1 and draft_tokens + 1 tokens."""
     fit = pl.read_parquet(path).filter(pl.col("feasible"))
     for column in ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu", "mem_peak_bytes"):
         assert fit[column].is_finite().all() and (fit[column] > 0).all(), column
+    steps = fit["tokens_per_step"]
+    assert steps.is_finite().all() and (steps >= 1).all() and (steps <= fit["draft_tokens"] + 1).all()
 
 
 @FUZZ
