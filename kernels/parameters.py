@@ -127,7 +127,7 @@ def model_params(model):
     return total, active
 
 
-@jit
+@jit(inline=True)
 def device_layers(stage: int, pp: int, layers: float) -> float:
     """Layers on the device of pipeline stage ``stage``: L // p each, and one more
     on the first L mod p stages (uneven splits; an even split when p divides L)."""
@@ -143,7 +143,7 @@ def chunk_layers(stage: int, chunk: int, pp: int, v: int, layers: float) -> floa
     return float(n // v + (1 if chunk < n % v else 0))
 
 
-@jit
+@jit(inline=True)
 def device_dense_layers(stage: int, pp: int, model) -> float:
     """Layers with a dense MLP on that device: all of them in a dense model; in an
     MoE model those of its layers among the first ``dense_layers``."""
@@ -188,7 +188,7 @@ def stage_params(stage: int, pp: int, t: float, ep: float, etp: float, model):
     return stage_params_from(stage, pp, param_parts(model, t, ep, etp), model)
 
 
-@jit
+@jit(inline=True)
 def stage_params_from(stage: int, pp: int, parts, model):
     """``stage_params`` from the candidate's ``param_parts``."""
     lp, md, me, td, te, emb = parts

@@ -8,7 +8,7 @@ from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NORMS, RECOMPUTE_S
 from paraspace.kernels.jit import jit
 from paraspace.kernels.ops import memory_bound_s
 
-@jit
+@jit(inline=True)
 def recomputed_layers(recompute: int, rc_layers: float, nd: float, nm: float):
     """(dense, MoE) layers fully recomputed out of ``nd`` + ``nm``: all with full
     recompute, or only the last ``rc_layers`` of them (MoE layers come last)."""

@@ -12,7 +12,7 @@ from paraspace.kernels.jit import jit
 from paraspace.kernels.stage_pass import stage_pass_s
 
 
-@jit
+@jit(inline=True)
 def in_flight_chunks(schedule: int, p: float, v: float, m: float, stage: float) -> float:
     """Micro-batch chunks whose activations a device holds at its peak.
 
