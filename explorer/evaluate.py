@@ -204,6 +204,17 @@ def simulable(cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], *, ma
     return (metrics["feasible"] > 0) & (tasks <= max_tasks) & (metrics["step_time_analytic_s"] < SIM_HORIZON_S)
 
 
+def unsimulated(step_time_analytic_s: np.ndarray) -> dict[str, np.ndarray]:
+    """The event tier's columns (``kernels.event_tier.SIM_OUTPUTS``) of rows it does
+    not simulate, as ``simulate_rows`` gives them (the analytic step time,
+    ``simulated`` 0, NaN elsewhere), without a pass over the rows' strategies."""
+    n = len(step_time_analytic_s)
+    cols = {name: np.full(n, np.nan) for name in SIM_OUTPUTS}
+    cols["step_time_s"] = step_time_analytic_s.copy()
+    cols["simulated"] = np.zeros(n)
+    return cols
+
+
 def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = True,
              max_tasks: int = DEFAULT_MAX_TASKS, n_buckets: int = DEFAULT_BUCKETS,
              only: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -215,10 +226,13 @@ def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = Tr
         else np.zeros(len(cols["tp"]), dtype=bool)
     if only is not None:
         select &= np.isin(cols["row_id"], only, assume_unique=True)
-    sim = simulate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload,
-                        select, metrics["step_time_analytic_s"], metrics["tokens_per_s_per_gpu"], metrics["mfu"],
-                        n_buckets)
-    metrics.update({name: np.ascontiguousarray(sim[:, i]) for i, name in enumerate(SIM_OUTPUTS)})
+    if select.any():
+        sim = simulate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles,
+                            packed.workload, select, metrics["step_time_analytic_s"], metrics["tokens_per_s_per_gpu"],
+                            metrics["mfu"], n_buckets)
+        metrics.update({name: np.ascontiguousarray(sim[:, i]) for i, name in enumerate(SIM_OUTPUTS)})
+    else:
+        metrics.update(unsimulated(metrics["step_time_analytic_s"]))
     stuck = np.flatnonzero(metrics["simulated"] < 0)
     if stuck.size:
         rows = ", ".join(f"row_id {cols['row_id'][i]}" for i in stuck[:5])

@@ -1,17 +1,22 @@
 """Analytic tier for transformer training, the row driver: step time and memory per device.
 
 For each candidate row, ``row_costs`` assembles the latencies one candidate is
-built from out of the concept kernels: a layer's attention
-(``kernels.attention``), dense MLP (``kernels.mlp``) or MoE layer
-(``kernels.moe_layer``), the TP / CP / pipeline / DP communication around them
-(``kernels.parallel_comm``), recompute (``kernels.recompute``), host offload
-(``kernels.offload``), the optimizer step (``kernels.optimizer``), the
-embedding, LM head and MTP modules of the end stages (here). ``evaluate_one``
-turns them into per-stage passes (``kernels.stage_pass``), the pipeline time of
-the schedule from its closed form generalised to unequal stages
-(``kernels.schedules``), exposed pipeline and data-parallel communication, and
-memory per device (``kernels.memory``: Korthikanti et al. 2022 activations;
-Megatron distributed-optimizer bytes per parameter). modeling.md sections 5-7.
+built from out of the concept kernels: one layer's operators, communication,
+recompute, host offload and the end stages' modules (``kernels.layer_costs``:
+attention, dense MLP or MoE layer, TP / CP / EP traffic), one pipeline
+message, and the step's data-parallel sync and optimizer step
+(``step_sync_costs``, here). ``evaluate_one`` turns them into per-stage passes
+(``kernels.stage_pass``), the pipeline time of the schedule from its closed
+form generalised to unequal stages (``kernels.schedules``), exposed pipeline
+and data-parallel communication, and memory per device (``kernels.memory``:
+Korthikanti et al. 2022 activations; Megatron distributed-optimizer bytes per
+parameter). modeling.md sections 5-7.
+
+``evaluate_rows`` gives every row what ``evaluate_one`` gives it, bit for bit,
+but computes the layer costs once per distinct ``layer_key`` and the step's
+sync once per distinct ``step_key`` (``kernels.row_groups``): a space of a few
+hundred thousand candidates has a few hundred of each, and what is left per
+row is the stages, the schedule and the memory.
 
 The names the concept modules define stay importable from here (``__all__``).
 """
@@ -21,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from paraspace.kernels.codes import FEASIBLE_OK, FEASIBLE_OUT_OF_HOST_MEMORY, FEASIBLE_OUT_OF_MEMORY
-from paraspace.kernels.attention import attention_gemm_s, attention_s
+from paraspace.kernels.codes import FEASIBLE_OK, FEASIBLE_OUT_OF_HOST_MEMORY, FEASIBLE_OUT_OF_MEMORY, SCHEDULE_DUALPIPE
+from paraspace.kernels.attention import attention_gemm_s
 from paraspace.kernels.cost_vector import (
     C_CP_B, C_CP_F, C_DISPATCH, C_DP_GRAD, C_DP_PARAM, C_EEFF, C_EMB_B, C_EMB_COMM, C_EMB_F, C_EP_B, C_EP_COMB,
     C_EP_DISP, C_EP_F, C_EROWS, C_EXPERT_B, C_EXPERT_F, C_EXPERT_W, C_HEAD_B, C_HEAD_COMM, C_HEAD_F, C_HEAD_WGRAD,
@@ -32,28 +37,26 @@ from paraspace.kernels.cost_vector import (
 )
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
+from paraspace.kernels.layer_costs import end_stage_costs, layer_cost_table, layer_costs, layer_keys
 from paraspace.kernels.memory import (
     RC_REPLICATED, RC_ROUTED_H, RC_SCORES, activation_bytes_per_layer, comm_groups, device_memory,
     fixed_overhead_bytes, layer_input_bytes, moe_activation_bytes_per_layer,
 )
-from paraspace.kernels.mlp import dense_mlp_s, gemm_cast_s
-from paraspace.kernels.moe_layer import moe_layer_s
-from paraspace.kernels.offload import host_exposed_s, offload_costs
-from paraspace.kernels.ops import memory_bound_s
+from paraspace.kernels.offload import host_exposed_s
 from paraspace.kernels.optimizer import (
     ADAM_BYTES_PER_PARAM, CPU_ADAM_HOST_BYTES, CPU_ADAM_LINK_BYTES, OPT_DEVICE_STEP_BYTES, OPT_HOST_STATE_FRACTION,
     OPT_HOST_STEP_BYTES, OPT_LINK_BYTES, OPT_STATE_FRACTION, optimizer_step_s,
 )
 from paraspace.kernels.parallel_comm import (
-    TP_OVERLAP_CHUNKS, cp_ring_s, dp_sync_s, embedding_head_comm_s, ep_strides, exposed_dp_s, overlapped_s, p2p_s,
-    tp_layer_comm_s,
+    TP_OVERLAP_CHUNKS, dp_sync_s, ep_strides, exposed_dp_s, overlapped_s, p2p_s,
 )
 from paraspace.kernels.parameters import (
     attention_weights, chunk_dense_layers, chunk_layers, device_dense_layers, device_layers, largest_stage_params,
     layer_params, layer_vectors, mlp_matrices, model_flop_per_sequence, model_params, moe_layer_params, mtp_params,
     param_parts, stage_params, stage_params_from,
 )
-from paraspace.kernels.recompute import recompute_s, recomputed_layers
+from paraspace.kernels.recompute import recomputed_layers
+from paraspace.kernels.row_groups import group_rows
 from paraspace.kernels.schedules import in_flight_chunks, pipeline_s, pp_comm_s
 from paraspace.kernels.shape import Knobs, shape_of
 from paraspace.kernels.stage_pass import bottleneck_s, layers_pass_s, stage_pass_s
@@ -123,49 +126,6 @@ N_OUT = len(OUTPUTS)
 
 
 @jit(inline=True)
-def end_stage_costs(costs, sh, layer_fwd: float, layer_bwd: float, tp_layer: float, att, mlp, moe, model, dev,
-                    tiers, tiles) -> None:
-    """Fill the end stages' slots of ``costs``: the embedding (first stage), the
-    output head + loss with their TP traffic, the logits, and the
-    multi-token-prediction modules (last stage: per depth one more layer, a
-    2h -> h projection and the output head again)."""
-    h = sh.h
-    ab = sh.ab
-    tokens = sh.tokens
-    t = sh.t
-    hf, hb, hw = gemm_passes_s(tokens, model.vocab / t, h, dev, tiles, ab)
-    mtp_f = 0.0
-    mtp_b = 0.0
-    mtp_w = 0.0
-    if model.mtp_depth > 0:
-        pf, pb, pw = gemm_passes_s(tokens, h / t, 2.0 * h, dev, tiles, ab)
-        if model.experts > 0:
-            lf = moe.fwd + moe.ep_f
-            lb = moe.bwd + moe.ep_b
-            lw = moe.wgrad
-        else:
-            lf = layer_fwd
-            lb = layer_bwd
-            lw = att.qkv_w + att.out_w + mlp.up_w + mlp.down_w
-        mtp_f = model.mtp_depth * (lf + tp_layer + pf + hf)
-        mtp_b = model.mtp_depth * (lb + tp_layer + pb + hb)
-        mtp_w = model.mtp_depth * (lw + pw + hw)
-    emb_comm, head_comm = embedding_head_comm_s(sh, tiers)
-    logits = tokens * model.vocab / t
-    costs[C_EMB_F] = memory_bound_s(2.0 * tokens * h * ab, 1.0, dev)
-    costs[C_EMB_B] = memory_bound_s(3.0 * tokens * h * ab, 1.0, dev)
-    costs[C_EMB_COMM] = emb_comm
-    costs[C_HEAD_F] = hf + memory_bound_s(2.0 * sh.norm_tokens * h * ab + 12.0 * logits, 4.0, dev)
-    costs[C_HEAD_B] = hb + memory_bound_s(2.0 * sh.norm_tokens * h * ab + 8.0 * logits, 3.0, dev)
-    costs[C_HEAD_COMM] = head_comm
-    costs[C_HEAD_WGRAD] = hw
-    costs[C_LOGITS] = logits
-    costs[C_MTP_F] = mtp_f
-    costs[C_MTP_B] = mtp_b
-    costs[C_MTP_W] = mtp_w
-
-
-@jit(inline=True)
 def step_sync_costs(costs, sh, zero: int, optimizer: int, schedule: int, placement: int, model, dev, tiers,
                     work) -> None:
     """Fill the once-per-step slots of ``costs``: the device with the most
@@ -197,62 +157,22 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
               dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work, costs):
     """Fill ``costs`` (length N_COST, seconds; ``kernels.cost_vector``) with the latencies one candidate is built from.
 
-    Shared by the analytic tier (``evaluate_one``) and the event tier
-    (``kernels.event_tier``), so both rank the same operator and collective costs."""
+    Shared by the analytic tier (``evaluate_one``; ``evaluate_rows`` computes the
+    ``layer_costs`` and ``step_sync_costs`` once per distinct key and copies them)
+    and the event tier (``kernels.event_tier``), so both rank the same operator
+    and collective costs."""
     sh = shape_of(tp, pp, dp, cp, mb, ep, etp, sp_flag, model, dev, work)
-    att = attention_s(sh, model, dev, tiles, work)
-    mlp = dense_mlp_s(sh, model, dev, tiles)
-    layer_fwd = att.part_f + mlp.up_f + mlp.down_f + mlp.act
-    layer_bwd = att.part_b + mlp.up_b + mlp.down_b + 2.0 * mlp.act
-    if work.gemm_cast_bytes > 0:  # 8-bit GEMMs: cast inputs and weights forward, output gradients backward
-        cast_f, cast_b = gemm_cast_s(sh, model, att, dev, work)
-        layer_fwd += cast_f
-        layer_bwd += cast_b
-    tp_layer = tp_layer_comm_s(sh, tp_overlap, att.qkv_f, att.out_f, mlp.up_f, mlp.down_f, tiers)
-    cp_f, cp_b = cp_ring_s(sh, model, att.rope_width, att.core_f, att.core_b, tiers)
-    rc_compute, rc_comm = recompute_s(recompute, sh, layer_fwd, tp_layer, cp_f, att.core_f, dev)
-    ep_stride, _, _ = ep_strides(sh.t, sh.c, sh.d, sh.e, sh.et, placement)
-    moe = moe_layer_s(sh, att, ep_stride, recompute, rc_compute, dispatch, tbo, schedule, model, dev, tiers, tiles,
-                      work)
-    end_stage_costs(costs, sh, layer_fwd, layer_bwd, tp_layer, att, mlp, moe, model, dev, tiers, tiles)
+    layer_costs(costs, sh, recompute, tp_overlap, schedule, placement, dispatch, tbo, off_act, off_w, model, dev, tiers,
+                tiles, work)
     costs[C_P2P] = p2p_s(sh, tiers)
     step_sync_costs(costs, sh, zero, optimizer, schedule, placement, model, dev, tiers, work)
-    moe_dense, moe_expert = moe_layer_params(model, sh.t, sh.e, sh.et)
-    offload_costs(costs, sh, recompute, off_act, off_w, layer_params(model, sh.t), moe_dense + moe_expert, layer_fwd,
-                  layer_bwd, moe.fwd, moe.bwd, model, dev, work)
-    costs[C_LAYER_FWD] = layer_fwd
-    costs[C_LAYER_BWD] = layer_bwd
-    costs[C_TP_LAYER] = tp_layer
-    costs[C_CP_F] = cp_f
-    costs[C_CP_B] = cp_b
-    costs[C_RC_COMPUTE] = rc_compute
-    costs[C_RC_COMM] = rc_comm
-    costs[C_RC_MOE] = moe.rc
-    costs[C_RC_EP] = moe.rc_ep
-    costs[C_LAYER_WGRAD] = att.qkv_w + att.out_w + mlp.up_w + mlp.down_w
-    costs[C_MOE_FWD] = moe.fwd
-    costs[C_MOE_BWD] = moe.bwd
-    costs[C_MOE_WGRAD] = moe.wgrad
-    costs[C_EP_F] = moe.ep_f
-    costs[C_EP_B] = moe.ep_b
-    costs[C_MOE_BUFFER] = moe.buffers
-    costs[C_DISPATCH] = moe.one_dispatch
-    costs[C_EROWS] = moe.rows
-    costs[C_EEFF] = moe.efficiency
-    costs[C_EP_DISP] = moe.disp
-    costs[C_EP_COMB] = moe.comb
-    costs[C_EXPERT_F] = moe.experts_f
-    costs[C_EXPERT_B] = moe.experts_b
-    costs[C_EXPERT_W] = moe.experts_w
 
 
-@jit
-def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp,
-                 placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, out):
-    """Fill ``out`` (length N_OUT) for one candidate."""
-    costs = np.empty(N_COST, dtype=np.float64)
-    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-              dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work, costs)
+@jit(inline=True)
+def row_outputs(costs, tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, optimizer, schedule, ep, etp, placement,
+                rc_layers, off_act, off_w, n_micro, model, dev, work, out) -> None:
+    """Fill ``out`` (length N_OUT) for one candidate from its ``costs``: the
+    stages' passes, the schedule's pipeline time, exposed communication, memory."""
     sh = shape_of(tp, pp, dp, cp, mb, ep, etp, sp_flag, model, dev, work)
     v = float(vpp)
     m = float(n_micro)
@@ -311,16 +231,120 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
                                               else FEASIBLE_OUT_OF_HOST_MEMORY)
 
 
+@jit
+def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp,
+                 placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work, out):
+    """Fill ``out`` (length N_OUT) for one candidate."""
+    costs = np.empty(N_COST, dtype=np.float64)
+    row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+              dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work, costs)
+    row_outputs(costs, tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, optimizer, schedule, ep, etp, placement,
+                rc_layers, off_act, off_w, n_micro, model, dev, work, out)
+
+
+#: columns of a ``step_key``
+N_STEP_KEY = 10
+
+
+@jit(inline=True)
+def step_key(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement):
+    """A row's step key (N_STEP_KEY integers): the values ``step_sync_costs``
+    reads (the schedule only as DualPipe or not: ``largest_stage_params``)."""
+    return (np.int32(tp), np.int32(pp), np.int32(dp), np.int32(cp), np.int32(zero), np.int32(optimizer),
+            np.int32(1 if schedule == SCHEDULE_DUALPIPE else 0), np.int32(ep), np.int32(etp), np.int32(placement))
+
+
 @jit(parallel=True)
-def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
-                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work):
-    """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS order."""
+def step_keys(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement):
+    """(rows, N_STEP_KEY) int32 array: each row's ``step_key``."""
     n = tp.shape[0]
-    out = np.empty((n, N_OUT), dtype=np.float64)
+    keys = np.empty((n, N_STEP_KEY), dtype=np.int32)
     for i in prange(n):
-        # records are indexed inside the loop: numba's parfor lowering cannot
-        # pass a record hoisted out of it (llvm type mismatch, numba 0.68)
-        evaluate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
-                     optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i], rc_layers[i],
-                     off_act[i], off_w[i], n_micro[i], model[0], dev[0], tiers, tiles, work[0], out[i])
-    return out
+        key = step_key(tp[i], pp[i], dp[i], cp[i], zero[i], optimizer[i], schedule[i], ep[i], etp[i], placement[i])
+        for j in range(N_STEP_KEY):
+            keys[i, j] = key[j]
+    return keys
+
+
+@jit(parallel=True)
+def step_sync_table(first, tp, pp, dp, cp, mb, sp, zero, optimizer, schedule, ep, etp, placement, model, dev, tiers,
+                    work):
+    """(groups, N_COST) array: ``step_sync_costs`` of each group's first row (the other slots 0)."""
+    n_groups = first.shape[0]
+    table = np.zeros((n_groups, N_COST), dtype=np.float64)
+    for g in prange(n_groups):
+        i = first[g]
+        sh = shape_of(tp[i], pp[i], dp[i], cp[i], mb[i], ep[i], etp[i], sp[i], model[0], dev[0], work[0])
+        step_sync_costs(table[g], sh, zero[i], optimizer[i], schedule[i], placement[i], model[0], dev[0], tiers,
+                        work[0])
+    return table
+
+
+#: rows a thread evaluates at a time, into its own block of output rows
+BLOCK_ROWS = 256
+
+
+@jit(parallel=True)
+def grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, dp, cp, vpp, mb, recompute, sp, zero,
+                 optimizer, schedule, ep, etp, placement, rc_layers, off_act, off_w, n_micro, model, dev, tiers, work):
+    """Fill ``out`` (N_OUT, rows) from each row's layer and step group and the
+    groups' ``layer_cost_table`` and ``step_sync_table``: a row's cost vector is
+    its layer group's with its step group's slots and its own pipeline message.
+    Each thread takes blocks of BLOCK_ROWS rows with its own cost vector and
+    output rows; only scalars of the shared arrays are read and written in the
+    loop (a view of one counts references to it, from every thread)."""
+    n = tp.shape[0]
+    for b in prange((n + BLOCK_ROWS - 1) // BLOCK_ROWS):
+        start = b * BLOCK_ROWS
+        stop = min(n, start + BLOCK_ROWS)
+        costs = np.empty(N_COST, dtype=np.float64)
+        rows = np.empty((BLOCK_ROWS, N_OUT), dtype=np.float64)
+        for i in range(start, stop):
+            g = layer_group[i]
+            for j in range(N_COST):
+                costs[j] = layer_table[g, j]
+            s = step_group[i]
+            costs[C_DP_GRAD] = step_table[s, C_DP_GRAD]
+            costs[C_DP_PARAM] = step_table[s, C_DP_PARAM]
+            costs[C_OPT] = step_table[s, C_OPT]
+            costs[C_PARAMS_MAX] = step_table[s, C_PARAMS_MAX]
+            sh = shape_of(tp[i], pp[i], dp[i], cp[i], mb[i], ep[i], etp[i], sp[i], model[0], dev[0], work[0])
+            costs[C_P2P] = p2p_s(sh, tiers)
+            row_outputs(costs, tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], zero[i], optimizer[i],
+                        schedule[i], ep[i], etp[i], placement[i], rc_layers[i], off_act[i], off_w[i], n_micro[i],
+                        model[0], dev[0], work[0], rows[i - start])
+        for j in range(N_OUT):  # the block's outputs column by column: N_OUT runs of contiguous writes
+            for i in range(start, stop):
+                out[j, i] = rows[i - start, j]
+
+
+@jit
+def evaluate_rows_into(out, tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp,
+                       placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work):
+    """``evaluate_rows`` into ``out`` (N_OUT, rows)."""
+    layer_group, layer_first = group_rows(layer_keys(tp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp,
+                                                     placement, dispatch, tbo, off_act, off_w, model))
+    layer_table = layer_cost_table(layer_first, tp, pp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp,
+                                   placement, dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work)
+    step_group, step_first = group_rows(step_keys(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement))
+    step_table = step_sync_table(step_first, tp, pp, dp, cp, mb, sp, zero, optimizer, schedule, ep, etp, placement,
+                                 model, dev, tiers, work)
+    grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, dp, cp, vpp, mb, recompute, sp, zero,
+                 optimizer, schedule, ep, etp, placement, rc_layers, off_act, off_w, n_micro, model, dev, tiers, work)
+
+
+def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
+                  dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work) -> np.ndarray:
+    """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS
+    order, column-major (each output's column contiguous).
+
+    The ``layer_costs`` of each distinct ``layer_key`` and the ``step_sync_costs``
+    of each distinct ``step_key`` are computed once (``kernels.row_groups``); the
+    result equals ``evaluate_one`` on every row, bit for bit. The output is
+    allocated here, by numpy, which asks the kernel for huge pages: a million
+    rows' outputs are 250 MB, and faulting them in 4 KiB pages inside the kernel
+    took longer than computing them."""
+    out = np.empty((N_OUT, len(tp)), dtype=np.float64)
+    evaluate_rows_into(out, tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp,
+                       placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work)
+    return out.T
