@@ -153,9 +153,14 @@ def best_analytic(encoder: Encoder, packed: Packed, n: int, *, chunk_rows: int, 
 
 
 #: rates behind ``expected_seconds``, measured on 2 cores (bench/bench_sweep.py, bench/bench_engine.py):
-#: combinations encoded and ranked per second in each of the two passes, and rows the
-#: event tier simulates per second on the deep pipelines the best rows often are
-ENCODE_PER_S = 1.0e6
+#: combinations per second in each of the two passes, and rows the event tier simulates
+#: per second on the deep pipelines the best rows often are.
+#: ENCODE_PER_S: ``best_analytic`` (encode, analytic tier, rank) and ``run_sweep(simulate=False)``
+#: (encode, analytic tier, Parquet) timed over the Calculon and wide bench spaces and
+#: llama3-70b-h100-1024 with 1M-combination chunks, 2 shared cores: 2.7-4.1M and 1.3-1.6M
+#: combinations/s, about 2M/s a pass on average. The encoder itself (tens of millions of
+#: combinations/s) no longer bounds a pass; it did (1M/s) when it filtered the whole product.
+ENCODE_PER_S = 2.0e6
 SIMULATE_PER_S = 1000.0
 #: a sweep expected to take longer than this says so before it starts
 WARN_AFTER_S = 60.0

@@ -16,19 +16,26 @@ rule reads together form a group (``GROUPS``: recompute with
 recompute_layers, offload_weights to optimizer, ep to tbo, ...), so for given
 terms (a signature) each group has a small table of broken-rule bit masks over
 its own combinations, and a suffix combination breaks the union of its parts'
-rules. Hence, per signature and without visiting the block:
+rules. Hence, per signature and without visiting a block:
 
-- the valid suffixes are the product of each group's valid parts, in row order;
-- the suffixes breaking none of the rules S number the product over groups of
-  the parts breaking none of S; the first-reason and breaks counts follow, as
-  first[r] = clear(rules before r) - clear(rules up to r) and
-  breaks[r] = n_suffix - clear({r}).
+- the valid suffixes are the product of each group's valid parts, in row order,
+  so the one of rank k has the mixed-radix digits of k over those counts;
+- the suffixes *clear* of a set of rules S (breaking none of them) below a
+  suffix position x are counted group by group: those that first differ from x
+  in group j keep x's parts before j (all clear of S, or none count), have one of
+  the clear parts before x's in j, and any clear parts after j;
+- the first-reason and breaks counts of a range follow from those clear counts,
+  as first[r] = clear(rules before r) - clear(rules up to r) and
+  breaks[r] = n - clear({r}).
 
-A range of rows is its blocks: a whole block adds its signature's counts and
-writes only its valid rows; a cut block (at most two per range, or one per id
-in ``encode_ids``) is walked combination by combination. The work and memory of
-a range are proportional to its blocks and valid rows, whatever the size of
-the space. ``encode_by_filter`` is the reference: it builds every combination of
+A range of rows is its blocks, each from lo to hi (a whole block or, at most two
+per range, a cut one): its counts are the clear counts below hi less those below
+lo, and its valid rows those of rank clear(every rule) below lo to below hi,
+copied from the signature's template (its valid suffixes, written once) or built
+from their ranks. ``encode_ids`` takes each combination's masks directly. All of
+it is vectorised numpy over blocks and rows; the work and memory of a range are
+proportional to its blocks and valid rows, whatever the size of the space.
+``encode_by_filter`` is the reference: it builds every combination of
 a range in full and filters it with the same rules.
 """
 
@@ -42,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from paraspace.kernels.jit import jit
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.enums import Dispatch, Dtype, Optimizer, Placement, Recompute, Reason, Schedule, labels, parse
 from paraspace.spaces.errors import CatalogError
@@ -288,236 +294,65 @@ if [*PREFIX_REASONS, *(r.reason for r in SUFFIX_RULES)] != sorted(set(Reason) - 
     raise RuntimeError("every Reason but VALID must have one rule, the prefix rules first, in Reason order")
 GROUPS = _groups()
 GROUP_OF = {DIMENSION_NAMES[i]: g for g, (a, b) in enumerate(GROUPS) for i in range(a, b)}
-#: output layout: every int32 column is a row of one int32 matrix, every int8 column of one int8 matrix
-INT32_COLUMNS = (*(d.name for d in DIMENSIONS if d.dtype == np.int32), "n_microbatches")
-INT8_COLUMNS = tuple(d.name for d in DIMENSIONS if d.dtype == np.int8)
+#: The suffix rules' codes, ascending (Reason order).
+SUFFIX_CODES = tuple(int(r.reason) for r in SUFFIX_RULES)
+#: The sets of suffix rules (bit masks) a block's counts are read from: the rules before each
+#: one (``RULE_SETS[i]``: the first i rules, ``RULE_SETS[ALL]``: every one), then each rule
+#: alone (``RULE_SETS[ALL + 1 + i]``). A combination breaking none of the set is *clear* of it.
+RULE_SETS = np.array([sum(1 << c for c in SUFFIX_CODES[:i]) for i in range(len(SUFFIX_CODES) + 1)]
+                     + [1 << c for c in SUFFIX_CODES], np.int64)
+ALL = len(SUFFIX_CODES)
+
+#: Output layout: the int32 columns are the rows of one int32 matrix (the prefix and
+#: n_microbatches first, repeated per block; then the suffix ones), the int8 columns of one
+#: int8 matrix.
+SUFFIX32 = tuple(n for n in SUFFIX_NAMES if BY_NAME[n].dtype == np.int32)
+SUFFIX8 = tuple(n for n in SUFFIX_NAMES if BY_NAME[n].dtype == np.int8)
+OUT32 = (*PREFIX_NAMES, "n_microbatches", *SUFFIX32)
+N_PREFIX_OUT = N_PREFIX + 1
+if {BY_NAME[n].dtype for n in PREFIX_NAMES} != {np.int32} or {*SUFFIX32, *SUFFIX8} != set(SUFFIX_NAMES):
+    raise RuntimeError("the prefix dimensions must be int32 and every suffix dimension int32 or int8")
 
 
-# --------------------------------------------------------------------------- kernels
-
-
-@jit(inline=True)
-def _advance(digit, size):
-    """Step a mixed-radix counter (last digit fastest); wraps to zero after the end."""
-    g = digit.shape[0] - 1
-    while g >= 0:
-        digit[g] += 1
-        if digit[g] < size[g]:
-            return
-        digit[g] = 0
-        g -= 1
-
-
-@jit
-def _count_blocks(sig, lo, hi, prefix_first, prefix_bits, n_suffix, masks, sig_first, sig_breaks,
-                  size, stride, at, first_reason, breaks, n_valid):
-    """Add each block's combinations lo..hi to ``first_reason`` and ``breaks``, and
-    set ``n_valid``: a whole block from its signature's counts, a cut one walked."""
-    n_groups = size.shape[0]
-    n_reasons = first_reason.shape[0]
-    part = np.empty(n_groups, np.int64)
-    for b in range(sig.shape[0]):
-        s = sig[b]
-        n = hi[b] - lo[b]
-        for r in range(n_reasons):
-            if (prefix_bits[b] >> r) & 1:
-                breaks[r] += n
-        if lo[b] == 0 and hi[b] == n_suffix:
-            for r in range(n_reasons):
-                breaks[r] += sig_breaks[s, r]
-            if prefix_first[b] != 0:
-                first_reason[prefix_first[b]] += n
-                n_valid[b] = 0
-            else:
-                for r in range(n_reasons):
-                    first_reason[r] += sig_first[s, r]
-                n_valid[b] = sig_first[s, 0]
-            continue
-        for g in range(n_groups):
-            part[g] = (lo[b] // stride[g]) % size[g]
-        kept = 0
-        for _ in range(n):
-            m = 0
-            for g in range(n_groups):
-                m |= masks[s, at[g] + part[g]]
-            if prefix_first[b] != 0:
-                first_reason[prefix_first[b]] += 1
-            elif m == 0:
-                first_reason[0] += 1
-                kept += 1
-            r = 0
-            first = prefix_first[b] == 0
-            while m != 0:
-                if m & 1:
-                    breaks[r] += 1
-                    if first:
-                        first_reason[r] += 1
-                        first = False
-                m >>= 1
-                r += 1
-            _advance(part, size)
-        n_valid[b] = kept
-
-
-@jit(inline=True)
-def _write_row(o, base, part, stride, dim_group, dim_at, dim_int8, dim_row, local_values, out32, out8, row_id):
-    """Row ``o``: suffix position ``part`` (each group's combination) of the block at ``base``."""
-    pos = base
-    for g in range(part.shape[0]):
-        pos += part[g] * stride[g]
-    row_id[o] = pos
-    for j in range(dim_group.shape[0]):
-        v = local_values[dim_at[j] + part[dim_group[j]]]
-        if dim_int8[j]:
-            out8[dim_row[j], o] = v
-        else:
-            out32[dim_row[j], o] = v
-
-
-@jit(inline=True)
-def _write_product(start, stop, base, s, valid, count, stride, at, group_dims, dim_at, dim_int8, dim_row,
-                   local_values, out32, out8, row_id):
-    """Rows ``start:stop``: the product of the valid group parts of signature ``s``
-    (``count[g]`` of group g), column by column; a group's value repeats for each
-    combination of the later groups' parts."""
-    n = stop - start
-    if n == 0:
-        return
-    for o in range(start, stop):
-        row_id[o] = base
-    inner = n
-    for g in range(count.shape[0]):
-        c = count[g]
-        inner //= c
-        outer = n // (c * inner)
-        o = start
-        for _ in range(outer):
-            for i in range(c):
-                pos = valid[s, at[g] + i] * stride[g]
-                for _ in range(inner):
-                    row_id[o] += pos
-                    o += 1
-        for j in range(group_dims[g], group_dims[g + 1]):
-            r = dim_row[j]
-            o = start
-            for _ in range(outer):
-                for i in range(c):
-                    v = local_values[dim_at[j] + valid[s, at[g] + i]]
-                    if dim_int8[j]:
-                        for _ in range(inner):
-                            out8[r, o] = v
-                            o += 1
-                    else:
-                        for _ in range(inner):
-                            out32[r, o] = v
-                            o += 1
-
-
-@jit
-def _write_blocks(sig, lo, hi, base, out_at, prefix_values, prefix_rows, n_suffix, masks, valid, n_valid_parts,
-                  template_at, template32, template8, template_pos,
-                  size, stride, at, group_dims, dim_group, dim_at, dim_int8, dim_row, local_values,
-                  out32, out8, row_id):
-    """Write the valid rows of every block from ``out_at[b]``: a whole block as a copy
-    of its signature's template (its valid suffixes, written once) or else as the
-    product of the signature's valid group parts; a cut block by walking it."""
-    n_groups = size.shape[0]
-    part = np.empty(n_groups, np.int64)
-    for b in range(sig.shape[0]):
-        start, stop = out_at[b], out_at[b + 1]
-        if start == stop:
-            continue
-        s = sig[b]
-        t = template_at[s]
-        if lo[b] == 0 and hi[b] == n_suffix and t >= 0:
-            n = stop - start
-            for j in range(dim_row.shape[0]):
-                r = dim_row[j]
-                if dim_int8[j]:
-                    for i in range(n):
-                        out8[r, start + i] = template8[r, t + i]
-                else:
-                    for i in range(n):
-                        out32[r, start + i] = template32[r, t + i]
-            for i in range(n):
-                row_id[start + i] = base[b] + template_pos[t + i]
-        elif lo[b] == 0 and hi[b] == n_suffix:
-            _write_product(start, stop, base[b], s, valid, n_valid_parts[s], stride, at, group_dims, dim_at,
-                           dim_int8, dim_row, local_values, out32, out8, row_id)
-        else:
-            o = start
-            for g in range(n_groups):
-                part[g] = (lo[b] // stride[g]) % size[g]
-            for _ in range(hi[b] - lo[b]):
-                m = 0
-                for g in range(n_groups):
-                    m |= masks[s, at[g] + part[g]]
-                if m == 0:
-                    _write_row(o, base[b], part, stride, dim_group, dim_at, dim_int8, dim_row, local_values,
-                               out32, out8, row_id)
-                    o += 1
-                _advance(part, size)
-        for k in range(prefix_rows.shape[0]):
-            v = prefix_values[k, b]
-            r = prefix_rows[k]
-            for i in range(start, stop):
-                out32[r, i] = v
-
-
-# --------------------------------------------------------------------------- the encoder
-
-
-@dataclass
-class _Signature:
-    """The suffix of every block with one signature (one set of ``_prefix`` terms)."""
-
-    #: each group's combinations' broken-rule bits (bit = Reason), group g from ``Encoder._at[g]``
-    masks: np.ndarray
-    #: each group's valid combinations: group g's ``n_valid_parts[g]`` from ``Encoder._at[g]``
-    valid: np.ndarray
-    n_valid_parts: np.ndarray
-    #: a whole block's counts
-    first_reason: np.ndarray
-    breaks: np.ndarray
-    #: the valid suffixes written once (int32 columns, int8 columns, suffix positions), or None
-    template: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``arange(starts[i], starts[i] + lengths[i])`` for every i, concatenated."""
+    ends = np.cumsum(lengths)
+    if ends.shape[0] == 0:
+        return np.empty(0, np.int64)
+    return np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
 
 
 @dataclass
 class _Tables:
-    """Every signature's arrays stacked for the kernels (signature s: row s, or
-    template columns ``template_at[s]`` on, -1 for none)."""
+    """Every signature met so far (row s: signature s), W = ``sum(Encoder._size)``:
+
+    - ``masks`` (S, W): each group's combinations' broken-rule bits (bit = Reason), group g's
+      from ``Encoder._at[g]``;
+    - ``valid`` (S, W): group g's valid combinations, the first ``n_valid_parts[s, g]`` from
+      ``Encoder._at[g]``;
+    - ``cum`` (S, W + G, len(RULE_SETS)): at ``Encoder._cum_at[g] + d``, how many of group g's
+      first d combinations are clear of each rule set;
+    - ``tail`` (S, G + 1, len(RULE_SETS)): suffixes of groups g... clear of each rule set
+      (``tail[s, 0]``: a whole block's);
+    - the valid suffixes of signature s, written once, from column ``template_at[s]`` (-1: none)
+      of ``template32`` and ``template8`` (the suffix columns with more than one value) and
+      ``template_pos`` (their suffix positions).
+    """
 
     masks: np.ndarray
     valid: np.ndarray
     n_valid_parts: np.ndarray
-    first_reason: np.ndarray
-    breaks: np.ndarray
+    cum: np.ndarray
+    tail: np.ndarray
     template_at: np.ndarray
     template32: np.ndarray
     template8: np.ndarray
     template_pos: np.ndarray
 
-    @classmethod
-    def stack(cls, signatures: list[_Signature]) -> _Tables:
-        templates = [s.template for s in signatures if s.template is not None]
-        lengths = [0 if s.template is None else s.template[2].shape[0] for s in signatures]
-        at = np.cumsum([0, *lengths[:-1]], dtype=np.int64)
-        return cls(
-            *(np.stack([getattr(s, f) for s in signatures])
-              for f in ("masks", "valid", "n_valid_parts", "first_reason", "breaks")),
-            template_at=np.where([s.template is not None for s in signatures], at, -1).astype(np.int64),
-            template32=np.concatenate([t[0] for t in templates], axis=1) if templates
-            else np.zeros((len(INT32_COLUMNS), 0), np.int32),
-            template8=np.concatenate([t[1] for t in templates], axis=1) if templates
-            else np.zeros((len(INT8_COLUMNS), 0), np.int8),
-            template_pos=np.concatenate([t[2] for t in templates]) if templates else np.zeros(0, np.int64),
-        )
-
 
 #: A signature with at most TEMPLATE_ROWS valid suffixes keeps them as a template that
-#: whole blocks copy (63 bytes a row), while all templates together hold at most
-#: TEMPLATE_BUDGET_ROWS; the others' blocks are written as products of group parts.
+#: blocks copy, while all templates together hold at most TEMPLATE_BUDGET_ROWS; the
+#: others' rows are written from their ranks in the product of valid group parts.
 TEMPLATE_ROWS = 1 << 14
 TEMPLATE_BUDGET_ROWS = 1 << 18
 
@@ -541,33 +376,27 @@ class Encoder:
         self.n_suffix = math.prod(self.shape[N_PREFIX:])
         sizes = [math.prod(self.shape[a:b]) for a, b in GROUPS]
         self._size = np.array(sizes, np.int64)
+        #: a suffix position is the sum over groups of (the group's combination) * stride
         self._stride = np.array([math.prod(self.shape[b:]) for _, b in GROUPS], np.int64)
         self._at = np.array([0, *np.cumsum(sizes)[:-1]], np.int64)
+        self._cum_at = self._at + np.arange(len(GROUPS))  # group g's cum has sizes[g] + 1 rows
         # each group's columns over its own combinations, in row order
         self._parts: list[dict[str, np.ndarray]] = []
         for a, b in GROUPS:
-            index = np.unravel_index(np.arange(math.prod(self.shape[a:b])), self.shape[a:b])
+            index = np.unravel_index(np.arange(sizes[len(self._parts)]), self.shape[a:b])
             self._parts.append({n: self.values[n][i] for n, i in zip(DIMENSION_NAMES[a:b], index)})
-        # the writer's layout: each suffix column's values over its group's combinations
-        dim_at, at = [], 0
-        for name in SUFFIX_NAMES:
-            dim_at.append(at)
-            at += int(self._size[GROUP_OF[name]])
-        self._dim_group = np.array([GROUP_OF[n] for n in SUFFIX_NAMES], np.int64)
-        #: group g's columns are suffix columns group_dims[g]:group_dims[g + 1]
-        self._group_dims = np.array([a - N_PREFIX for a, _ in GROUPS] + [len(SUFFIX_NAMES)], np.int64)
-        self._dim_at = np.array(dim_at, np.int64)
-        self._dim_int8 = np.array([BY_NAME[n].dtype == np.int8 for n in SUFFIX_NAMES])
-        self._dim_row = np.array([(INT8_COLUMNS if BY_NAME[n].dtype == np.int8 else INT32_COLUMNS).index(n)
-                                  for n in SUFFIX_NAMES], np.int64)
-        self._local_values = np.concatenate(
-            [self._parts[GROUP_OF[n]][n].astype(np.int32) for n in SUFFIX_NAMES])
-        self._prefix_rows = np.array([INT32_COLUMNS.index(n) for n in (*PREFIX_NAMES, "n_microbatches")], np.int64)
+        #: suffix columns with one value are filled, the others written row by row
+        self._vary32 = tuple(n for n in SUFFIX32 if len(self.values[n]) > 1)
+        self._vary8 = tuple(n for n in SUFFIX8 if len(self.values[n]) > 1)
         #: signatures met so far, by (flags, stage_ranks)
         self._signature_ids: dict[tuple[int, int], int] = {}
-        self._signatures: list[_Signature] = []
-        self._template_rows = 0
-        self._tables: _Tables | None = None
+        w, n_sets, g = int(self._size.sum()), RULE_SETS.shape[0], len(GROUPS)
+        self._tables = _Tables(
+            masks=np.zeros((0, w), np.int64), valid=np.zeros((0, w), np.int64),
+            n_valid_parts=np.zeros((0, g), np.int64), cum=np.zeros((0, w + g, n_sets), np.int64),
+            tail=np.zeros((0, g + 1, n_sets), np.int64), template_at=np.zeros(0, np.int64),
+            template32=np.zeros((len(self._vary32), 0), np.int32), template8=np.zeros((len(self._vary8), 0), np.int8),
+            template_pos=np.zeros(0, np.int64))
 
     # ------------------------------------------------------------------ public
 
@@ -575,7 +404,9 @@ class Encoder:
         """Rows ``start:stop`` of the flat product, filtered."""
         stop = self.n_combinations if stop is None else min(stop, self.n_combinations)
         if stop <= start:
-            return self._encode_blocks(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), np.int64)
+            return self._encoded(np.empty((len(OUT32), 0), np.int32), np.empty((len(SUFFIX8), 0), np.int8),
+                                 np.empty(0, np.int64), 0, np.zeros(len(Reason), np.int64),
+                                 np.zeros(len(Reason), np.int64))
         if start < 0:
             raise ValueError(f"start = {start}: expected a row id of at least 0")
         q = self.n_suffix
@@ -585,14 +416,15 @@ class Encoder:
         hi = np.full(prefix.shape[0], q, np.int64)
         lo[0] = start - first * q
         hi[-1] = stop - last * q
-        return self._encode_blocks(prefix, lo, hi, np.int64)
+        return self._encode_blocks(prefix, lo, hi)
 
     def row_ids(self, positions: dict[str, np.ndarray]) -> np.ndarray:
         """Row ids of combinations given as each dimension's value position."""
         return np.ravel_multi_index(tuple(positions[n] for n in DIMENSION_NAMES), self.shape).astype(np.int64)
 
     def encode_ids(self, flat: np.ndarray) -> Encoded:
-        """The combinations with these row ids (in this order), filtered."""
+        """The combinations with these row ids (in this order), filtered: the rules each
+        breaks are its prefix's and those of its part of every group."""
         flat = np.asarray(flat)
         if flat.dtype.kind not in "iu":
             raise TypeError(f"row ids of dtype {flat.dtype}: expected integers")
@@ -600,8 +432,27 @@ class Encoder:
             raise ValueError(f"row ids of shape {flat.shape}: expected one dimension")
         if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.n_combinations):
             raise ValueError(f"row ids from {flat.min()} to {flat.max()}: expected 0 to {self.n_combinations - 1}")
-        prefix, lo = np.divmod(flat.astype(np.int64), self.n_suffix)
-        return self._encode_blocks(prefix, lo, lo + 1, flat.dtype)
+        prefix, at = np.divmod(flat.astype(np.int64), self.n_suffix)
+        prefix_values, prefix_bits, _, sig = self._blocks(prefix)
+        t = self._tables
+        parts = [(at // self._stride[g]) % self._size[g] for g in range(len(GROUPS))]
+        bits = prefix_bits.copy()
+        for g, part in enumerate(parts):
+            bits |= t.masks[sig, self._at[g] + part]
+        first = np.zeros(flat.shape[0], np.int64)
+        breaks = np.zeros(len(Reason), np.int64)
+        for code in reversed(range(1, len(Reason))):  # the lowest code broken is the first
+            broken = (bits >> code) & 1 == 1
+            first[broken] = code
+            breaks[code] = np.count_nonzero(broken)
+        keep = np.flatnonzero(first == Reason.VALID)
+        out32 = np.empty((len(OUT32), keep.shape[0]), np.int32)
+        out8 = np.empty((len(SUFFIX8), keep.shape[0]), np.int8)
+        out32[:N_PREFIX_OUT] = prefix_values[:, keep]
+        self._write_suffix(out32, out8, None, slice(None), [part[keep] for part in parts])
+        self._fill_constants(out32, out8)
+        return self._encoded(out32, out8, flat[keep], flat.shape[0],
+                             np.bincount(first, minlength=len(Reason)).astype(np.int64), breaks)
 
     def chunks(self, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[Encoded]:
         """Consecutive chunks of at most ``chunk_rows`` combinations."""
@@ -614,12 +465,9 @@ class Encoder:
 
     # ------------------------------------------------------------------ blocks
 
-    def _encode_blocks(self, prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray, id_dtype: Any) -> Encoded:
-        """Combinations ``lo[b]:hi[b]`` of block ``prefix[b]``, for every b in order."""
-        if prefix.shape[0] == 0:
-            columns = {name: np.empty(0, BY_NAME[name].dtype) for name in DIMENSION_NAMES}
-            columns.update(row_id=np.empty(0, id_dtype), n_microbatches=np.empty(0, np.int32))
-            return Encoded(columns=columns, n_combinations=0)
+    def _blocks(self, prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks' prefix columns and n_microbatches (int32, a row each), their broken
+        prefix rules (bit = Reason), the first of those (0: none) and their signatures."""
         index = np.unravel_index(prefix, self.shape[:N_PREFIX])
         cols = {n: self.values[n][i] for n, i in zip(PREFIX_NAMES, index)}
         if self.derive_dp:
@@ -630,34 +478,146 @@ class Encoder:
         for code, broken in rules.items():  # dict order = Reason order = precedence
             prefix_first[(prefix_first == 0) & broken] = int(code)
             prefix_bits |= broken.astype(np.int64) << int(code)
-        sig = self._signature_of(terms)
-        if self._tables is None:
-            self._tables = _Tables.stack(self._signatures)
+        dp_mb = cols["dp"].astype(np.int64) * cols["micro_batch"]
+        values = np.empty((N_PREFIX_OUT, prefix.shape[0]), np.int32)
+        for i, name in enumerate(PREFIX_NAMES):
+            values[i] = cols[name]
+        values[N_PREFIX] = np.where(dp_mb > 0, self.space.spec.global_batch // np.maximum(dp_mb, 1), 0)
+        return values, prefix_bits, prefix_first, self._signature_of(terms)
+
+    def _encode_blocks(self, prefix: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Encoded:
+        """Combinations ``lo[b]:hi[b]`` of block ``prefix[b]``, for every b in order.
+
+        A block's counts are its suffixes below ``hi`` clear of each rule set less those
+        below ``lo`` (for a whole block, its signature's ``tail[s, 0]``); its valid rows are
+        its signature's valid suffixes, in row order, from rank (the valid suffixes below)
+        ``lo`` to rank ``hi``."""
+        prefix_values, prefix_bits, prefix_first, sig = self._blocks(prefix)
         t = self._tables
+        n = hi - lo
+        clean = prefix_first == 0
+        # combinations clear of each rule set, summed over the blocks (all, clean): whole
+        # blocks by signature, cut ones (at most two) from their ends
+        whole = (lo == 0) & (hi == self.n_suffix)
+        per_signature = t.tail[:, 0]
+        inside_all = np.bincount(sig[whole], minlength=per_signature.shape[0]) @ per_signature
+        inside_clean = np.bincount(sig[whole & clean], minlength=per_signature.shape[0]) @ per_signature
+        cut = np.flatnonzero(~whole)
+        below_lo = self._clear_below(sig[cut], lo[cut])
+        cut_inside = self._clear_below(sig[cut], hi[cut]) - below_lo
+        inside_all += cut_inside.sum(axis=0)
+        inside_clean += cut_inside[clean[cut]].sum(axis=0)
         first_reason = np.zeros(len(Reason), np.int64)
         breaks = np.zeros(len(Reason), np.int64)
-        n_valid = np.empty(prefix.shape[0], np.int64)
-        _count_blocks(sig, lo, hi, prefix_first, prefix_bits, self.n_suffix, t.masks, t.first_reason, t.breaks,
-                      self._size, self._stride, self._at, first_reason, breaks, n_valid)
+        for code in PREFIX_REASONS:
+            breaks[code] = n[(prefix_bits >> code) & 1 == 1].sum()
+            first_reason[code] = n[prefix_first == code].sum()
+        codes = np.array(SUFFIX_CODES)
+        first_reason[codes] += inside_clean[:ALL] - inside_clean[1:ALL + 1]
+        first_reason[Reason.VALID] = inside_clean[ALL]
+        breaks[codes] += n.sum() - inside_all[ALL + 1:]
+
+        # each block's valid rows: ranks rank[b] to rank[b] + n_valid[b] of its signature's
+        n_valid = per_signature[sig, ALL]
+        n_valid[cut] = cut_inside[:, ALL]
+        n_valid[~clean] = 0
+        rank = np.zeros(prefix.shape[0], np.int64)
+        rank[cut] = below_lo[:, ALL]
         out_at = np.zeros(prefix.shape[0] + 1, np.int64)
         np.cumsum(n_valid, out=out_at[1:])
-        n = int(out_at[-1])
-        dp_mb = cols["dp"].astype(np.int64) * cols["micro_batch"]
-        n_micro = np.where(dp_mb > 0, self.space.spec.global_batch // np.maximum(dp_mb, 1), 0)
-        prefix_values = np.stack([*(cols[c].astype(np.int32) for c in PREFIX_NAMES), n_micro.astype(np.int32)])
-        out32 = np.empty((len(INT32_COLUMNS), n), np.int32)
-        out8 = np.empty((len(INT8_COLUMNS), n), np.int8)
-        row_id = np.empty(n, np.int64)
-        _write_blocks(sig, lo, hi, prefix * self.n_suffix, out_at, prefix_values, self._prefix_rows, self.n_suffix,
-                      t.masks, t.valid, t.n_valid_parts, t.template_at, t.template32, t.template8, t.template_pos,
-                      self._size, self._stride, self._at, self._group_dims, self._dim_group, self._dim_at,
-                      self._dim_int8, self._dim_row, self._local_values, out32, out8, row_id)
-        columns = {name: out8[INT8_COLUMNS.index(name)] if BY_NAME[name].dtype == np.int8
-                   else out32[INT32_COLUMNS.index(name)] for name in DIMENSION_NAMES}
-        columns["row_id"] = row_id if id_dtype == np.int64 else row_id.astype(id_dtype)
-        columns["n_microbatches"] = out32[INT32_COLUMNS.index("n_microbatches")]
-        return Encoded(columns=columns, n_combinations=int((hi - lo).sum()), first_reason=first_reason,
-                       breaks=breaks)
+        n_rows = int(out_at[-1])
+        out32 = np.empty((len(OUT32), n_rows), np.int32)
+        out8 = np.empty((len(SUFFIX8), n_rows), np.int8)
+        pos = np.empty(n_rows, np.int64)
+        templated = t.template_at[sig] >= 0
+        for from_template in (True, False):
+            b = np.flatnonzero((n_valid > 0) & (templated == from_template))
+            if b.shape[0] == 0:
+                continue
+            count = n_valid[b]
+            a, z = int(out_at[b[0]]), int(out_at[b[-1] + 1])
+            rows: Any = slice(a, z) if z - a == int(count.sum()) else _ragged(out_at[b], count)
+            if from_template:
+                src = _ragged(t.template_at[sig[b]] + rank[b], count)
+                for out, names, table in ((out32, self._vary32, t.template32), (out8, self._vary8, t.template8)):
+                    for i, name in enumerate(names):
+                        _take(table[i], src, out[_row(name)], rows)
+                _take(t.template_pos, src, pos, rows)
+            else:
+                parts = self._product_parts(t.valid, t.n_valid_parts, np.repeat(sig[b], count),
+                                            _ragged(rank[b], count))
+                self._write_suffix(out32, out8, pos, rows, parts)
+        for i in range(N_PREFIX_OUT):
+            v = prefix_values[i]
+            if v.shape[0] and (v == v[0]).all():
+                out32[i] = v[0]
+            else:
+                out32[i] = np.repeat(v, n_valid)
+        self._fill_constants(out32, out8)
+        pos += np.repeat(prefix * self.n_suffix, n_valid)
+        return self._encoded(out32, out8, pos, int(n.sum()), first_reason, breaks)
+
+    def _clear_below(self, sig: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """[b, i]: the suffix positions below ``x[b]`` (at most ``n_suffix``) of a block with
+        signature ``sig[b]`` that are clear of ``RULE_SETS[i]``.
+
+        In mixed radix over the groups, a position below x first differs from x in some
+        group j, where its part comes before x's: it is clear of a set when x's parts in
+        the groups before j are, its part in j is one of the clear ones before x's, and its
+        parts in the groups after j are any clear ones."""
+        t = self._tables
+        out = np.zeros((x.shape[0], RULE_SETS.shape[0]), np.int64)
+        whole = x == self.n_suffix
+        out[whole] = t.tail[sig[whole], 0]
+        cut = np.flatnonzero((x > 0) & ~whole)
+        if cut.shape[0]:
+            s, xc = sig[cut], x[cut]
+            clear_so_far = np.ones((cut.shape[0], RULE_SETS.shape[0]), bool)
+            acc = np.zeros((cut.shape[0], RULE_SETS.shape[0]), np.int64)
+            for g in range(len(GROUPS)):
+                d = (xc // self._stride[g]) % self._size[g]
+                acc += clear_so_far * t.cum[s, self._cum_at[g] + d] * t.tail[s, g + 1]
+                clear_so_far &= (t.masks[s, self._at[g] + d][:, None] & RULE_SETS) == 0
+            out[cut] = acc
+        return out
+
+    def _product_parts(self, valid: np.ndarray, count: np.ndarray, sig: np.ndarray,
+                       rank: np.ndarray) -> list[np.ndarray]:
+        """Each group's part of the valid suffix of rank ``rank`` of signature ``sig``: the
+        rank's mixed-radix digits over the counts of valid parts (the last group fastest)
+        pick the valid parts."""
+        parts: list[np.ndarray] = [rank] * len(GROUPS)
+        for g in reversed(range(len(GROUPS))):
+            rank, digit = np.divmod(rank, count[sig, g])
+            parts[g] = valid[sig, self._at[g] + digit]
+        return parts
+
+    def _write_suffix(self, out32: np.ndarray, out8: np.ndarray, pos: np.ndarray | None, rows: Any,
+                      parts: list[np.ndarray]) -> None:
+        """Write the combinations given as each group's part into ``rows`` of the outputs:
+        the suffix columns with more than one value, and (unless None) the suffix positions."""
+        for name in (*self._vary32, *self._vary8):
+            g = GROUP_OF[name]
+            (out32 if name in SUFFIX32 else out8)[_row(name), rows] = self._parts[g][name][parts[g]]
+        if pos is not None:
+            at = np.zeros(parts[0].shape[0], np.int64)
+            for g, part in enumerate(parts):
+                at += part * self._stride[g]
+            pos[rows] = at
+
+    def _fill_constants(self, out32: np.ndarray, out8: np.ndarray) -> None:
+        """The suffix columns with one value."""
+        for name in SUFFIX_NAMES:
+            if len(self.values[name]) == 1:
+                (out32 if name in SUFFIX32 else out8)[_row(name)] = self.values[name][0]
+
+    @staticmethod
+    def _encoded(out32: np.ndarray, out8: np.ndarray, row_id: np.ndarray, n_combinations: int,
+                 first_reason: np.ndarray, breaks: np.ndarray) -> Encoded:
+        columns = {name: (out32 if name in OUT32 else out8)[_row(name)] for name in DIMENSION_NAMES}
+        columns["row_id"] = row_id
+        columns["n_microbatches"] = out32[N_PREFIX]
+        return Encoded(columns=columns, n_combinations=n_combinations, first_reason=first_reason, breaks=breaks)
 
     # ------------------------------------------------------------------ signatures
 
@@ -668,51 +628,75 @@ class Encoder:
             flags |= terms[name].astype(np.int64) << i
         ranks, rank_of = np.unique(terms["stage_ranks"], return_inverse=True)
         keys, key_of = np.unique((rank_of.astype(np.int64) << len(FLAG_TERMS)) | flags, return_inverse=True)
-        ids = np.array([self._signature(int(k) & ((1 << len(FLAG_TERMS)) - 1), int(ranks[int(k) >> len(FLAG_TERMS)]))
-                        for k in keys], np.int64)
+        found = [(int(k) & ((1 << len(FLAG_TERMS)) - 1), int(ranks[int(k) >> len(FLAG_TERMS)])) for k in keys]
+        new = [key for key in found if key not in self._signature_ids]
+        if new:
+            self._add_signatures(new)
+        ids = np.array([self._signature_ids[key] for key in found], np.int64)
         return ids[key_of].reshape(-1)
 
-    def _signature(self, flags: int, stage_ranks: int) -> int:
-        key = (flags, stage_ranks)
-        if key in self._signature_ids:
-            return self._signature_ids[key]
-        terms: Columns = {name: bool((flags >> i) & 1) for i, name in enumerate(FLAG_TERMS)}
-        terms["stage_ranks"] = np.int64(stage_ranks)
-        parts = [np.zeros(int(n), np.int64) for n in self._size]
-        for rule in SUFFIX_RULES:
-            g = GROUP_OF[rule.dims[0]]
-            broken = rule.broken(terms, {d: self._parts[g][d] for d in rule.dims}, self.space)
-            parts[g] |= np.broadcast_to(broken, parts[g].shape).astype(np.int64) << int(rule.reason)
+    def _add_signatures(self, keys: list[tuple[int, int]]) -> None:
+        """Tabulate the signatures with these (flags, stage_ranks), all at once: every rule is
+        evaluated on terms of shape (signatures, 1) against its group's columns."""
+        k, n_sets, w = len(keys), RULE_SETS.shape[0], int(self._size.sum())
+        flags = np.array([f for f, _ in keys], np.int64)[:, None]
+        terms: Columns = {name: (flags >> i) & 1 == 1 for i, name in enumerate(FLAG_TERMS)}
+        terms["stage_ranks"] = np.array([r for _, r in keys], np.int64)[:, None]
+        masks = np.zeros((k, w), np.int64)
+        valid = np.zeros((k, w), np.int64)
+        n_valid_parts = np.zeros((k, len(GROUPS)), np.int64)
+        cum = np.zeros((k, w + len(GROUPS), n_sets), np.int64)
+        tail = np.ones((k, len(GROUPS) + 1, n_sets), np.int64)
+        for g in range(len(GROUPS)):
+            group = masks[:, self._at[g]:self._at[g] + self._size[g]]
+            for rule in SUFFIX_RULES:
+                if GROUP_OF[rule.dims[0]] == g:
+                    broken = rule.broken(terms, {d: self._parts[g][d] for d in rule.dims}, self.space)
+                    group |= np.broadcast_to(broken, group.shape).astype(np.int64) << int(rule.reason)
+            clear = (group[:, :, None] & RULE_SETS) == 0
+            np.cumsum(clear, axis=1, out=cum[:, self._cum_at[g] + 1:self._cum_at[g] + 1 + self._size[g]])
+            # the valid parts first, each side in order
+            valid[:, self._at[g]:self._at[g] + self._size[g]] = np.argsort(group != 0, axis=1, kind="stable")
+            n_valid_parts[:, g] = np.count_nonzero(group == 0, axis=1)
+        for g in reversed(range(len(GROUPS))):
+            tail[:, g] = tail[:, g + 1] * cum[:, self._cum_at[g] + self._size[g]]
+        # templates, while the budget lasts
+        t = self._tables
+        n_valid = tail[:, 0, ALL]
+        room = TEMPLATE_BUDGET_ROWS - t.template_pos.shape[0]
+        take = np.flatnonzero(n_valid <= TEMPLATE_ROWS)
+        take = take[np.cumsum(n_valid[take]) <= room]
+        template_at = np.full(k, -1, np.int64)
+        template_at[take] = t.template_pos.shape[0] + np.cumsum(n_valid[take]) - n_valid[take]
+        count = n_valid[take]
+        n_new = int(count.sum())
+        new32 = np.empty((len(OUT32), n_new), np.int32)
+        new8 = np.empty((len(SUFFIX8), n_new), np.int8)
+        new_pos = np.empty(n_new, np.int64)
+        parts = self._product_parts(valid, n_valid_parts, np.repeat(take, count), _ragged(np.zeros_like(count), count))
+        self._write_suffix(new32, new8, new_pos, slice(None), parts)
+        self._tables = _Tables(
+            masks=np.concatenate([t.masks, masks]), valid=np.concatenate([t.valid, valid]),
+            n_valid_parts=np.concatenate([t.n_valid_parts, n_valid_parts]), cum=np.concatenate([t.cum, cum]),
+            tail=np.concatenate([t.tail, tail]), template_at=np.concatenate([t.template_at, template_at]),
+            template32=np.concatenate([t.template32, new32[[_row(n) for n in self._vary32]]], axis=1),
+            template8=np.concatenate([t.template8, new8[[_row(n) for n in self._vary8]]], axis=1),
+            template_pos=np.concatenate([t.template_pos, new_pos]))
+        for key in keys:
+            self._signature_ids[key] = len(self._signature_ids)
 
-        def clear(bits: int) -> int:  # suffix combinations that break none of these rules
-            return math.prod(int(np.count_nonzero(p & bits == 0)) for p in parts)
 
-        first_reason = np.zeros(len(Reason), np.int64)
-        breaks = np.zeros(len(Reason), np.int64)
-        before = 0
-        for code in sorted(int(r.reason) for r in SUFFIX_RULES):
-            first_reason[code] = clear(before) - clear(before | 1 << code)
-            breaks[code] = self.n_suffix - clear(1 << code)
-            before |= 1 << code
-        first_reason[Reason.VALID] = clear(before)
-        valid = np.zeros(int(self._size.sum()), np.int64)
-        n_valid_parts = np.zeros(len(parts), np.int64)
-        for g, p in enumerate(parts):
-            ok = np.flatnonzero(p == 0)
-            valid[self._at[g]:self._at[g] + ok.shape[0]] = ok
-            n_valid_parts[g] = ok.shape[0]
-        n_valid = int(first_reason[Reason.VALID])
-        template = None
-        if n_valid <= TEMPLATE_ROWS and self._template_rows + n_valid <= TEMPLATE_BUDGET_ROWS:
-            template = (np.zeros((len(INT32_COLUMNS), n_valid), np.int32),
-                        np.zeros((len(INT8_COLUMNS), n_valid), np.int8), np.zeros(n_valid, np.int64))
-            _write_product(0, n_valid, 0, 0, valid[None, :], n_valid_parts, self._stride, self._at, self._group_dims,
-                           self._dim_at, self._dim_int8, self._dim_row, self._local_values, *template)
-            self._template_rows += n_valid
-        self._signatures.append(_Signature(np.concatenate(parts), valid, n_valid_parts, first_reason, breaks, template))
-        self._tables = None
-        self._signature_ids[key] = len(self._signatures) - 1
-        return len(self._signatures) - 1
+def _row(name: str) -> int:
+    """The row of column ``name`` in the int32 (``OUT32``) or int8 (``SUFFIX8``) output matrix."""
+    return OUT32.index(name) if name in OUT32 else SUFFIX8.index(name)
+
+
+def _take(values: np.ndarray, index: np.ndarray, out: np.ndarray, rows: Any) -> None:
+    """``out[rows] = values[index]``, gathered in place where ``rows`` is a slice."""
+    if isinstance(rows, slice):
+        np.take(values, index, out=out[rows], mode="clip")  # "raise" would buffer
+    else:
+        out[rows] = values[index]
 
 
 def encode_by_filter(encoder: Encoder, flat: np.ndarray) -> Encoded:

@@ -226,12 +226,13 @@ def test_default_sweep_through_the_console_script(tmp_path):
 
 
 def test_sweep_says_up_front_when_it_will_take_minutes(tmp_path):
-    """2,304 combinations and up to 100,000 simulations: 2 x 2,304 / 1e6 + 100,000 /
-    1,000 = 100.005 s, past the 60 s warning: "about 2 minutes" before the work starts."""
-    from paraspace.explorer.sweep import expected_seconds
+    """2,304 combinations and up to 100,000 simulations: 2 x 2,304 / ENCODE_PER_S + 100,000 /
+    1,000 = about 100 s, past the 60 s warning: "about 2 minutes" before the work starts."""
+    from paraspace.explorer.sweep import ENCODE_PER_S, SIMULATE_PER_S, expected_seconds
 
-    assert expected_seconds(2304, 100_000, True) == pytest.approx(2 * 2304 / 1e6 + 100.0, rel=1e-15)
-    assert expected_seconds(2304, 100_000, False) == pytest.approx(2304 / 1e6, rel=1e-15)
+    assert expected_seconds(2304, 100_000, True) == pytest.approx(2 * 2304 / ENCODE_PER_S + 100_000 / SIMULATE_PER_S,
+                                                                  rel=1e-15)
+    assert expected_seconds(2304, 100_000, False) == pytest.approx(2304 / ENCODE_PER_S, rel=1e-15)
     result = run("sweep", "llama3-8b-h100-64", "--simulate-top", "100000", "--no-progress", "-n", "0",
                  "--out", str(tmp_path / "x.parquet"))
     assert result.exit_code == 0, result.output

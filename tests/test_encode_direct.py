@@ -189,11 +189,14 @@ def test_calculon_counts():
 # --------------------------------------------------------------------------- every shipped space
 
 
-@pytest.fixture(params=[False, True], ids=["templates", "products"])
+@pytest.fixture(params=["templates", "products", "mixed"])
 def products(request, monkeypatch):
-    """Whole blocks written from templates (the default) or as products of group parts."""
-    if request.param:
+    """Valid rows copied from templates (the default), built from their ranks in the product
+    of group parts, or both in one chunk (the template budget runs out after a few signatures)."""
+    if request.param == "products":
         monkeypatch.setattr(encode_mod, "TEMPLATE_ROWS", 0)
+    elif request.param == "mixed":
+        monkeypatch.setattr(encode_mod, "TEMPLATE_BUDGET_ROWS", 40)
     return request.param
 
 
@@ -344,16 +347,20 @@ def test_property_random_spaces(kwargs, data):
 
 
 @settings(max_examples=25, deadline=None)
-@given(any_space())
-def test_property_products(kwargs):
-    """The same with whole blocks written as products of group parts (no templates)."""
-    saved = encode_mod.TEMPLATE_ROWS
-    encode_mod.TEMPLATE_ROWS = 0
+@given(any_space(), st.integers(1, 200))
+def test_property_products(kwargs, budget):
+    """The same with rows built from their ranks in the product of group parts (no
+    templates), and with templates for the first signatures only (a small budget)."""
+    saved = encode_mod.TEMPLATE_ROWS, encode_mod.TEMPLATE_BUDGET_ROWS
     try:
-        encoder = Encoder(make(**kwargs))
-        assert_same(encoder.encode_all(), encode_by_filter(encoder, np.arange(encoder.n_combinations)))
+        for rows, budget_rows in ((0, saved[1]), (saved[0], budget)):
+            encode_mod.TEMPLATE_ROWS, encode_mod.TEMPLATE_BUDGET_ROWS = rows, budget_rows
+            encoder = Encoder(make(**kwargs))
+            n = encoder.n_combinations
+            assert_same(encoder.encode_all(), encode_by_filter(encoder, np.arange(n)))
+            check_range(encoder, n // 3, n - n // 5)
     finally:
-        encode_mod.TEMPLATE_ROWS = saved
+        encode_mod.TEMPLATE_ROWS, encode_mod.TEMPLATE_BUDGET_ROWS = saved
 
 
 # --------------------------------------------------------------------------- a billion combinations
