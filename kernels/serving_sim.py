@@ -353,6 +353,10 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         res[S_TPOT] = tpot.mean()
         res[S_TPOT_P50] = np.percentile(tpot, 50.0)
         res[S_TPOT_P90] = np.percentile(tpot, 90.0)
+    else:  # every request ends with its first token: no time between tokens (the analytic tier's 0)
+        res[S_TPOT] = 0.0
+        res[S_TPOT_P50] = 0.0
+        res[S_TPOT_P90] = 0.0
     res[S_E2E] = e2e.mean()
     res[S_E2E_P90] = np.percentile(e2e, 90.0)
     res[S_MAKESPAN] = t

@@ -339,6 +339,18 @@ def test_one_request_equals_the_closed_form(fast):
     assert sim["iterations"] == 16 and sim["preemptions"] == 0
 
 
+def test_one_token_outputs_have_no_time_per_output_token(fast):
+    """Requests that end with their first token (output_len = 1) have no time between
+    tokens: TPOT is 0 in both tiers (the simulation used to leave NaN there), and TTFT
+    is still the prefill iteration."""
+    srv = toy_srv()
+    closed = analytic(fast, srv, workload(output_len=1.0))
+    sim, _ = run_sim(fast, srv, [512.0], [1.0], clients=1)
+    assert closed["tpot_s"] == 0.0
+    assert sim["tpot_s"] == sim["tpot_p50_s"] == sim["tpot_p90_s"] == 0.0
+    assert sim["ttft_s"] == pytest.approx(closed["ttft_s"], rel=REL) and sim["ttft_s"] > 0.0
+
+
 @pytest.mark.parametrize("scheduler", [ks.CONTINUOUS, ks.STATIC])
 def test_saturated_closed_loop_equals_the_waves(fast, scheduler):
     """16 users, batch 8, 64-token prompts (8 x 64 = 512 tokens: one prefill iteration),
