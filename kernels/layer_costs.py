@@ -169,7 +169,7 @@ def layer_key(tp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp, plac
 N_LAYER_KEY = 15
 
 
-@jit(parallel=True)
+@jit
 def layer_keys(tp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp, placement, dispatch, tbo, off_act, off_w,
                model):
     """(rows, N_LAYER_KEY) int32 array: each row's ``layer_key``."""

@@ -168,11 +168,18 @@ def row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimize
     step_sync_costs(costs, sh, zero, optimizer, schedule, placement, model, dev, tiers, work)
 
 
+@jit
+def step_flop(model, work) -> float:
+    """Model FLOP of one step: forward and backward (3x) of the global batch."""
+    return 3.0 * work.global_batch * model_flop_per_sequence(model, work.seq_len)
+
+
 @jit(inline=True)
 def row_outputs(costs, tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, optimizer, schedule, ep, etp, placement,
-                rc_layers, off_act, off_w, n_micro, model, dev, work, out) -> None:
-    """Fill ``out`` (length N_OUT) for one candidate from its ``costs``: the
-    stages' passes, the schedule's pipeline time, exposed communication, memory."""
+                rc_layers, off_act, off_w, n_micro, flop: float, model, dev, work, out) -> None:
+    """Fill ``out`` (length N_OUT) for one candidate from its ``costs`` and the
+    model FLOP of a step (``step_flop``): the stages' passes, the schedule's
+    pipeline time, exposed communication, memory."""
     sh = shape_of(tp, pp, dp, cp, mb, ep, etp, sp_flag, model, dev, work)
     v = float(vpp)
     m = float(n_micro)
@@ -208,7 +215,6 @@ def row_outputs(costs, tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, optimi
     out[O_BWD] = bn.bwd
     devices = sh.t * sh.p * sh.d * sh.c  # the row's cluster (a space may sweep several sizes)
     out[O_TOKENS] = work.global_batch * sh.s / (step * devices)
-    flop = 3.0 * work.global_batch * model_flop_per_sequence(model, sh.s)
     out[O_FLOP] = flop
     out[O_MFU] = flop / (step * devices * dev.peak_flops_per_s)
 
@@ -239,7 +245,7 @@ def evaluate_one(tp, pp, dp, cp, vpp, mb, recompute, sp_flag, tp_overlap, zero, 
     row_costs(tp, pp, dp, cp, mb, recompute, sp_flag, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
               dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work, costs)
     row_outputs(costs, tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, optimizer, schedule, ep, etp, placement,
-                rc_layers, off_act, off_w, n_micro, model, dev, work, out)
+                rc_layers, off_act, off_w, n_micro, step_flop(model, work), model, dev, work, out)
 
 
 #: columns of a ``step_key``
@@ -254,7 +260,7 @@ def step_key(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement):
             np.int32(1 if schedule == SCHEDULE_DUALPIPE else 0), np.int32(ep), np.int32(etp), np.int32(placement))
 
 
-@jit(parallel=True)
+@jit
 def step_keys(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement):
     """(rows, N_STEP_KEY) int32 array: each row's ``step_key``."""
     n = tp.shape[0]
@@ -266,7 +272,7 @@ def step_keys(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement):
     return keys
 
 
-@jit(parallel=True)
+@jit
 def step_sync_table(first, tp, pp, dp, cp, mb, sp, zero, optimizer, schedule, ep, etp, placement, model, dev, tiers,
                     work):
     """(groups, N_COST) array: ``step_sync_costs`` of each group's first row (the other slots 0)."""
@@ -294,6 +300,7 @@ def grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, 
     output rows; only scalars of the shared arrays are read and written in the
     loop (a view of one counts references to it, from every thread)."""
     n = tp.shape[0]
+    flop = step_flop(model[0], work[0])
     for b in prange((n + BLOCK_ROWS - 1) // BLOCK_ROWS):
         start = b * BLOCK_ROWS
         stop = min(n, start + BLOCK_ROWS)
@@ -312,7 +319,7 @@ def grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, 
             costs[C_P2P] = p2p_s(sh, tiers)
             row_outputs(costs, tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], zero[i], optimizer[i],
                         schedule[i], ep[i], etp[i], placement[i], rc_layers[i], off_act[i], off_w[i], n_micro[i],
-                        model[0], dev[0], work[0], rows[i - start])
+                        flop, model[0], dev[0], work[0], rows[i - start])
         for j in range(N_OUT):  # the block's outputs column by column: N_OUT runs of contiguous writes
             for i in range(start, stop):
                 out[j, i] = rows[i - start, j]
