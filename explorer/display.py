@@ -319,7 +319,7 @@ def kernel_cache_dir() -> Path:
 
 
 #: the row kernels every evaluation compiles first (module.function, as numba names the index files)
-ENTRY_KERNELS = ("training.evaluate_rows_into", "event_tier.simulate_rows")
+ENTRY_KERNELS = ("training.grouped_rows", "event_tier.simulate_rows")
 _announced = False
 
 

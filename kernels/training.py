@@ -325,21 +325,6 @@ def grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, 
                 out[j, i] = rows[i - start, j]
 
 
-@jit
-def evaluate_rows_into(out, tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp,
-                       placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work):
-    """``evaluate_rows`` into ``out`` (N_OUT, rows)."""
-    layer_group, layer_first = group_rows(layer_keys(tp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp,
-                                                     placement, dispatch, tbo, off_act, off_w, model))
-    layer_table = layer_cost_table(layer_first, tp, pp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp,
-                                   placement, dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work)
-    step_group, step_first = group_rows(step_keys(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement))
-    step_table = step_sync_table(step_first, tp, pp, dp, cp, mb, sp, zero, optimizer, schedule, ep, etp, placement,
-                                 model, dev, tiers, work)
-    grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, dp, cp, vpp, mb, recompute, sp, zero,
-                 optimizer, schedule, ep, etp, placement, rc_layers, off_act, off_w, n_micro, model, dev, tiers, work)
-
-
 def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp, placement,
                   dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work) -> np.ndarray:
     """Evaluate every row; returns an (n_rows, N_OUT) float64 array in OUTPUTS
@@ -347,11 +332,20 @@ def evaluate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
 
     The ``layer_costs`` of each distinct ``layer_key`` and the ``step_sync_costs``
     of each distinct ``step_key`` are computed once (``kernels.row_groups``); the
-    result equals ``evaluate_one`` on every row, bit for bit. The output is
-    allocated here, by numpy, which asks the kernel for huge pages: a million
-    rows' outputs are 250 MB, and faulting them in 4 KiB pages inside the kernel
-    took longer than computing them."""
+    result equals ``evaluate_one`` on every row, bit for bit. The kernels are
+    called from here, not from a jitted driver: numba segfaults calling a
+    parallel kernel from another cached kernel loaded from its cache (numba
+    issue 8578). The output is allocated by numpy, which asks for huge pages:
+    a million rows' outputs are 250 MB, and faulting them in 4 KiB pages inside
+    the kernel took longer than computing them."""
+    layer_group, layer_first = group_rows(layer_keys(tp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp,
+                                                     placement, dispatch, tbo, off_act, off_w, model))
+    layer_table = layer_cost_table(layer_first, tp, pp, dp, cp, mb, recompute, sp, tp_overlap, schedule, ep, etp,
+                                   placement, dispatch, tbo, off_act, off_w, model, dev, tiers, tiles, work)
+    step_group, step_first = group_rows(step_keys(tp, pp, dp, cp, zero, optimizer, schedule, ep, etp, placement))
+    step_table = step_sync_table(step_first, tp, pp, dp, cp, mb, sp, zero, optimizer, schedule, ep, etp, placement,
+                                 model, dev, tiers, work)
     out = np.empty((N_OUT, len(tp)), dtype=np.float64)
-    evaluate_rows_into(out, tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep, etp,
-                       placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work)
+    grouped_rows(out, layer_group, layer_table, step_group, step_table, tp, pp, dp, cp, vpp, mb, recompute, sp, zero,
+                 optimizer, schedule, ep, etp, placement, rc_layers, off_act, off_w, n_micro, model, dev, tiers, work)
     return out.T
