@@ -3,16 +3,18 @@ row that has it.
 
 Most of a candidate's cost vector (``kernels.cost_vector``) is what one layer
 costs on one device for one micro-batch: its attention, dense MLP or MoE layer,
-their TP / CP / EP communication and recompute, the embedding, LM head and MTP
-modules of the end stages. Those depend on a handful of a row's columns (the
-``layer_key``), not on the pipeline depth, virtual stages, micro-batch count,
-ZeRO stage, optimizer or offload that rows of a space mostly differ in: a space
-of 222,552 candidates holds a few hundred distinct layer keys. ``layer_groups``
-finds them (a hash table over the key), ``layer_cost_table`` evaluates each
-once, and the analytic tier (``kernels.training.evaluate_rows``) copies a
-row's group's vector and adds the slots that depend on the rest of the row
-(``kernels.training.step_costs``). ``kernels.training.row_costs`` runs both
-halves on one row, so the event tier and the per-row path give the same bits.
+their TP / CP / EP communication, recompute and host offload, and the
+embedding, LM head and MTP modules of the end stages (``layer_costs``). Those
+depend on a handful of a row's columns (its ``layer_key``), not on the
+pipeline depth, virtual stages, micro-batch count, ZeRO stage or optimizer
+that rows of a space mostly differ in: the 222,552 candidates of the Calculon
+benchmark space hold 1,536 layer keys. ``kernels.training.evaluate_rows``
+groups rows by ``layer_keys`` (``kernels.row_groups``), evaluates each group's
+first row once (``layer_cost_table``) and copies its vector to every row of
+the group; ``kernels.training.row_costs`` calls ``layer_costs`` on its one row,
+so the event tier and the per-row path give the same bits. With the layer
+costs once per group, the measured-GEMM-table lookup (``kernels.ops``) runs a
+few hundred times per chunk, not for every row's every GEMM.
 """
 
 from __future__ import annotations
