@@ -15,17 +15,9 @@ from hypothesis import strategies as st
 from paraspace.explorer.evaluate import analytic, pack
 from paraspace.results.schema import BY_NAME, STEP_PARTS
 from paraspace.spaces import catalog
-from paraspace.spaces.catalog import LoadedSpace
-from paraspace.spaces.encode import DIMENSIONS, Encoder
-from paraspace.spaces.enums import Schedule, labels
-from paraspace.spaces.schema import SpaceSpec, validate
-
-SPACES = tuple(catalog.names("space"))
-#: every dimension's values in the widened spaces: every enum label and flag, a few sizes
-WIDE = {"tp": [1, 2, 4, 8], "pp": [1, 2, 3, 4, 8, 16], "cp": [1, 2], "vpp": [1, 2, 3], "micro_batch": [1, 2],
-        "recompute_layers": [0, 2], "zero": [0, 1, 2, 3], "ep": [1, 2, 8, 16, 64], "expert_tp": [1, 2]}
-MOE_ONLY = ("ep", "expert_tp", "ep_placement", "dispatch", "tbo")
-
+from paraspace.spaces.encode import Encoder
+from paraspace.spaces.enums import Schedule
+from widened import SPACES, wide
 
 def parts_sum(metrics: dict[str, np.ndarray]) -> np.ndarray:
     return sum(metrics[name] for name in STEP_PARTS)
@@ -37,22 +29,6 @@ def catalog_rows(name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray
     space = catalog.load_space(name)
     enc = Encoder(space).encode_all()
     return enc.columns, analytic(pack(space), enc.columns)
-
-
-@functools.cache
-def wide(name: str) -> tuple[Encoder, object]:
-    """A catalog space's model, hardware and workload with every strategy dimension widened."""
-    space = catalog.load_space(name)
-    dims = {}
-    for dim in DIMENSIONS:
-        if dim.name in ("devices", "dp") or (space.model.moe is None and dim.name in MOE_ONLY):
-            continue  # devices: the space's first; dp derived; a dense model's expert dimensions at their defaults
-        dims[dim.name] = (labels(dim.enum) if dim.enum is not None else [False, True] if dim.boolean
-                          else WIDE[dim.name])
-    raw = {**space.raw, "devices": space.spec.device_counts[0], "dimensions": dims}
-    widened = LoadedSpace(spec=validate(SpaceSpec, raw, space.source), model=space.model, hardware=space.hardware,
-                          source=space.source, raw=raw)
-    return Encoder(widened), pack(widened)
 
 
 def test_every_part_is_a_seconds_column_and_step_time_names_them():
