@@ -66,6 +66,8 @@ m % p == 0; DualPipe an even p and an even m; DualPipe, PipeDream and ZB-H1 v = 
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from paraspace.kernels.codes import (
@@ -421,14 +423,93 @@ R_FORWARD, R_BACKWARD, R_WGRAD, R_DP_PARAM, R_DP_GRAD, R_Z3_GATHER, R_Z3_SCATTER
 #: recipe columns: the input, its (device, chunk) indices, and the share (parts, k)
 N_RECIPE = 5
 
+# --------------------------------------------------------------------------- the build's records
+# ``build_step_recipe``'s pieces are spliced into it at IR level
+# (``jit(inline=True)``) and take numba named tuples: ``Build``, every array the
+# build touches, and records of scalars (``StepShape``, ``StepCosts``, ``Device``,
+# ``Pass``). A spliced piece binds its arguments as new references, an atomic
+# incref and decref of every array in them, which LLVM's reference-count pruning
+# removes only where each pair is plain to see. Left in, they made the build
+# 5-10x slower per pass without changing a number, so the pieces keep to these
+# rules (tests/test_pipeline_refcounts.py fails when the build's loops keep any):
+#   - only ``Build`` holds arrays, so every binding releases them in one order;
+#   - a piece that takes ``Build`` uses it after its last branch on every path,
+#     and returns only at its end: it reads what it needs before branching on
+#     scalars, or loads the counters of ``Build.st`` at its start, works on
+#     locals (``_add_task`` / ``_add_edge`` take and return the next id) and
+#     stores them at its end;
+#   - no binding spans a loop body: the per-device and per-pass steps are
+#     written out in ``build_step_recipe``'s loops, and a piece's loops run
+#     inside it.
 
-@jit(inline=True)
-def _rec(rec, t: int, op: int, a: int, b: int, parts: int, k: int) -> None:
-    rec[t, 0] = op
-    rec[t, 1] = a
-    rec[t, 2] = b
-    rec[t, 3] = parts
-    rec[t, 4] = k
+#: What shapes a step's graph besides its durations: the schedule, p devices, v
+#: chunks, m micro-batches; n_positions = p v pipeline positions, n_ids micro-batch
+#: ids (``micro_ids``); the link tiers of the pipeline, data-parallel and EP
+#: traffic; n_buckets (>= 1) gradient / parameter buckets; tbo and halves (2 with
+#: two-batch overlap, else 1); ep_pairs; and the flags derived from the inputs:
+#: dual (DualPipe), steady (PipeDream), split (W passes of their own),
+#: reduce_grads (ZeRO-0/1/2 gradient reduction), gather_params (ZeRO-1/2
+#: parameter all-gather), z3 (ZeRO-3 traffic), has_ep (some chunk has EP traffic).
+StepShape = namedtuple("StepShape", ("schedule", "p", "v", "m", "n_positions", "n_ids", "n_tiers", "pp_tier",
+                                     "dp_tier", "ep_tier", "n_buckets", "tbo", "halves", "ep_pairs", "dual", "steady",
+                                     "split", "reduce_grads", "gather_params", "z3", "has_ep"))
+
+#: The step's scalar durations (``build_step_recipe``'s arguments): a pipeline
+#: send, a device's gradient reduction and ZeRO-1/2 parameter gather, ZeRO-3's
+#: gather and scatter per pass, the optimizer step.
+StepCosts = namedtuple("StepCosts", ("send_ns", "dp_grad_ns", "dp_param_ns", "z3_gather_ns", "z3_scatter_ns",
+                                     "optimizer_ns"))
+
+#: Every array of the build. Inputs: the per-chunk durations fwd_ns, bwd_ns,
+#: wgrad_ns, ep_ns (``build_step_recipe``). The graph under construction: the task
+#: columns, the edges (src -> dst), the duration recipe and links; ``st``, the
+#: build's counters and open state (``S_*``); ``ends``, per (``E_*``, position,
+#: micro-batch id) a pass's first task and its output. Per device, reused by each:
+#: its compute order (passes, chunks, micros), ZeRO-3's gather task of each pass,
+#: the held sends (``_HELD_*`` columns) and a DualPipe EP pair's pending forward
+#: (``_PEND_*``).
+Build = namedtuple("Build", ("fwd_ns", "bwd_ns", "wgrad_ns", "ep_ns",
+                             "dur", "res", "kind", "stage", "micro", "chunk", "src", "dst", "rec", "links", "st",
+                             "ends",
+                             "passes", "chunks", "micros", "z3_gathers", "held", "pend"))
+
+#: Build.st: tasks, edges and links created; the device's open data-parallel
+#: transfer (module docstring; -1: none); its sends held for a later pass; the
+#: task a held send also waits for (-1: none; a DualPipe EP pair's forward combine)
+S_TASKS, S_EDGES, S_LINKS, S_OPEN_DP, S_N_HELD, S_TAIL = range(6)
+N_STATE = 6
+
+#: Build.ends: a forward's first task, its output (its last piece, or its send) and
+#: its last piece; a backward's first task and output. -1 where the pass is outside
+#: the step (PipeDream's window: done in the previous period or later).
+E_F_FIRST, E_F_OUT, E_F_LAST, E_B_FIRST, E_B_OUT = range(5)
+N_ENDS = 5
+
+#: One device while its tasks are built: its index, streams (compute, bulk DP,
+#: pipeline sends, EP, and the critical stream of the DP tier, whose traffic shares
+#: the DP link), its compute order's length, first forward and last backward or
+#: W pass, and its first task id (its ZeRO-1/2 gathers start there; its
+#: data-parallel tasks are ids >= it).
+Device = namedtuple("Device", ("d", "compute", "dp_res", "send_res", "ep_res", "shared_res", "length",
+                               "first_forward", "last_backward", "first_task"))
+
+#: One pass of a device's compute order: its index o, pass kind (``F_PASS`` ...),
+#: chunk c, pipeline position vs, the durations' row and column (sd, sc: DualPipe's
+#: chunk runs stage vs), micro-batch id key (also the tasks' label; PipeDream: the
+#: window's first backward's micro-batch is 0), task kind, recipe op, compute
+#: time (total, without the experts) and expert compute, whether it has EP
+#: traffic, whether the device's parameter gather / gradient reduction is
+#: bucketed against it, and its number of compute pieces.
+Pass = namedtuple("Pass", ("o", "pass_kind", "c", "vs", "sd", "sc", "key", "task_kind", "op", "total", "experts",
+                           "ep_here", "gather_here", "reduce_here", "pieces"))
+
+#: Build.held columns: position, micro-batch id, 1 for a forward's output, chunk
+_HELD_VS, _HELD_KEY, _HELD_IS_F, _HELD_CHUNK = range(4)
+#: Build.pend (DualPipe's EP pair, kept from the forward to the backward after it):
+#: the forward's pre-expert compute (its last task; -1: no pair pending), experts,
+#: combine and dispatch durations, position, micro-batch id and chunk
+_PEND_PRE, _PEND_EXPERTS, _PEND_COMBINE, _PEND_DISPATCH, _PEND_VS, _PEND_KEY, _PEND_CHUNK = range(7)
+_N_PEND = 7
 
 
 @jit
@@ -449,38 +530,12 @@ def build_step_recipe(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgr
     ep_ns: int64[p, v, 4], per chunk pass of one micro-batch: the expert compute
     inside fwd_ns, the expert compute inside the backward pass (B: without its
     W where the backward is split), the EP dispatch and the EP combine traffic
-    (on tier ``ep_tier``). Where dispatch + combine > 0 a forward runs as
-    pre-expert compute -> dispatch -> experts -> combine and a backward as
-    combine's gradient -> experts -> dispatch's gradient -> the rest of its
-    compute (the layer's order backwards), the traffic
-    on the device's stream of ``ep_tier`` (shared with PP / DP traffic of that
-    tier); with ``tbo`` the expert part is split in two halves whose traffic
-    overlaps the other half's expert compute (two-batch overlap): dispatch
-    [D1 D2], experts [E1 after D1, E2 after D2], combine [C1 after E1, C2 after
-    E2] (backward: the same with combine and dispatch swapped), which exposes d + max(0, d - x) + max(0, c - x) + c of the halves'
-    d, c, x (``kernels.moe.two_batch_exposed_s``). A chunk's MoE layers enter
-    as one super-layer (their parts summed): for identical layers this is
-    exact for the traffic and compute of a pass, and with TBO too (the exposed
-    time is homogeneous in d, c, x, so L layers expose L times one layer's);
-    it gives up only the interleaving of the layers' traffic with the pass's
-    other compute, which runs before (forward) or after (backward) it.
-    DualPipe with ``ep_pairs``: an overlapped F&B chunk (``_dualpipe_holds``)
-    whose two passes both have EP traffic runs jointly, as DeepSeek-V3's
-    Figure 4 pairs a layer's forward with another's backward: compute F_pre
-    (the forward's compute before its experts), B_exp, F_exp, B_rest; EP
-    stream C_B (combine's gradient, on the backward's inputs), D_F (after
-    F_pre), D_B (after B_exp), C_F (after F_exp); B_exp after C_B, F_exp after
-    D_F, B_rest after D_B. One pass's traffic so hides behind the other's
-    compute: the pair exposes max(0, c_B - pre_F) + max(0, d_F - x_B) +
-    max(0, d_B - x_F) (+ max(0, c_F - rest_B) where nothing follows) instead
-    of all four transfers, and the forward's experts wait for the backward's
-    inputs (the reference's overlapped chunk waits for both receives before
-    it starts), which can make a pair end later than the two passes run one
-    after the other where the backward's input comes late (uneven stages;
-    tests/test_schedules_extra.py). With ``tbo`` a pair runs so only where
-    ``_ep_pair_next`` finds it exposes no more than the passes' halves.
-    Without ``ep_pairs``, and for unpaired passes (warm-up, cool-down), each
-    pass runs its EP part alone, as in the other schedules.
+    (on tier ``ep_tier``); where dispatch + combine > 0 a pass runs its MoE
+    part as ``_moe_part`` describes, with ``tbo`` in two overlapped halves.
+    DualPipe with ``ep_pairs``: an overlapped F&B chunk whose two passes both
+    have EP traffic runs jointly (``_ep_pair_tasks``); without ``ep_pairs``,
+    and for unpaired passes (warm-up, cool-down), each pass runs its MoE part
+    alone, as in the other schedules.
     Returns ((dur_ns, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx,
     n_pred, order_ptr, order_idx, n_resources), (recipe, links)): recipe[t] says
     which input task t's duration is a share of (``R_*``, its device and chunk, the
@@ -488,254 +543,490 @@ def build_step_recipe(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgr
     transfer, critical transfer) pairs whose durations add (``_share_link``), so
     that ``recipe_durations`` rebuilds ``dur_ns`` from other inputs of the same
     structure (``kernels.event_tier``: rows sharing a graph).
+
+    Per device, in its program order: the data-parallel gathers that start its
+    step; per pass of its compute order, its MoE part where it comes first (a
+    backward's, or a DualPipe pair's), its compute pieces, its MoE part where
+    it comes last (a forward's, unless left to a pair), the sends it holds or
+    releases and the data-parallel traffic it releases; its optimizer step.
+    Then the dependencies between passes, and the graph's arrays.
     """
-    P = p * v  # positions along a micro-batch's pipeline
-    per_dev = passes_per_device(schedule, v, m)
-    dual = schedule == SCHEDULE_DUALPIPE
-    steady = schedule == SCHEDULE_PIPEDREAM
-    n_ids = micro_ids(schedule, p, m)
-    nb = max(n_buckets, 1)
-    reduce_grads = zero < 3 and dp_grad_ns > 0
-    gather_params = 1 <= zero < 3 and dp_param_ns > 0
-    z3 = zero >= 3 and (z3_gather_ns > 0 or z3_scatter_ns > 0)
+    costs = StepCosts(send_ns, dp_grad_ns, dp_param_ns, z3_gather_ns, z3_scatter_ns, optimizer_ns)
+    shape = _step_shape(schedule, p, v, m, n_tiers, pp_tier, dp_tier, ep_tier, zero, n_buckets, tbo, ep_pairs, costs,
+                        ep_ns)
+    b = _alloc_build(shape, fwd_ns, bwd_ns, wgrad_ns, ep_ns)
+    ends = b.ends
+    for d in range(p):
+        length = compute_order(schedule, p, v, m, d, b.passes, b.chunks, b.micros)
+        dev = _start_device(shape, b, d, length)
+        _device_gathers(shape, costs, b, dev)
+        for o in range(length):
+            ps = _pass_of(shape, b, dev, o)
+            is_f = ps.pass_kind == F_PASS
+            is_b = ps.pass_kind == B_PASS
+            # a forward opening a DualPipe EP pair leaves its MoE part to the backward after it
+            pair_f = False
+            if shape.ep_pairs and shape.dual and ps.ep_here and is_f and ps.pieces == 1:
+                pair_f = _ep_pair_next(shape, b, dev, o)
+            first = b.st[S_TASKS]
+            prev = -1
+            if ps.ep_here and is_b:
+                if b.pend[_PEND_PRE] >= 0:
+                    prev = _ep_pair_tasks(b, dev, ps)
+                else:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
+                    prev = _moe_part(shape, b, dev, ps, -1)
+            prev = _compute_pieces(shape, costs, b, dev, ps, prev)
+            if pair_f:
+                _defer_moe_part(b, ps, prev)
+            elif ps.ep_here and is_f:  # then dispatch -> experts -> combine
+                prev = _moe_part(shape, b, dev, ps, prev)
+            if is_b:
+                ends[E_B_FIRST, ps.vs, ps.key] = first
+                ends[E_B_OUT, ps.vs, ps.key] = prev
+            elif is_f:
+                ends[E_F_FIRST, ps.vs, ps.key] = first
+                ends[E_F_OUT, ps.vs, ps.key] = prev
+                ends[E_F_LAST, ps.vs, ps.key] = prev
+            _pass_sends(shape, costs, b, dev, ps, prev)
+            _release_dp(shape, costs, b, dev, ps, prev)
+        _optimizer_step(shape, costs, b, dev)
+    _pass_chain_edges(shape, b)
+    return _finish_graph(shape, b)
+
+
+@jit(inline=True)
+def _step_shape(schedule: int, p: int, v: int, m: int, n_tiers: int, pp_tier: int, dp_tier: int, ep_tier: int,
+                zero: int, n_buckets: int, tbo: int, ep_pairs: bool, costs, ep_ns) -> StepShape:
+    """The ``StepShape`` of a step's inputs."""
     has_ep = False
     for d in range(p):
         for c in range(v):
             if ep_ns[d, c, 2] + ep_ns[d, c, 3] > 0:
                 has_ep = True
-    halves = 2 if tbo != 0 else 1
+    reduce_grads = zero < 3 and costs.dp_grad_ns > 0
+    gather_params = 1 <= zero < 3 and costs.dp_param_ns > 0
+    z3 = zero >= 3 and (costs.z3_gather_ns > 0 or costs.z3_scatter_ns > 0)
+    return StepShape(schedule, p, v, m, p * v, micro_ids(schedule, p, m), n_tiers, pp_tier, dp_tier, ep_tier,
+                     max(n_buckets, 1), tbo, 2 if tbo != 0 else 1, ep_pairs, schedule == SCHEDULE_DUALPIPE,
+                     schedule == SCHEDULE_PIPEDREAM, split_backward(schedule), reduce_grads, gather_params, z3, has_ep)
+
+
+@jit(inline=True)
+def _alloc_build(shape, fwd_ns, bwd_ns, wgrad_ns, ep_ns) -> Build:
+    """A ``Build`` of the inputs with room for every task, edge and link of the
+    step, nothing created, no pass built."""
+    per_dev = passes_per_device(shape.schedule, shape.v, shape.m)
+    nb = shape.n_buckets
     # per device: passes, + nb gathers and nb reductions, + (nb - 1) extra pieces of
     # the first forward and of the last backward, + the optimizer; sends; ZeRO-3
     # gathers (every pass) and scatters (every backward)
     # EP: up to 3 halves' extra tasks per F / B pass (experts, dispatch, combine)
-    cap = p * (per_dev + 4 * nb + 1) + 2 * P * m + (p * 2 * per_dev if z3 else 0) + (
-        p * per_dev * 3 * halves if has_ep else 0)
-    dur = np.empty(cap, dtype=np.int64)
-    res = np.empty(cap, dtype=np.int32)
-    kind = np.empty(cap, dtype=np.int8)
-    stage = np.empty(cap, dtype=np.int32)
-    micro = np.empty(cap, dtype=np.int32)
-    chunk = np.empty(cap, dtype=np.int32)
+    cap = shape.p * (per_dev + 4 * nb + 1) + 2 * shape.n_positions * shape.m + (
+        shape.p * 2 * per_dev if shape.z3 else 0) + (shape.p * per_dev * 3 * shape.halves if shape.has_ep else 0)
     e_cap = 4 * cap
-    src = np.empty(e_cap, dtype=np.int32)
-    dst = np.empty(e_cap, dtype=np.int32)
-    rec = np.full((cap, N_RECIPE), R_NONE, dtype=np.int32)
-    links = np.empty((cap, 2), dtype=np.int32)
-    n_links = 0
-    # per (position, micro-batch id) the pass's first task and its output; -1 where the
-    # pass is outside the step (PipeDream's window: done in the previous period or later)
-    f_first = np.full((P, n_ids), -1, dtype=np.int64)
-    f_out = np.full((P, n_ids), -1, dtype=np.int64)  # the forward's last piece, or its send
-    b_first = np.full((P, n_ids), -1, dtype=np.int64)
-    b_out = np.full((P, n_ids), -1, dtype=np.int64)
-    f_last = np.full((P, n_ids), -1, dtype=np.int64)
-    z3_gathers = np.full(per_dev, -1, dtype=np.int64)  # ZeRO-3: the gather task of each pass
-    held = np.zeros((4, 5), dtype=np.int64)  # sends to create: (position, micro-batch id, is forward, label, chunk)
-    passes = np.zeros(per_dev, dtype=np.int32)
-    chunks = np.zeros(per_dev, dtype=np.int32)
-    micros = np.zeros(per_dev, dtype=np.int32)
-    # DualPipe's EP pair (see above): the forward's pre-expert compute (its last task), experts,
-    # dispatch, combine, position, id, label and chunk, kept from the forward to the backward
-    pend = np.full(8, -1, dtype=np.int64)
-    n_res = p * streams_per_device(n_tiers)
-    n = 0
-    n_e = 0
-    for d in range(p):
-        compute = d * streams_per_device(n_tiers)
-        dp_res = bulk_stream(d, n_tiers, dp_tier)
-        send_res = comm_stream(d, n_tiers, pp_tier)
-        ep_res = comm_stream(d, n_tiers, ep_tier)
-        shared_res = comm_stream(d, n_tiers, dp_tier)  # critical traffic that shares the DP tier's NIC
-        open_dp = -1  # the data-parallel transfer whose window is open (see the module docstring)
-        length = compute_order(schedule, p, v, m, d, passes, chunks, micros)
-        reductions_from = n  # dp tasks of this device are ids >= this (the optimizer waits on them)
-        gathers = n
-        first_forward = _first_forward(passes, length)
-        last_backward = _last_backward(passes, length)
-        n_held = 0  # sends waiting for the end of a later pass (DualPipe)
-        tail = -1  # a held send also waits for this task (a paired forward's combine, DualPipe)
-        pend[0] = -1
-        if gather_params:  # ZeRO-1/2: bucketed parameter all-gather ahead of the first forward
-            for k in range(nb):
-                open_dp = n
-                _rec(rec, n, R_DP_PARAM, 0, 0, nb, k)
-                n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_param_ns, nb, k), dp_res, K_DP, d, -1, -1)
-        if z3:  # ZeRO-3: the first two passes' gathers start the step
-            for o in range(min(2, length)):
-                if passes[o] == W_PASS:
-                    continue
-                z3_gathers[o] = open_dp = n
-                _rec(rec, n, R_Z3_GATHER, 0, 0, 1, 0)
-                n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o], chunks[o])
-        split = split_backward(schedule)
-        for o in range(length):
-            is_f = passes[o] == F_PASS
-            is_b = passes[o] == B_PASS
-            is_w = passes[o] == W_PASS
-            c = chunks[o]
-            vs = chain_position(schedule, p, d, c)
-            sd = vs if dual else d  # the durations' row and column: DualPipe's chunk runs stage vs
-            sc = 0 if dual else c
-            key = micros[o] + 1 if steady else micros[o]  # id of the micro-batch in the arrays above
-            i = key  # the task's micro-batch label (PipeDream: the window's first backward's micro-batch is 0)
-            gather_here = gather_params and o == first_forward
-            reduce_here = reduce_grads and o == last_backward
-            pieces = nb if (gather_here or reduce_here) else 1
-            if is_f:
-                total = fwd_ns[sd, sc]
-                task_kind = K_FORWARD
-            elif is_b:
-                total = bwd_ns[sd, sc] - wgrad_ns[sd, sc] if split else bwd_ns[sd, sc]
-                task_kind = K_BACKWARD
-            else:
-                total = wgrad_ns[sd, sc]
-                task_kind = K_WEIGHT_GRAD
-            ep_here = has_ep and not is_w and ep_ns[sd, sc, 2] + ep_ns[sd, sc, 3] > 0
-            experts = 0
-            if ep_here:  # the pass's compute before its EP traffic; the experts run between the transfers
-                experts = min(ep_ns[sd, sc, 0 if is_f else 1], total)
-                total -= experts
-            # a forward opening a DualPipe EP pair leaves its MoE part to the backward after it
-            pair_f = (ep_pairs and dual and ep_here and is_f and pieces == 1
-                      and _ep_pair_next(passes, chunks, o, length, p, d, fwd_ns, bwd_ns, wgrad_ns, ep_ns, tbo,
-                                        reduce_grads, last_backward))
-            first = n
-            prev = -1
-            if ep_here and is_b and pend[0] >= 0:  # the pair's MoE parts, interleaved (see the docstring)
-                made = n
-                cb = n
-                n = _task(dur, res, kind, stage, micro, chunk, n, ep_ns[sd, sc, 3], ep_res, K_EP, d, i, c)
-                bx = n
-                n = _task(dur, res, kind, stage, micro, chunk, n, experts, compute, task_kind, d, i, c)
-                n_e = _edge(src, dst, n_e, cb, bx)
-                df = n
-                n = _task(dur, res, kind, stage, micro, chunk, n, pend[3], ep_res, K_EP, d, pend[6], pend[7])
-                n_e = _edge(src, dst, n_e, pend[0], df)
-                fx = n
-                n = _task(dur, res, kind, stage, micro, chunk, n, pend[1], compute, K_FORWARD, d, pend[6], pend[7])
-                n_e = _edge(src, dst, n_e, df, fx)
-                db = n
-                n = _task(dur, res, kind, stage, micro, chunk, n, ep_ns[sd, sc, 2], ep_res, K_EP, d, i, c)
-                n_e = _edge(src, dst, n_e, bx, db)
-                tail = n  # C_F: the forward's output; its held send waits for it too
-                n = _task(dur, res, kind, stage, micro, chunk, n, pend[2], ep_res, K_EP, d, pend[6], pend[7])
-                n_e = _edge(src, dst, n_e, fx, tail)
-                n_links = _share_link(dur, res, made, n, shared_res, open_dp, links, n_links)
-                f_out[pend[4], pend[5]] = tail
-                f_last[pend[4], pend[5]] = tail
-                pend[0] = -1
-                prev = db
-            elif ep_here and is_b:  # the MoE part first: combine's gradient -> experts -> dispatch's gradient
-                made = n
-                n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, -1, ep_ns[sd, sc, 3],
-                                   experts, ep_ns[sd, sc, 2], halves, ep_res, compute, task_kind, d, i, c)
-                n_links = _share_link(dur, res, made, n, shared_res, open_dp, links, n_links)
-                prev = n - 1
-            for k in range(pieces):
-                piece = n
-                _rec(rec, n, R_FORWARD if is_f else (R_BACKWARD if is_b else R_WGRAD), sd, sc, pieces, k)
-                n = _task(dur, res, kind, stage, micro, chunk, n, _share(total, pieces, k), compute, task_kind, d, i, c)
-                if prev >= 0:
-                    n_e = _edge(src, dst, n_e, prev, piece)
-                if gather_here:
-                    n_e = _edge(src, dst, n_e, gathers + k, piece)
-                    if open_dp == gathers + k:  # consumed
-                        open_dp = -1
-                if z3 and k == 0 and z3_gathers[o] >= 0:
-                    n_e = _edge(src, dst, n_e, z3_gathers[o], piece)
-                    if open_dp == z3_gathers[o]:
-                        open_dp = -1
-                if reduce_here and k < pieces - 1:  # bucket k of the gradients is final: reduce it
-                    rid = open_dp = n
-                    _rec(rec, n, R_DP_GRAD, 0, 0, nb, k)
-                    n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, k), dp_res, K_DP, d, -1, -1)
-                    n_e = _edge(src, dst, n_e, piece, rid)
-                prev = piece
-            if pair_f:  # the MoE part runs with the backward's (above, next pass)
-                pend[0] = prev
-                pend[1] = experts
-                pend[2] = ep_ns[sd, sc, 3]
-                pend[3] = ep_ns[sd, sc, 2]
-                pend[4] = vs
-                pend[5] = key
-                pend[6] = i
-                pend[7] = c
-            elif ep_here and is_f:  # then dispatch -> experts -> combine
-                made = n
-                n, n_e = _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n, n_e, prev, ep_ns[sd, sc, 2],
-                                   experts, ep_ns[sd, sc, 3], halves, ep_res, compute, task_kind, d, i, c)
-                n_links = _share_link(dur, res, made, n, shared_res, open_dp, links, n_links)
-                prev = n - 1
-            out = prev
-            if is_b:
-                b_first[vs, key] = first
-                b_out[vs, key] = out
-            elif is_f:
-                f_first[vs, key] = first
-                f_out[vs, key] = out
-                f_last[vs, key] = prev
-            if (is_f and vs < P - 1) or (is_b and vs > 0):  # this pass's output goes to the next position
-                n_held = _hold(held, n_held, vs, key, is_f, i, c)
-            # DualPipe's F&B chunks and a B with its W send their outputs after the next pass
-            if not (dual and _dualpipe_holds(passes, chunks, micros, o, length)):
-                for h in range(n_held):  # the outputs held so far leave after this pass, in pass order
-                    sid = prev
-                    if send_ns > 0 or tail >= 0:  # (a send of 0 ns joins the pair's two ends)
-                        sid = n
-                        _rec(rec, n, R_SEND, 0, 0, 1, 0)
-                        n = _task(dur, res, kind, stage, micro, chunk, n, send_ns, send_res, K_PP, d, held[h, 3],
-                                  held[h, 4])
-                        n_e = _edge(src, dst, n_e, prev, sid)
-                        if tail >= 0:
-                            n_e = _edge(src, dst, n_e, tail, sid)
-                        n_links = _share_link(dur, res, sid, n, shared_res, open_dp, links, n_links)
-                    if held[h, 2] == 1:
-                        f_out[held[h, 0], held[h, 1]] = sid
-                    else:
-                        b_out[held[h, 0], held[h, 1]] = sid
-                n_held = 0
-                tail = -1
-            # the data-parallel traffic this pass releases
-            if reduce_here:  # the last bucket
-                rid = open_dp = n
-                _rec(rec, n, R_DP_GRAD, 0, 0, nb, nb - 1)
-                n = _task(dur, res, kind, stage, micro, chunk, n, _share(dp_grad_ns, nb, nb - 1), dp_res, K_DP, d, -1,
-                          -1)
-                n_e = _edge(src, dst, n_e, prev, rid)
-            if z3 and o + 2 < length and passes[o + 2] != W_PASS:  # gather the pass after next, ahead of a scatter
-                gid = open_dp = n
-                z3_gathers[o + 2] = gid
-                _rec(rec, n, R_Z3_GATHER, 0, 0, 1, 0)
-                n = _task(dur, res, kind, stage, micro, chunk, n, z3_gather_ns, dp_res, K_DP, d, micros[o + 2],
-                          chunks[o + 2])
-                n_e = _edge(src, dst, n_e, prev, gid)
-            if z3 and ((is_b and not split) or is_w):  # this pass's weight gradients are final
-                rid = open_dp = n
-                _rec(rec, n, R_Z3_SCATTER, 0, 0, 1, 0)
-                n = _task(dur, res, kind, stage, micro, chunk, n, z3_scatter_ns, dp_res, K_DP, d, i, c)
-                n_e = _edge(src, dst, n_e, prev, rid)
-        # the optimizer step closes the device's step, after all of its reductions
-        opt = n
-        _rec(rec, n, R_OPTIMIZER, 0, 0, 1, 0)
-        n = _task(dur, res, kind, stage, micro, chunk, n, optimizer_ns, compute, K_OPTIMIZER, d, -1, -1)
-        for j in range(reductions_from, opt):
-            if kind[j] == K_DP and (j < gathers or j >= gathers + (nb if gather_params else 0)):
-                n_e = _edge(src, dst, n_e, j, opt)
-    for vs in range(P):
-        for i in range(n_ids):  # dependencies between passes of the step (all of them but PipeDream's)
-            if vs < P - 1 and f_out[vs, i] >= 0 and f_first[vs + 1, i] >= 0:
-                n_e = _edge(src, dst, n_e, f_out[vs, i], f_first[vs + 1, i])
-            if vs > 0 and b_out[vs, i] >= 0 and b_first[vs - 1, i] >= 0:
-                n_e = _edge(src, dst, n_e, b_out[vs, i], b_first[vs - 1, i])
-            if f_last[vs, i] >= 0 and b_first[vs, i] >= 0:
-                n_e = _edge(src, dst, n_e, f_last[vs, i], b_first[vs, i])
-    succ_ptr, succ_idx, n_pred = csr_from_edges(n, src[:n_e], dst[:n_e])
-    # tasks are created in each device's program order, so ids already follow
-    # every stream's order
-    order_ptr, order_idx = order_by_id(n_res, res[:n])
+    st = np.zeros(N_STATE, dtype=np.int64)
+    st[S_OPEN_DP] = -1
+    st[S_TAIL] = -1
+    return Build(fwd_ns, bwd_ns, wgrad_ns, ep_ns,
+                 np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int8),
+                 np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32),
+                 np.empty(e_cap, dtype=np.int32), np.empty(e_cap, dtype=np.int32),
+                 np.full((cap, N_RECIPE), R_NONE, dtype=np.int32), np.empty((cap, 2), dtype=np.int32), st,
+                 np.full((N_ENDS, shape.n_positions, shape.n_ids), -1, dtype=np.int64),
+                 np.zeros(per_dev, dtype=np.int32), np.zeros(per_dev, dtype=np.int32),
+                 np.zeros(per_dev, dtype=np.int32), np.full(per_dev, -1, dtype=np.int64),
+                 np.zeros((4, 4), dtype=np.int64), np.full(_N_PEND, -1, dtype=np.int64))
+
+
+@jit(inline=True)
+def _start_device(shape, b, d: int, length: int) -> Device:
+    """Device d about to be built, its compute order (``length`` passes) in ``b``:
+    its streams, first forward and last backward, and first task id; no
+    data-parallel transfer open, no send held, no pair pending.
+    ``b.z3_gathers`` is not reset: where an earlier device gathered for pass
+    index o and this device's pass o is a W (which gathers nothing), that W
+    waits for the other device's gather (``_compute_pieces``), a spurious
+    cross-device edge of ZeRO-3 with ZB-H1 or DualPipe kept as it was."""
+    first_forward = -1
+    last_backward = -1  # the last backward or W pass: its gradients are final after it
+    for o in range(length):
+        if b.passes[o] == F_PASS and first_forward < 0:
+            first_forward = o
+        if b.passes[o] != F_PASS:
+            last_backward = o
+    b.st[S_OPEN_DP] = -1
+    b.st[S_N_HELD] = 0
+    b.st[S_TAIL] = -1
+    b.pend[_PEND_PRE] = -1
+    first_task = b.st[S_TASKS]
+    nt = shape.n_tiers
+    return Device(d, d * streams_per_device(nt), bulk_stream(d, nt, shape.dp_tier), comm_stream(d, nt, shape.pp_tier),
+                  comm_stream(d, nt, shape.ep_tier), comm_stream(d, nt, shape.dp_tier), length, first_forward,
+                  last_backward, first_task)
+
+
+@jit(inline=True)
+def _device_gathers(shape, costs, b, dev) -> None:
+    """ZeRO-1/2: the bucketed parameter all-gather ahead of the first forward (its
+    buckets are the device's first tasks); ZeRO-3: the first two passes' gathers."""
+    n = b.st[S_TASKS]
+    if shape.gather_params:
+        nb = shape.n_buckets
+        for k in range(nb):
+            n = _dp_task(b, dev, n, _share(costs.dp_param_ns, nb, k), R_DP_PARAM, nb, k, -1, -1)
+    if shape.z3:
+        for o in range(min(2, dev.length)):
+            if b.passes[o] != W_PASS:
+                b.z3_gathers[o] = n
+                n = _dp_task(b, dev, n, costs.z3_gather_ns, R_Z3_GATHER, 1, 0, b.micros[o], b.chunks[o])
+    b.st[S_TASKS] = n
+
+
+@jit(inline=True)
+def _pass_of(shape, b, dev, o: int) -> Pass:
+    """The ``Pass`` at index o of the device's compute order (every read of ``b``
+    before the branches: the records' rules)."""
+    pass_kind = b.passes[o]
+    c = b.chunks[o]
+    micro = b.micros[o]
+    vs = chain_position(shape.schedule, shape.p, dev.d, c)
+    sd = vs if shape.dual else dev.d  # the durations' row and column: DualPipe's chunk runs stage vs
+    sc = 0 if shape.dual else c
+    fwd = b.fwd_ns[sd, sc]
+    bwd = b.bwd_ns[sd, sc]
+    wgrad = b.wgrad_ns[sd, sc]
+    experts_f = b.ep_ns[sd, sc, 0]
+    experts_b = b.ep_ns[sd, sc, 1]
+    traffic = b.ep_ns[sd, sc, 2] + b.ep_ns[sd, sc, 3]
+    key = micro + 1 if shape.steady else micro
+    gather_here = shape.gather_params and o == dev.first_forward
+    reduce_here = shape.reduce_grads and o == dev.last_backward
+    pieces = shape.n_buckets if (gather_here or reduce_here) else 1
+    if pass_kind == F_PASS:
+        total = fwd
+        task_kind = K_FORWARD
+        op = R_FORWARD
+    elif pass_kind == B_PASS:
+        total = bwd - wgrad if shape.split else bwd
+        task_kind = K_BACKWARD
+        op = R_BACKWARD
+    else:
+        total = wgrad
+        task_kind = K_WEIGHT_GRAD
+        op = R_WGRAD
+    ep_here = shape.has_ep and pass_kind != W_PASS and traffic > 0
+    experts = 0
+    if ep_here:  # the pass's compute before its EP traffic; the experts run between the transfers
+        experts = min(experts_f if pass_kind == F_PASS else experts_b, total)
+        total -= experts
+    return Pass(o, pass_kind, c, vs, sd, sc, key, task_kind, op, total, experts, ep_here, gather_here, reduce_here,
+                pieces)
+
+
+@jit(inline=True)
+def _compute_pieces(shape, costs, b, dev, ps, prev: int) -> int:
+    """The pass's compute, after task ``prev`` (if any): one task, or ``n_buckets``
+    pieces where the device's parameter gather or gradient reduction is bucketed
+    against it (piece k waits for gather bucket k; reduction bucket k follows
+    piece k, the last one left to ``_release_dp``); the first piece waits for
+    the pass's ZeRO-3 gather. Returns the last piece."""
+    nb = shape.n_buckets
+    z3_gather = b.z3_gathers[ps.o] if shape.z3 else -1
+    n = b.st[S_TASKS]
+    n_e = b.st[S_EDGES]
+    for k in range(ps.pieces):
+        piece = n
+        n = _add_task(b, n, _share(ps.total, ps.pieces, k), dev.compute, ps.task_kind, dev.d, ps.key, ps.c)
+        _rec(b.rec, piece, ps.op, ps.sd, ps.sc, ps.pieces, k)
+        if prev >= 0:
+            n_e = _add_edge(b, n_e, prev, piece)
+        if ps.gather_here:
+            n_e = _consume_dp(b, n_e, dev.first_task + k, piece)
+        if k == 0 and z3_gather >= 0:
+            n_e = _consume_dp(b, n_e, z3_gather, piece)
+        if ps.reduce_here and k < ps.pieces - 1:  # bucket k of the gradients is final: reduce it
+            rid = n
+            n = _dp_task(b, dev, n, _share(costs.dp_grad_ns, nb, k), R_DP_GRAD, nb, k, -1, -1)
+            n_e = _add_edge(b, n_e, piece, rid)
+        prev = piece
+    b.st[S_TASKS] = n
+    b.st[S_EDGES] = n_e
+    return prev
+
+
+@jit(inline=True)
+def _moe_part(shape, b, dev, ps, after: int) -> int:
+    """One pass's MoE part on its own, after task ``after`` if any. A forward runs
+    pre-expert compute -> dispatch -> experts -> combine, a backward combine's
+    gradient -> experts -> dispatch's gradient -> the rest of its compute (the
+    layer's order backwards), the traffic on the device's stream of the EP tier
+    (shared with PP / DP traffic of that tier). With two-batch overlap the part
+    is split in two halves whose traffic overlaps the other half's expert
+    compute: first transfers [D1 D2] back to back, experts [E1 after D1, E2
+    after D2], second transfers [C1 after E1, C2 after E2] (backward: combine
+    and dispatch swapped), which exposes d + max(0, d - x) + max(0, c - x) + c
+    of the halves' d, c, x (``kernels.moe.two_batch_exposed_s``). A chunk's MoE
+    layers enter as one super-layer (their parts summed): for identical layers
+    this is exact for the traffic and compute of a pass, and with TBO too (the
+    exposed time is homogeneous in d, c, x, so L layers expose L times one
+    layer's); it gives up only the interleaving of the layers' traffic with the
+    pass's other compute, which runs before (forward) or after (backward) it.
+    Returns the last task, the last half's second transfer."""
+    is_f = ps.pass_kind == F_PASS
+    first_ns = b.ep_ns[ps.sd, ps.sc, 2 if is_f else 3]
+    second_ns = b.ep_ns[ps.sd, ps.sc, 3 if is_f else 2]
+    halves = shape.halves
+    n = b.st[S_TASKS]
+    made = n
+    n_e = b.st[S_EDGES]
+    for hv in range(halves):
+        n = _add_task(b, n, _share(first_ns, halves, hv), dev.ep_res, K_EP, dev.d, ps.key, ps.c)
+        if after >= 0:
+            n_e = _add_edge(b, n_e, after, n - 1)
+    for hv in range(halves):
+        xid = n
+        n = _add_task(b, n, _share(ps.experts, halves, hv), dev.compute, ps.task_kind, dev.d, ps.key, ps.c)
+        n_e = _add_edge(b, n_e, made + hv, xid)
+        n = _add_task(b, n, _share(second_ns, halves, hv), dev.ep_res, K_EP, dev.d, ps.key, ps.c)
+        n_e = _add_edge(b, n_e, xid, n - 1)
+    b.st[S_TASKS] = n
+    b.st[S_EDGES] = n_e
+    _share_link(b, made, n, dev.shared_res)
+    return n - 1
+
+
+@jit(inline=True)
+def _defer_moe_part(b, ps, prev: int) -> None:
+    """Keep a pair's forward MoE part (``Build.pend``) for the backward after it."""
+    b.pend[_PEND_PRE] = prev
+    b.pend[_PEND_EXPERTS] = ps.experts
+    b.pend[_PEND_COMBINE] = b.ep_ns[ps.sd, ps.sc, 3]
+    b.pend[_PEND_DISPATCH] = b.ep_ns[ps.sd, ps.sc, 2]
+    b.pend[_PEND_VS] = ps.vs
+    b.pend[_PEND_KEY] = ps.key
+    b.pend[_PEND_CHUNK] = ps.c
+
+
+@jit(inline=True)
+def _ep_pair_tasks(b, dev, ps) -> int:
+    """A DualPipe EP pair's MoE parts, at the start of the pair's backward ``ps``.
+    An overlapped F&B chunk (``_dualpipe_holds``) whose two passes both have EP
+    traffic runs jointly, as DeepSeek-V3's Figure 4 pairs a layer's forward with
+    another's backward: compute F_pre (the forward's compute before its
+    experts, already built), B_exp, F_exp, B_rest; EP stream C_B (combine's
+    gradient, on the backward's inputs), D_F (after F_pre), D_B (after B_exp),
+    C_F (after F_exp); B_exp after C_B, F_exp after D_F, B_rest after D_B. One
+    pass's traffic so hides behind the other's compute: the pair exposes
+    max(0, c_B - pre_F) + max(0, d_F - x_B) + max(0, d_B - x_F) (+ max(0, c_F -
+    rest_B) where nothing follows) instead of all four transfers, and the
+    forward's experts wait for the backward's inputs (the reference's
+    overlapped chunk waits for both receives before it starts), which can make
+    a pair end later than the two passes run one after the other where the
+    backward's input comes late (uneven stages; tests/test_schedules_extra.py).
+    With two-batch overlap a pair runs so only where ``_ep_pair_next`` finds it
+    exposes no more than the passes' halves. C_F is the forward's output (its
+    held send waits for it too). Returns D_B, which B_rest follows."""
+    f_key = b.pend[_PEND_KEY]
+    f_chunk = b.pend[_PEND_CHUNK]
+    cb = b.st[S_TASKS]
+    made = cb
+    n_e = b.st[S_EDGES]
+    n = _add_task(b, cb, b.ep_ns[ps.sd, ps.sc, 3], dev.ep_res, K_EP, dev.d, ps.key, ps.c)
+    bx = n
+    n = _add_task(b, n, ps.experts, dev.compute, ps.task_kind, dev.d, ps.key, ps.c)
+    n_e = _add_edge(b, n_e, cb, bx)
+    df = n
+    n = _add_task(b, n, b.pend[_PEND_DISPATCH], dev.ep_res, K_EP, dev.d, f_key, f_chunk)
+    n_e = _add_edge(b, n_e, b.pend[_PEND_PRE], df)
+    fx = n
+    n = _add_task(b, n, b.pend[_PEND_EXPERTS], dev.compute, K_FORWARD, dev.d, f_key, f_chunk)
+    n_e = _add_edge(b, n_e, df, fx)
+    db = n
+    n = _add_task(b, n, b.ep_ns[ps.sd, ps.sc, 2], dev.ep_res, K_EP, dev.d, ps.key, ps.c)
+    n_e = _add_edge(b, n_e, bx, db)
+    cf = n
+    n = _add_task(b, n, b.pend[_PEND_COMBINE], dev.ep_res, K_EP, dev.d, f_key, f_chunk)
+    n_e = _add_edge(b, n_e, fx, cf)
+    b.st[S_TASKS] = n
+    b.st[S_EDGES] = n_e
+    b.st[S_TAIL] = cf
+    _share_link(b, made, n, dev.shared_res)
+    b.ends[E_F_OUT, b.pend[_PEND_VS], f_key] = cf
+    b.ends[E_F_LAST, b.pend[_PEND_VS], f_key] = cf
+    b.pend[_PEND_PRE] = -1
+    return db
+
+
+@jit(inline=True)
+def _pass_sends(shape, costs, b, dev, ps, prev: int) -> None:
+    """The pipeline sends around pass ``ps`` (last task ``prev``): its output is held
+    for a send to the next position, if it has one; then the outputs held so far
+    leave after ``prev``, in pass order, unless DualPipe holds them over the next
+    pass (an F&B chunk, a B with its W). Each send runs on the pipeline stream
+    (also after the held tail, if any) and becomes its pass's output; a send of
+    0 ns is left out unless it must join a tail to ``prev``."""
+    is_f = ps.pass_kind == F_PASS
+    is_b = ps.pass_kind == B_PASS
+    n_held = b.st[S_N_HELD]
+    if (is_f and ps.vs < shape.n_positions - 1) or (is_b and ps.vs > 0):
+        b.held[n_held, _HELD_VS] = ps.vs
+        b.held[n_held, _HELD_KEY] = ps.key
+        b.held[n_held, _HELD_IS_F] = 1 if is_f else 0
+        b.held[n_held, _HELD_CHUNK] = ps.c
+        n_held += 1
+    holds = False
+    if shape.dual:
+        holds = _dualpipe_holds(b, ps.o, dev.length)
+    tail = b.st[S_TAIL]
+    n = b.st[S_TASKS]
+    n_e = b.st[S_EDGES]
+    if not holds:
+        for h in range(n_held):
+            sid = prev
+            if costs.send_ns > 0 or tail >= 0:
+                sid = n
+                n = _add_task(b, n, costs.send_ns, dev.send_res, K_PP, dev.d, b.held[h, _HELD_KEY],
+                              b.held[h, _HELD_CHUNK])
+                _rec(b.rec, sid, R_SEND, 0, 0, 1, 0)
+                n_e = _add_edge(b, n_e, prev, sid)
+                if tail >= 0:
+                    n_e = _add_edge(b, n_e, tail, sid)
+                _share_link(b, sid, n, dev.shared_res)
+            out = E_F_OUT if b.held[h, _HELD_IS_F] == 1 else E_B_OUT
+            b.ends[out, b.held[h, _HELD_VS], b.held[h, _HELD_KEY]] = sid
+        n_held = 0
+        tail = -1
+    b.st[S_TASKS] = n
+    b.st[S_EDGES] = n_e
+    b.st[S_N_HELD] = n_held
+    b.st[S_TAIL] = tail
+
+
+@jit(inline=True)
+def _release_dp(shape, costs, b, dev, ps, prev: int) -> None:
+    """The data-parallel traffic pass ``ps`` releases, after its task ``prev``: the
+    last gradient bucket (the device's last backward), ZeRO-3's gather of the
+    pass after next (ahead of this pass's scatter) and, where this pass's weight
+    gradients are final, ZeRO-3's gradient reduce-scatter."""
+    n = b.st[S_TASKS]
+    n_e = b.st[S_EDGES]
+    if ps.reduce_here:
+        nb = shape.n_buckets
+        n = _dp_task(b, dev, n, _share(costs.dp_grad_ns, nb, nb - 1), R_DP_GRAD, nb, nb - 1, -1, -1)
+        n_e = _add_edge(b, n_e, prev, n - 1)
+    ahead = ps.o + 2
+    if shape.z3 and ahead < dev.length and b.passes[ahead] != W_PASS:
+        b.z3_gathers[ahead] = n
+        n = _dp_task(b, dev, n, costs.z3_gather_ns, R_Z3_GATHER, 1, 0, b.micros[ahead], b.chunks[ahead])
+        n_e = _add_edge(b, n_e, prev, n - 1)
+    if shape.z3 and ((ps.pass_kind == B_PASS and not shape.split) or ps.pass_kind == W_PASS):
+        n = _dp_task(b, dev, n, costs.z3_scatter_ns, R_Z3_SCATTER, 1, 0, ps.key, ps.c)
+        n_e = _add_edge(b, n_e, prev, n - 1)
+    b.st[S_TASKS] = n
+    b.st[S_EDGES] = n_e
+
+
+@jit(inline=True)
+def _optimizer_step(shape, costs, b, dev) -> None:
+    """The optimizer step closes the device's step, after all of its data-parallel
+    tasks but the ZeRO-1/2 parameter gathers (which its first forward consumed)."""
+    opt = b.st[S_TASKS]
+    b.st[S_TASKS] = _add_task(b, opt, costs.optimizer_ns, dev.compute, K_OPTIMIZER, dev.d, -1, -1)
+    _rec(b.rec, opt, R_OPTIMIZER, 0, 0, 1, 0)
+    after_gathers = dev.first_task + (shape.n_buckets if shape.gather_params else 0)
+    n_e = b.st[S_EDGES]
+    for j in range(after_gathers, opt):
+        if b.kind[j] == K_DP:
+            n_e = _add_edge(b, n_e, j, opt)
+    b.st[S_EDGES] = n_e
+
+
+@jit(inline=True)
+def _pass_chain_edges(shape, b) -> None:
+    """The dependencies between passes of the step (all of them but PipeDream's
+    outside its window): a forward's output before the next position's forward,
+    a backward's before the previous position's backward, a position's forward
+    before its backward."""
+    ends = b.ends
+    n_e = b.st[S_EDGES]
+    for vs in range(shape.n_positions):
+        for i in range(shape.n_ids):
+            f_out = ends[E_F_OUT, vs, i]
+            if vs < shape.n_positions - 1 and f_out >= 0 and ends[E_F_FIRST, vs + 1, i] >= 0:
+                n_e = _add_edge(b, n_e, f_out, ends[E_F_FIRST, vs + 1, i])
+            b_out = ends[E_B_OUT, vs, i]
+            if vs > 0 and b_out >= 0 and ends[E_B_FIRST, vs - 1, i] >= 0:
+                n_e = _add_edge(b, n_e, b_out, ends[E_B_FIRST, vs - 1, i])
+            f_last = ends[E_F_LAST, vs, i]
+            b_first = ends[E_B_FIRST, vs, i]
+            if f_last >= 0 and b_first >= 0:
+                n_e = _add_edge(b, n_e, f_last, b_first)
+    b.st[S_EDGES] = n_e
+
+
+@jit(inline=True)
+def _finish_graph(shape, b):
+    """``build_step_recipe``'s return value: the graph's task columns cut to the
+    tasks created, successors in CSR form and every stream's order (tasks are
+    created in each device's program order, so ids already follow every
+    stream's order), and the recipe."""
+    n = b.st[S_TASKS]
+    n_e = b.st[S_EDGES]
+    n_res = shape.p * streams_per_device(shape.n_tiers)
+    succ_ptr, succ_idx, n_pred = csr_from_edges(n, b.src[:n_e], b.dst[:n_e])
+    order_ptr, order_idx = order_by_id(n_res, b.res[:n])
     sync = np.full(n, -1, dtype=np.int32)
-    return ((dur[:n], res[:n], kind[:n], stage[:n], micro[:n], chunk[:n], sync, succ_ptr, succ_idx, n_pred,
-             order_ptr, order_idx, n_res), (rec[:n], links[:n_links]))
+    return ((b.dur[:n], b.res[:n], b.kind[:n], b.stage[:n], b.micro[:n], b.chunk[:n], sync, succ_ptr, succ_idx,
+             n_pred, order_ptr, order_idx, n_res), (b.rec[:n], b.links[:b.st[S_LINKS]]))
+
+
+@jit(inline=True)
+def _rec(rec, t: int, op: int, sd: int, sc: int, parts: int, k: int) -> None:
+    """Task t's duration recipe: share k of ``parts`` of input ``op`` (row sd, column sc)."""
+    rec[t, 0] = op
+    rec[t, 1] = sd
+    rec[t, 2] = sc
+    rec[t, 3] = parts
+    rec[t, 4] = k
+
+
+@jit(inline=True)
+def _add_task(b, n: int, duration, resource, task_kind, d, i, c) -> int:
+    """Task n (device d, micro-batch label i, chunk c); returns the next task id."""
+    b.dur[n] = duration
+    b.res[n] = resource
+    b.kind[n] = task_kind
+    b.stage[n] = d
+    b.micro[n] = i
+    b.chunk[n] = c
+    return n + 1
+
+
+@jit(inline=True)
+def _add_edge(b, n_e: int, src: int, dst: int) -> int:
+    """Edge n_e, src -> dst; returns the next edge id."""
+    b.src[n_e] = src
+    b.dst[n_e] = dst
+    return n_e + 1
+
+
+@jit(inline=True)
+def _dp_task(b, dev, n: int, duration, op: int, parts: int, k: int, i, c) -> int:
+    """Task n, a data-parallel transfer on the device's bulk stream (share k of
+    ``parts`` of input ``op``); it opens the link window (module docstring).
+    Returns the next task id."""
+    _rec(b.rec, n, op, 0, 0, parts, k)
+    b.st[S_OPEN_DP] = n
+    return _add_task(b, n, duration, dev.dp_res, K_DP, dev.d, i, c)
+
+
+@jit(inline=True)
+def _consume_dp(b, n_e: int, transfer: int, task: int) -> int:
+    """Edge n_e: ``task`` waits for data-parallel ``transfer``, which closes its
+    window if open. Returns the next edge id."""
+    open_dp = b.st[S_OPEN_DP]
+    b.st[S_OPEN_DP] = -1 if open_dp == transfer else open_dp
+    return _add_edge(b, n_e, transfer, task)
 
 
 @jit
@@ -777,49 +1068,27 @@ def recipe_durations(rec, links, split: bool, fwd_ns, bwd_ns, wgrad_ns, send_ns:
 
 
 @jit(inline=True)
-def _share_link(dur, res, lo: int, hi: int, shared_res: int, open_dp: int, links, n_links: int) -> int:
+def _share_link(b, lo: int, hi: int, shared_res: int) -> None:
     """Tasks lo..hi-1 just created: those on ``shared_res`` (critical traffic on
     the data-parallel tier) lengthen the open data-parallel transfer by their
     own duration (the link moves both flows' bytes; module docstring). Each
-    such pair goes into ``links``; returns their new count."""
-    if open_dp < 0:
-        return n_links
-    for t in range(lo, hi):
-        if res[t] == shared_res:
-            dur[open_dp] += dur[t]
-            links[n_links, 0] = open_dp
-            links[n_links, 1] = t
-            n_links += 1
-    return n_links
+    such pair goes into ``b.links``."""
+    open_dp = b.st[S_OPEN_DP]
+    n_links = b.st[S_LINKS]
+    if open_dp >= 0:
+        for t in range(lo, hi):
+            if b.res[t] == shared_res:
+                b.dur[open_dp] += b.dur[t]
+                b.links[n_links, 0] = open_dp
+                b.links[n_links, 1] = t
+                n_links += 1
+    b.st[S_LINKS] = n_links
 
 
-@jit
-def _ep_tasks(dur, res, kind, stage, micro, chunk, src, dst, n: int, n_e: int, after: int, before_ns: int,
-              experts_ns: int, after_ns: int, halves: int, ep_res: int, compute: int, task_kind: int, d: int, i: int,
-              c: int):
-    """One pass's MoE part: the halves' first transfers back to back on the EP
-    stream (after task ``after``, if any), then per half its expert compute
-    (after its transfer) and its second transfer (after its experts). Returns
-    (n, n_e); the last task created is the last half's second transfer."""
-    ahead = n
-    for hv in range(halves):
-        n = _task(dur, res, kind, stage, micro, chunk, n, _share(before_ns, halves, hv), ep_res, K_EP, d, i, c)
-        if after >= 0:
-            n_e = _edge(src, dst, n_e, after, n - 1)
-    for hv in range(halves):
-        xid = n
-        n = _task(dur, res, kind, stage, micro, chunk, n, _share(experts_ns, halves, hv), compute, task_kind, d, i, c)
-        n_e = _edge(src, dst, n_e, ahead + hv, xid)
-        n = _task(dur, res, kind, stage, micro, chunk, n, _share(after_ns, halves, hv), ep_res, K_EP, d, i, c)
-        n_e = _edge(src, dst, n_e, xid, n - 1)
-    return n, n_e
-
-
-@jit
-def _ep_pair_next(passes, chunks, o: int, length: int, p: int, d: int, fwd_ns, bwd_ns, wgrad_ns, ep_ns, tbo: int,
-                  reduce_grads: bool, last_backward: int) -> bool:
+@jit(inline=True)
+def _ep_pair_next(shape, b, dev, o: int) -> bool:
     """Whether DualPipe's forward o (with EP traffic) and the backward after it
-    run as an EP pair (``build_step``): an overlapped F&B chunk
+    run as an EP pair (``_ep_pair_tasks``): an overlapped F&B chunk
     (``_dualpipe_holds``) whose backward has EP traffic too and runs in one
     piece (not the device's last backward, whose gradient reduction is
     bucketed). With two-batch overlap, only where the pair would expose no more
@@ -830,95 +1099,46 @@ def _ep_pair_next(passes, chunks, o: int, length: int, p: int, d: int, fwd_ns, b
     pair exposes max(0, c' - a) + max(0, d - y) + max(0, d' - x) + max(0, c - r),
     the halves (d + max(0, d - x) + max(0, c - x) + c) / 2 and the same of the
     backward's (c', d', y)."""
-    if o + 1 >= length or passes[o + 1] != B_PASS or chunks[o + 1] == chunks[o]:
-        return False
-    if reduce_grads and o + 1 == last_backward:
-        return False
-    sf = chain_position(SCHEDULE_DUALPIPE, p, d, chunks[o])
-    sb = chain_position(SCHEDULE_DUALPIPE, p, d, chunks[o + 1])
-    d_b = ep_ns[sb, 0, 2]
-    c_b = ep_ns[sb, 0, 3]
-    if d_b + c_b <= 0:
-        return False
-    if tbo == 0:
-        return True
-    x_f = min(ep_ns[sf, 0, 0], fwd_ns[sf, 0])
-    a_f = fwd_ns[sf, 0] - x_f
-    d_f = ep_ns[sf, 0, 2]
-    c_f = ep_ns[sf, 0, 3]
-    b_in = bwd_ns[sb, 0] - wgrad_ns[sb, 0]
-    y_b = min(ep_ns[sb, 0, 1], b_in)
+    nxt = min(o + 1, dev.length - 1)
+    sf = chain_position(SCHEDULE_DUALPIPE, shape.p, dev.d, b.chunks[o])
+    sb = chain_position(SCHEDULE_DUALPIPE, shape.p, dev.d, b.chunks[nxt])
+    opens_chunk = o + 1 < dev.length and b.passes[nxt] == B_PASS and b.chunks[nxt] != b.chunks[o]
+    whole = not (shape.reduce_grads and o + 1 == dev.last_backward)
+    x_f = min(b.ep_ns[sf, 0, 0], b.fwd_ns[sf, 0])
+    a_f = b.fwd_ns[sf, 0] - x_f
+    d_f = b.ep_ns[sf, 0, 2]
+    c_f = b.ep_ns[sf, 0, 3]
+    b_in = b.bwd_ns[sb, 0] - b.wgrad_ns[sb, 0]
+    y_b = min(b.ep_ns[sb, 0, 1], b_in)
     r_b = b_in - y_b
+    d_b = b.ep_ns[sb, 0, 2]
+    c_b = b.ep_ns[sb, 0, 3]
     pair = max(0, c_b - a_f) + max(0, d_f - y_b) + max(0, d_b - x_f) + max(0, c_f - r_b)
     halves = (d_f + max(0, d_f - x_f) + max(0, c_f - x_f) + c_f) + (c_b + max(0, c_b - y_b) + max(0, d_b - y_b) + d_b)
-    return 2 * pair <= halves
+    return opens_chunk and whole and d_b + c_b > 0 and (shape.tbo == 0 or 2 * pair <= halves)
 
 
 @jit(inline=True)
-def _hold(held, n_held: int, vs: int, key: int, is_f: bool, label: int, c: int) -> int:
-    held[n_held, 0] = vs
-    held[n_held, 1] = key
-    held[n_held, 2] = 1 if is_f else 0
-    held[n_held, 3] = label
-    held[n_held, 4] = c
-    return n_held + 1
-
-
-@jit
-def _dualpipe_holds(passes, chunks, micros, o: int, length: int) -> bool:
-    """Whether DualPipe's pass o sends its output only after the next pass: a
-    forward followed by a backward of the other direction (the two form one
-    overlapped F&B chunk, whose sends follow both), and a backward followed by
-    its own W (not deferred: one autograd pass computes both)."""
-    if o + 1 >= length:
-        return False
-    nxt = passes[o + 1]
-    if passes[o] == F_PASS:
-        return nxt == B_PASS and chunks[o + 1] != chunks[o]
-    if passes[o] == B_PASS:
-        return nxt == W_PASS and chunks[o + 1] == chunks[o] and micros[o + 1] == micros[o]
-    return False
-
-
-@jit(inline=True)
-def _task(dur, res, kind, stage, micro, chunk, n, duration, resource, task_kind, d, i, c) -> int:
-    dur[n] = duration
-    res[n] = resource
-    kind[n] = task_kind
-    stage[n] = d
-    micro[n] = i
-    chunk[n] = c
-    return n + 1
+def _dualpipe_holds(b, o: int, length: int) -> bool:
+    """Whether DualPipe's pass o (of ``length`` in ``b``'s compute order) sends its
+    output only after the next pass: a forward followed by a backward of the
+    other direction (the two form one overlapped F&B chunk, whose sends follow
+    both), and a backward followed by its own W (not deferred: one autograd
+    pass computes both)."""
+    nxt = min(o + 1, length - 1)  # (read at a clamped index, used only where it exists)
+    kind = b.passes[o]
+    next_kind = b.passes[nxt]
+    same_chunk = b.chunks[nxt] == b.chunks[o]
+    same_micro = b.micros[nxt] == b.micros[o]
+    f_and_b = kind == F_PASS and next_kind == B_PASS and not same_chunk
+    b_and_w = kind == B_PASS and next_kind == W_PASS and same_chunk and same_micro
+    return o + 1 < length and (f_and_b or b_and_w)
 
 
 @jit(inline=True)
 def _share(total: int, parts: int, k: int) -> int:
     """Part k of ``total`` split in ``parts``; the last part takes the remainder."""
     return total // parts + (total % parts if k == parts - 1 else 0)
-
-
-@jit(inline=True)
-def _edge(src, dst, n_e, a, b) -> int:
-    src[n_e] = a
-    dst[n_e] = b
-    return n_e + 1
-
-
-@jit
-def _first_forward(passes, length) -> int:
-    for o in range(length):
-        if passes[o] == F_PASS:
-            return o
-    return -1
-
-
-@jit
-def _last_backward(passes, length) -> int:
-    """The device's last backward or weight-gradient pass: its gradients are final after it."""
-    for o in range(length - 1, -1, -1):
-        if passes[o] != F_PASS:
-            return o
-    return -1
 
 
 @jit
