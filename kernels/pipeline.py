@@ -642,11 +642,11 @@ def _alloc_build(shape, fwd_ns, bwd_ns, wgrad_ns, ep_ns) -> Build:
 def _start_device(shape, b, d: int, length: int) -> Device:
     """Device d about to be built, its compute order (``length`` passes) in ``b``:
     its streams, first forward and last backward, and first task id; no
-    data-parallel transfer open, no send held, no pair pending.
-    ``b.z3_gathers`` is not reset: where an earlier device gathered for pass
-    index o and this device's pass o is a W (which gathers nothing), that W
-    waits for the other device's gather (``_compute_pieces``), a spurious
-    cross-device edge of ZeRO-3 with ZB-H1 or DualPipe kept as it was."""
+    data-parallel transfer open, no send held, no pair pending, no ZeRO-3 gather
+    issued yet (without that reset a W pass, which gathers nothing, waited for an
+    earlier device's gather of the same pass index: a spurious cross-device edge of
+    ZeRO-3 with ZB-H1 or DualPipe, tests/test_pipeline.py)."""
+    b.z3_gathers[:] = -1
     first_forward = -1
     last_backward = -1  # the last backward or W pass: its gradients are final after it
     for o in range(length):

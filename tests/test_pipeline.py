@@ -639,3 +639,23 @@ def test_zb_h1_order_and_memory(p, m):
             held -= ps == 2
             peak = max(peak, held)
         assert peak == min(p, m)
+
+
+@pytest.mark.parametrize("schedule", [SCHEDULE_ZB_H1, 4])  # 4: DualPipe (kernels.codes.SCHEDULE_DUALPIPE)
+def test_zero3_edges_stay_on_their_device(schedule):
+    """A ZeRO-3 gather feeds only its own device's passes: every dependency between two
+    devices is a pipeline send to the next stage's pass. (A W pass, which gathers nothing,
+    used to wait for an earlier device's gather of the same pass index: 21 such edges
+    at p = 4, m = 8 with ZB-H1, 9 with DualPipe.)"""
+    p, m = 4, 8
+    fwd = np.full((p, 1), 100, dtype=np.int64)
+    bwd = np.full((p, 1), 200, dtype=np.int64)
+    wgrad = np.full((p, 1), 80, dtype=np.int64)
+    ep_ns = np.zeros((p, 1, 4), dtype=np.int64)
+    (dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx,
+     n_res) = pipeline.build_step(schedule, p, 1, m, fwd, bwd, wgrad, 7, 0, 1, 2, 3, 0, 0, 1, 5, 5, 0, ep_ns, 0, 0)
+    crossing = [(int(a), int(succ_idx[e])) for a in range(dur.shape[0]) for e in range(succ_ptr[a], succ_ptr[a + 1])
+                if stage[a] != stage[succ_idx[e]]]
+    assert crossing  # the pipeline's sends do cross devices
+    assert all(kind[a] == K_PP for a, _ in crossing)
+    assert not any(kind[a] == K_DP for a, _ in crossing)
