@@ -105,6 +105,16 @@ def run(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns) -> int:
     """Run a prepared graph (``prepare``) with durations ``dur_ns``; fills ``start_ns``/
     ``end_ns`` (-1 where a task never ran). ``work``: ``workspace``'s arrays.
     Returns OK or DEADLOCK (see ``simulate``)."""
+    return _kahn(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns, np.empty(0, dtype=np.int64))
+
+
+@jit(inline=True)
+def _kahn(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns, seq) -> int:
+    """``run``'s pass; where ``seq`` is not empty it also records the order the pass
+    resolves the tasks in (``replay_program``): a task outside any synchronisation
+    group as its id, a group's release as -(group + 1)."""
+    record = seq.shape[0] > 0
+    n_seq = 0
     pending0, nxt, ready0, group_ptr, group_members = plan
     pending, ready, released, stack, group_arrived, group_latest = work
     n = dur_ns.shape[0]
@@ -131,6 +141,9 @@ def run(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns) -> int:
             if ready[task] > group_latest[g]:
                 group_latest[g] = ready[task]
             if group_arrived[g] == group_ptr[g + 1] - group_ptr[g]:
+                if record:
+                    seq[n_seq] = -(g + 1)
+                    n_seq += 1
                 for k in range(group_ptr[g], group_ptr[g + 1]):
                     j = group_members[k]
                     ready[j] = group_latest[g]
@@ -143,6 +156,9 @@ def run(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns) -> int:
         start_ns[task] = t_start
         end_ns[task] = t_end
         done += 1
+        if record and g < 0:
+            seq[n_seq] = task
+            n_seq += 1
         for e in range(succ_ptr[task], succ_ptr[task + 1]):
             s = succ_idx[e]
             if t_end > ready[s]:
@@ -160,6 +176,80 @@ def run(dur_ns, sync, succ_ptr, succ_idx, plan, work, start_ns, end_ns) -> int:
                 stack[n_stack] = s
                 n_stack += 1
     return OK if done == n else DEADLOCK
+
+
+@jit
+def replay_program(sync, succ_ptr, succ_idx, plan, work):
+    """What ``replay`` needs to run a prepared graph (``prepare``) for many sets of
+    durations at once: (status, seq, pred_ptr, pred_idx).
+
+    With every resource's order fixed, the order in which ``run``'s pass resolves the
+    tasks depends on the graph alone, not on the durations: ``seq`` is that order
+    (``_kahn``), and each task's predecessors, its resource's previous task included,
+    are listed (CSR) so that its start can be pulled from their ends. A graph that
+    deadlocks does so for any durations: status DEADLOCK."""
+    n = sync.shape[0]
+    pending0, nxt, ready0, group_ptr, group_members = plan
+    n_groups = group_ptr.shape[0] - 1
+    seq = np.empty(n + n_groups + 1, dtype=np.int64)  # one spare: ``_kahn`` records when not empty
+    scratch = np.empty(n, dtype=np.int64)
+    status = _kahn(np.zeros(n, dtype=np.int64), sync, succ_ptr, succ_idx, plan, work, scratch, scratch, seq)
+    n_seq = 0
+    for i in range(n):
+        if sync[i] < 0:
+            n_seq += 1
+    n_seq += n_groups
+    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        for e in range(succ_ptr[i], succ_ptr[i + 1]):
+            pred_ptr[succ_idx[e] + 1] += 1
+        if nxt[i] >= 0:
+            pred_ptr[nxt[i] + 1] += 1
+    for i in range(n):
+        pred_ptr[i + 1] += pred_ptr[i]
+    fill = pred_ptr[:-1].copy()
+    pred_idx = np.empty(pred_ptr[n], dtype=np.int64)
+    for i in range(n):
+        for e in range(succ_ptr[i], succ_ptr[i + 1]):
+            s = succ_idx[e]
+            pred_idx[fill[s]] = i
+            fill[s] += 1
+        if nxt[i] >= 0:
+            pred_idx[fill[nxt[i]]] = i
+            fill[nxt[i]] += 1
+    return status, seq[:n_seq], pred_ptr, pred_idx
+
+
+@jit
+def replay(dur_ns, seq, pred_ptr, pred_idx, group_ptr, group_members, end_ns) -> None:
+    """``run`` for several sets of durations of one graph at once: column ``c`` of
+    ``dur_ns`` (tasks x sets, int64) gives column ``c`` of ``end_ns``, the tasks'
+    ends (a task starts at its end less its duration). Each task (a
+    synchronisation group: all its members) is resolved in ``replay_program``'s
+    order, its start the latest end of its predecessors (0 for none; a group's
+    members at the latest over them all), the same max-plus recurrence ``run``
+    solves, so the times equal ``run``'s bit for bit. The inner loops run over the
+    sets, contiguous in memory."""
+    n_sets = dur_ns.shape[1]
+    latest = np.empty(n_sets, dtype=np.int64)
+    for k in range(seq.shape[0]):
+        u = seq[k]
+        lo = u
+        hi = u + 1
+        if u < 0:  # a group: its members' predecessors, then its members
+            lo = group_ptr[-u - 1]
+            hi = group_ptr[-u]
+        latest[:] = 0
+        for m in range(lo, hi):
+            j = u if u >= 0 else group_members[m]
+            for e in range(pred_ptr[j], pred_ptr[j + 1]):
+                p = pred_idx[e]
+                for c in range(n_sets):
+                    latest[c] = max(latest[c], end_ns[p, c])
+        for m in range(lo, hi):
+            j = u if u >= 0 else group_members[m]
+            for c in range(n_sets):
+                end_ns[j, c] = latest[c] + dur_ns[j, c]
 
 
 @jit
@@ -245,29 +335,55 @@ def order_by_id(n_res: int, res):
 
 
 @jit
-def exposed_ns(order_idx, a_lo: int, a_hi: int, b_lo: int, b_hi: int, kind, start, end, acc) -> None:
-    """Time each task of ``order_idx[a_lo:a_hi]`` runs while none of
-    ``order_idx[b_lo:b_hi]`` runs, added to ``acc`` at the task's kind (one pass for
-    every kind). Both runs are one stream's tasks, so each is in time order and free
-    of overlaps."""
-    j = b_lo
+def busy_prefix(order_idx, lo: int, hi: int, dur, end, b_end, b_busy) -> None:
+    """A stream's tasks ``order_idx[lo:hi]`` (in time order, free of overlaps) as what
+    ``exposed_ns`` reads, per set of times (columns of ``dur`` and ``end``, tasks x
+    sets): ``b_end[k, c]``, the k-th task's end, and ``b_busy[k, c]``, the time the
+    stream is busy before its k-th task starts (``b_busy[hi - lo, c]``: all of it)."""
+    n_sets = dur.shape[1]
+    b_busy[0, :] = 0
+    for k in range(hi - lo):
+        task = order_idx[lo + k]
+        for c in range(n_sets):
+            b_end[k, c] = end[task, c]
+            b_busy[k + 1, c] = b_busy[k, c] + dur[task, c]
+
+
+@jit(inline=True)
+def _busy_before(t: int, j: int, c: int, n_b: int, b_end, b_busy) -> int:
+    """Busy time of the ``busy_prefix`` stream before ``t`` in set ``c``, where its
+    task ``j`` is the first to end after ``t``."""
+    if j == n_b:
+        return b_busy[n_b, c]
+    return b_busy[j, c] + max(0, t - (b_end[j, c] - (b_busy[j + 1, c] - b_busy[j, c])))
+
+
+@jit
+def exposed_ns(order_idx, a_lo: int, a_hi: int, n_b: int, b_end, b_busy, kind, dur, end, n_used: int, acc) -> None:
+    """Time each task of ``order_idx[a_lo:a_hi]`` runs while the stream of ``n_b`` tasks
+    described by ``busy_prefix`` is idle, added to ``acc[c]`` at the task's kind, for
+    the first ``n_used`` sets of times (columns of ``dur`` and ``end``). Both streams
+    are in time order and free of overlaps, so the other stream's busy time inside a
+    task [s, e) is its busy time before e less that before s, found by pointers that
+    only move forward."""
+    js = np.zeros(n_used, dtype=np.int64)
+    je = np.zeros(n_used, dtype=np.int64)
     for k in range(a_lo, a_hi):
         task = order_idx[k]
-        s = start[task]
-        e = end[task]
-        if e <= s:
-            continue
-        while j < b_hi and end[order_idx[j]] <= s:
-            j += 1
-        covered = 0
-        jj = j
-        while jj < b_hi and start[order_idx[jj]] < e:
-            lo = max(start[order_idx[jj]], s)
-            hi = min(end[order_idx[jj]], e)
-            if hi > lo:
-                covered += hi - lo
-            jj += 1
-        acc[kind[task]] += (e - s) - covered
+        kd = kind[task]
+        for c in range(n_used):
+            e = end[task, c]
+            s = e - dur[task, c]
+            j = js[c]
+            while j < n_b and b_end[j, c] <= s:
+                j += 1
+            js[c] = j
+            jj = max(je[c], j)
+            while jj < n_b and b_end[jj, c] <= e:
+                jj += 1
+            je[c] = jj
+            covered = _busy_before(e, jj, c, n_b, b_end, b_busy) - _busy_before(s, j, c, n_b, b_end, b_busy)
+            acc[c, kd] += (e - s) - covered
 
 
 @jit

@@ -26,12 +26,21 @@ from numba import prange
 from paraspace.kernels.codes import SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, SCHEDULE_ZB_H1
 from paraspace.kernels.collectives import group_tier
 from paraspace.kernels.engine import (
-    K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, N_KINDS, OK, exposed_ns, prepare, run, workspace,
+    K_BACKWARD, K_DP, K_EP, K_FORWARD, K_PP, K_WEIGHT_GRAD, N_KINDS, OK, busy_prefix, exposed_ns, prepare,
+    replay, replay_program, run, workspace,
 )
 from paraspace.kernels.jit import jit
 from paraspace.kernels.pipeline import (
+    N_RECIPE_SCALARS,
+    R_DP_GRAD,
+    R_DP_PARAM,
+    R_OPTIMIZER,
+    R_SEND,
+    R_Z3_GATHER,
+    R_Z3_SCATTER,
     build_step_recipe,
     recipe_durations,
+    recipe_durations_sets,
     split_backward,
     steady_in_flight,
     steady_span_ns,
@@ -81,6 +90,15 @@ SIM_OUTPUTS = (
 N_SIM = len(SIM_OUTPUTS)
 S_STEP, S_SIMULATED, S_BUBBLE, S_PP, S_DP, S_EP, S_INFLIGHT, S_TASKS = range(N_SIM)
 
+#: rows of one graph replayed together (``kernels.engine.replay``): 16 measured fastest
+#: (3.0 ns per task and row against 4.0 at 8 and 3.8 at 32; ``run`` takes 12)
+REPLAY_SETS = 16
+#: the groups' share-outs among threads (``simulate_rows``): each allocates its replay
+#: arrays once, and more of them than threads balances the load (the thread count is
+#: not read inside the kernel: that would make it uncacheable)
+GROUP_WORKERS = 64
+#: cap on tasks x rows of one replay's arrays (two of them, 8 bytes a cell: 32 MiB)
+REPLAY_CELLS = 1 << 21
 #: default number of gradient buckets (Megatron-LM's default bucket is 40M
 #: parameters; a handful per device is typical)
 DEFAULT_BUCKETS = 4
@@ -191,37 +209,68 @@ def row_graph_recipe(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, o
 @jit
 def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, p: int, v: int, n_tiers: int, out):
     """Step time, bubble, exposed PP/DP/EP communication and stage 0's peak in-flight
-    micro-batches of a simulated graph, into ``out`` (SIM_OUTPUTS order)."""
-    step = 0
-    for i in range(end.shape[0]):
-        if end[i] > step:
-            step = end[i]
-    worst_busy = -1
-    pp_exposed = 0
-    dp_exposed = 0
-    ep_exposed = 0
+    micro-batches of a simulated graph, into ``out`` (SIM_OUTPUTS order). One set of
+    times of ``timing_metrics``; ``start`` is read through ``dur`` and ``end``."""
+    n = dur.shape[0]
+    sets = np.empty((1, N_SIM), dtype=np.float64)
+    timing_metrics(dur.reshape((n, 1)), kind, order_ptr, order_idx, end.reshape((n, 1)), p, n_tiers, 1, sets)
+    out[:] = sets[0]
+    out[S_INFLIGHT] = stage0_in_flight(kind, micro, chunk, order_ptr, order_idx) / v
+    out[S_TASKS] = n
+
+
+@jit
+def timing_metrics(dur, kind, order_ptr, order_idx, end, p: int, n_tiers: int, n_used: int, out) -> None:
+    """Step time, bubble and exposed PP/DP/EP communication of the first ``n_used``
+    sets of times of one graph (columns of ``dur`` and ``end``, tasks x sets) into
+    ``out[c]`` (SIM_OUTPUTS order; ``simulated`` 1, the rest left as they are)."""
+    n_sets = dur.shape[1]
+    step = np.zeros(n_sets, dtype=np.int64)
+    for r in range(order_ptr.shape[0] - 1):  # a stream's last task ends last
+        if order_ptr[r + 1] > order_ptr[r]:
+            last = order_idx[order_ptr[r + 1] - 1]
+            for c in range(n_sets):
+                step[c] = max(step[c], end[last, c])
+    worst_busy = np.zeros(n_sets, dtype=np.int64)
+    worst = np.zeros((n_sets, N_KINDS), dtype=np.int64)  # per set and kind, the worst device
+    exposed = np.zeros((n_sets, N_KINDS), dtype=np.int64)  # per set and kind, one device's streams
     per_dev = streams_per_device(n_tiers)
-    exposed = np.zeros(N_KINDS, dtype=np.int64)  # per task kind, one device's streams
+    most = 0
+    for d in range(p):
+        most = max(most, order_ptr[d * per_dev + 1] - order_ptr[d * per_dev])
+    b_end = np.empty((most, n_sets), dtype=np.int64)
+    b_busy = np.empty((most + 1, n_sets), dtype=np.int64)
     for d in range(p):
         r = d * per_dev
         lo = order_ptr[r]
         hi = order_ptr[r + 1]
-        busy = 0
-        for k in range(lo, hi):
-            busy += dur[order_idx[k]]
-        if busy > worst_busy:
-            worst_busy = busy
+        busy_prefix(order_idx, lo, hi, dur, end, b_end, b_busy)
+        for c in range(n_sets):
+            worst_busy[c] = max(worst_busy[c], b_busy[hi - lo, c])
         # every communication stream is in time order like the compute stream; a
         # device's exposed time per class sums its streams (they rarely overlap idly)
         exposed[:] = 0
         for rr in range(r + 1, r + per_dev):
             if order_ptr[rr + 1] > order_ptr[rr]:
-                exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], lo, hi, kind, start, end, exposed)
-        pp_exposed = max(pp_exposed, exposed[K_PP])
-        dp_exposed = max(dp_exposed, exposed[K_DP])
-        ep_exposed = max(ep_exposed, exposed[K_EP])
-    # stage 0: forward passes begun minus backward passes begun (weight-gradient
-    # passes where the backward is split: they still need the activations)
+                exposed_ns(order_idx, order_ptr[rr], order_ptr[rr + 1], hi - lo, b_end, b_busy, kind, dur, end,
+                           n_used, exposed)
+        for c in range(n_sets):
+            for k in range(N_KINDS):
+                worst[c, k] = max(worst[c, k], exposed[c, k])
+    for c in range(n_used):
+        out[c, S_STEP] = step[c] / NS
+        out[c, S_SIMULATED] = 1.0
+        out[c, S_BUBBLE] = (step[c] - worst_busy[c]) / NS
+        out[c, S_PP] = worst[c, K_PP] / NS
+        out[c, S_DP] = worst[c, K_DP] / NS
+        out[c, S_EP] = worst[c, K_EP] / NS
+
+
+@jit
+def stage0_in_flight(kind, micro, chunk, order_ptr, order_idx) -> int:
+    """Stage 0's peak micro-batches in flight (chunks counted apart): forward passes
+    begun minus backward passes begun (weight-gradient passes where the backward is
+    split: they still need the activations). The order alone decides it."""
     release = K_BACKWARD
     for k in range(order_ptr[0], order_ptr[1]):
         if kind[order_idx[k]] == K_WEIGHT_GRAD:
@@ -242,14 +291,7 @@ def step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end,
         elif kind[task] == release and key != last_b:
             inflight -= 1
             last_b = key
-    out[S_STEP] = step / NS
-    out[S_SIMULATED] = 1.0
-    out[S_BUBBLE] = (step - worst_busy) / NS
-    out[S_PP] = pp_exposed / NS
-    out[S_DP] = dp_exposed / NS
-    out[S_EP] = ep_exposed / NS
-    out[S_INFLIGHT] = peak / v
-    out[S_TASKS] = dur.shape[0]
+    return peak
 
 
 @jit
@@ -257,17 +299,23 @@ def run_graph(graph, dur, plan, work, start, end, pp: int, v: int, schedule: int
     """Simulate a step graph (``build_step``'s tuple, prepared as ``plan``) with durations
     ``dur`` and write its ``SIM_OUTPUTS`` into ``out``; returns the engine's status.
     ``work``, ``start`` and ``end`` are scratch arrays reused across runs."""
+    status = run(dur, graph[6], graph[7], graph[8], plan, work, start, end)
+    if status == OK:
+        graph_outputs(graph, dur, start, end, pp, v, schedule, n_tiers, out)
+    return status
+
+
+@jit
+def graph_outputs(graph, dur, start, end, pp: int, v: int, schedule: int, n_tiers: int, out) -> None:
+    """``SIM_OUTPUTS`` of a step graph run with durations ``dur`` (its tasks' times
+    ``start``/``end``), into ``out``."""
     _, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = graph
-    status = run(dur, sync, succ_ptr, succ_idx, plan, work, start, end)
-    if status != OK:
-        return status
     step_metrics(dur, res, kind, micro, chunk, order_ptr, order_idx, start, end, pp, v, n_tiers, out)
     if schedule == SCHEDULE_PIPEDREAM:  # one steady-state period: each device's span, not the staggered makespan
         span = steady_span_ns(res, start, end, pp, n_tiers) / NS
         out[S_BUBBLE] = max(0.0, out[S_BUBBLE] + span - out[S_STEP])  # the span covers the busiest device
         out[S_STEP] = span
         out[S_INFLIGHT] = steady_in_flight(kind, micro, order_ptr, order_idx)
-    return OK
 
 
 @jit
@@ -361,8 +409,8 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
 
     Rows whose graphs differ only in their durations (``graph_key``: the same schedule,
     shape, link tiers and kinds of traffic) share one graph: it is built once per group,
-    with the recipe of its durations, and each row of the group fills in its own
-    durations (``kernels.pipeline.recipe_durations``) and runs it. Rows not simulated
+    with the recipe of its durations, and its rows are run together (``simulate_group``).
+    Rows not simulated
     get the analytic step time, ``simulated`` 0 and NaN elsewhere; a row whose schedule
     deadlocked gets ``simulated`` -1. ``tokens`` and ``mfu`` (the analytic tier's
     columns) are rewritten in place from the simulated step time."""
@@ -382,40 +430,121 @@ def simulate_rows(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, opti
         v = vpp[i] if schedule[i] == SCHEDULE_INTERLEAVED else 1
         graph_key(i, schedule[i], pp[i], v, n_micro[i], zero[i], tbo[i], inputs, keys[j])
     order, ptr = graph_groups(keys)
-    n_tiers = tiers.shape[0]
-    for g in prange(ptr.shape[0] - 1):
-        first = chosen[order[ptr[g]]]
-        graph, recipe = row_graph_recipe(tp[first], pp[first], dp[first], cp[first], vpp[first], mb[first],
-                                         recompute[first], sp[first], tp_overlap[first], zero[first], optimizer[first],
-                                         schedule[first], ep[first], etp[first], placement[first], dispatch[first],
-                                         tbo[first], rc_layers[first], off_act[first], off_w[first], n_micro[first],
-                                         model[0], dev[0], tiers, tiles, work[0], n_buckets)
-        rec, links = recipe
-        v = vpp[first] if schedule[first] == SCHEDULE_INTERLEAVED else 1
-        split = split_backward(schedule[first])
-        dur = graph[0].copy()
-        plan, scratch, start, end = prepared(graph)
-        for t in range(ptr[g], ptr[g + 1]):
-            i = chosen[order[t]]
-            if i != first:
-                fwd_ns, bwd_ns, wgrad_ns, ep_ns, send_ns, pp_tier, dp_tier, ep_tier, dp_grad_ns, dp_param_ns, z3g, \
-                    z3s, opt_ns = row_inputs(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i],
-                                             tp_overlap[i], zero[i], optimizer[i], schedule[i], ep[i], etp[i],
-                                             placement[i], dispatch[i], tbo[i], rc_layers[i], off_act[i], off_w[i],
-                                             model[0], dev[0], tiers, tiles, work[0])
-                if not recipe_durations(rec, links, split, fwd_ns, bwd_ns, wgrad_ns, send_ns, dp_grad_ns,
-                                        dp_param_ns, z3g, z3s, opt_ns, dur):  # (MoE rows have keys of their own)
-                    row = out[i]
-                    status = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i],
-                                          tp_overlap[i], zero[i], optimizer[i], schedule[i], ep[i], etp[i],
-                                          placement[i], dispatch[i], tbo[i], rc_layers[i], off_act[i], off_w[i],
-                                          n_micro[i], model[0], dev[0], tiers, tiles, work[0], n_buckets, row)
-                    _finish_row(status, i, analytic_step, tokens, mfu, row)
-                    continue
-            row = out[i]
-            status = run_graph(graph, dur, plan, scratch, start, end, pp[i], v, schedule[i], n_tiers, row)
-            _finish_row(status, i, analytic_step, tokens, mfu, row)
+    n_groups = ptr.shape[0] - 1
+    n_workers = min(GROUP_WORKERS, n_groups)
+    for w in prange(n_workers):  # groups dealt round-robin; each worker reuses its replay buffer
+        buf = np.empty(0, dtype=np.int64)
+        for g in range(w, n_groups, n_workers):
+            buf = simulate_group(chosen[order[ptr[g]:ptr[g + 1]]], buf, tp, pp, dp, cp, vpp, mb, recompute, sp,
+                                 tp_overlap, zero, optimizer, schedule, ep, etp, placement, dispatch, tbo, rc_layers,
+                                 off_act, off_w, n_micro, model, dev, tiers, tiles, work, n_buckets, analytic_step,
+                                 tokens, mfu, out)
     return out
+
+
+@jit
+def simulate_group(members, buf, tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimizer, schedule, ep,
+                   etp, placement, dispatch, tbo, rc_layers, off_act, off_w, n_micro, model, dev, tiers, tiles, work,
+                   n_buckets, analytic_step, tokens, mfu, out):
+    """Simulate the rows ``members`` of one graph structure (``graph_key``) into ``out``.
+
+    The graph is built once, from the first member, with the recipe of its durations,
+    and the order the engine resolves its tasks in is found once
+    (``kernels.engine.replay_program``). The members then go ``REPLAY_SETS`` at a time,
+    one column each of a tasks x sets array: their durations from the recipe
+    (``kernels.pipeline.recipe_durations_sets``), their times (``kernels.engine.replay``)
+    and their metrics (``timing_metrics``; stage 0's in-flight peak depends on the
+    order alone), every inner loop over the sets. PipeDream's groups run row by row
+    (``run_graph``: its steady-state span). Returns ``buf``, the replay's scratch,
+    grown where this group needs more (the caller keeps it for the next group)."""
+    first = members[0]
+    graph, recipe = row_graph_recipe(tp[first], pp[first], dp[first], cp[first], vpp[first], mb[first],
+                                     recompute[first], sp[first], tp_overlap[first], zero[first], optimizer[first],
+                                     schedule[first], ep[first], etp[first], placement[first], dispatch[first],
+                                     tbo[first], rc_layers[first], off_act[first], off_w[first], n_micro[first],
+                                     model[0], dev[0], tiers, tiles, work[0], n_buckets)
+    rec, links = recipe
+    v = vpp[first] if schedule[first] == SCHEDULE_INTERLEAVED else 1
+    n_tiers = tiers.shape[0]
+    plan, scratch, start, end = prepared(graph)
+    if members.shape[0] == 1:
+        row = out[first]
+        _finish_row(run_graph(graph, graph[0], plan, scratch, start, end, pp[first], v, schedule[first], n_tiers, row),
+                    first, analytic_step, tokens, mfu, row)
+        return buf
+    split = split_backward(schedule[first])
+    if schedule[first] == SCHEDULE_PIPEDREAM:  # its steady-state span is measured row by row
+        dur = np.empty(graph[0].shape[0], dtype=np.int64)
+        for t in range(members.shape[0]):
+            i = members[t]
+            row = out[i]
+            inputs = row_inputs(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
+                                optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i],
+                                rc_layers[i], off_act[i], off_w[i], model[0], dev[0], tiers, tiles, work[0])
+            if recipe_durations(rec, links, split, inputs[0], inputs[1], inputs[2], inputs[4], inputs[8], inputs[9],
+                                inputs[10], inputs[11], inputs[12], dur):
+                status_i = run_graph(graph, dur, plan, scratch, start, end, pp[i], v, schedule[i], n_tiers, row)
+            else:
+                status_i = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i],
+                                        zero[i], optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i],
+                                        tbo[i], rc_layers[i], off_act[i], off_w[i], n_micro[i], model[0], dev[0],
+                                        tiers, tiles, work[0], n_buckets, row)
+            _finish_row(status_i, i, analytic_step, tokens, mfu, row)
+        return buf
+    status, seq, pred_ptr, pred_idx = replay_program(graph[6], graph[7], graph[8], plan, scratch)
+    _, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = graph
+    in_flight = stage0_in_flight(kind, micro, chunk, order_ptr, order_idx) / v
+    n_task = graph[0].shape[0]
+    n_sets = min(REPLAY_SETS, members.shape[0], max(1, REPLAY_CELLS // n_task))
+    cells = n_sets * n_task
+    if buf.shape[0] < 2 * cells:
+        buf = np.empty(2 * cells, dtype=np.int64)
+    dur_sets = buf[:cells].reshape((n_task, n_sets))
+    end_sets = buf[cells:2 * cells].reshape((n_task, n_sets))
+    p = pp[first]
+    fwd = np.zeros((n_sets, p, v), dtype=np.int64)
+    bwd = np.zeros((n_sets, p, v), dtype=np.int64)
+    wgrad = np.zeros((n_sets, p, v), dtype=np.int64)
+    scalars = np.zeros((n_sets, N_RECIPE_SCALARS), dtype=np.int64)
+    metrics = np.empty((n_sets, N_SIM), dtype=np.float64)
+    rows = np.empty(n_sets, dtype=np.int64)
+    for t0 in range(0, members.shape[0], n_sets):
+        used = min(n_sets, members.shape[0] - t0)
+        for c in range(used):
+            i = members[t0 + c]
+            rows[c] = i
+            fwd[c], bwd[c], wgrad[c], _, send_ns, _, _, _, dp_grad_ns, dp_param_ns, z3g, z3s, opt_ns = \
+                row_inputs(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i], zero[i],
+                           optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i], tbo[i], rc_layers[i],
+                           off_act[i], off_w[i], model[0], dev[0], tiers, tiles, work[0])
+            scalars[c, R_DP_PARAM - R_DP_PARAM] = dp_param_ns
+            scalars[c, R_DP_GRAD - R_DP_PARAM] = dp_grad_ns
+            scalars[c, R_Z3_GATHER - R_DP_PARAM] = z3g
+            scalars[c, R_Z3_SCATTER - R_DP_PARAM] = z3s
+            scalars[c, R_SEND - R_DP_PARAM] = send_ns
+            scalars[c, R_OPTIMIZER - R_DP_PARAM] = opt_ns
+        if status == OK and recipe_durations_sets(rec, links, split, fwd, bwd, wgrad, scalars, dur_sets):
+            replay(dur_sets, seq, pred_ptr, pred_idx, plan[3], plan[4], end_sets)
+            timing_metrics(dur_sets, kind, order_ptr, order_idx, end_sets, p, n_tiers, used, metrics)
+            for c in range(used):
+                row = out[rows[c]]
+                row[:] = metrics[c]
+                row[S_INFLIGHT] = in_flight
+                row[S_TASKS] = n_task
+                _finish_row(OK, rows[c], analytic_step, tokens, mfu, row)
+            continue
+        for c in range(used):  # deadlocked, or a task without recipe (MoE rows have keys of their own)
+            i = rows[c]
+            row = out[i]
+            if status == OK:
+                status_i = simulate_one(tp[i], pp[i], dp[i], cp[i], vpp[i], mb[i], recompute[i], sp[i], tp_overlap[i],
+                                        zero[i], optimizer[i], schedule[i], ep[i], etp[i], placement[i], dispatch[i],
+                                        tbo[i], rc_layers[i], off_act[i], off_w[i], n_micro[i], model[0], dev[0],
+                                        tiers, tiles, work[0], n_buckets, row)
+            else:
+                status_i = status
+            _finish_row(status_i, i, analytic_step, tokens, mfu, row)
+    return buf
 
 
 @jit(inline=True)

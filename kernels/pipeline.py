@@ -1029,6 +1029,10 @@ def _consume_dp(b, n_e: int, transfer: int, task: int) -> int:
     return _add_edge(b, n_e, transfer, task)
 
 
+#: a recipe's scalar inputs, ``recipe_durations_sets``' columns: R_DP_PARAM .. R_OPTIMIZER
+N_RECIPE_SCALARS = R_OPTIMIZER - R_DP_PARAM + 1
+
+
 @jit
 def recipe_durations(rec, links, split: bool, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, dp_grad_ns: int,
                      dp_param_ns: int, z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, dur) -> bool:
@@ -1036,34 +1040,53 @@ def recipe_durations(rec, links, split: bool, fwd_ns, bwd_ns, wgrad_ns, send_ns:
     the same structure, into ``dur``: each task the same share of the same input,
     then the critical transfers' time added to the data-parallel transfers they
     share a link with. Returns False (``dur`` unusable) where a task has no recipe
-    (MoE traffic: its graph depends on the durations)."""
+    (MoE traffic: its graph depends on the durations). One set of inputs of
+    ``recipe_durations_sets``."""
+    scalars = np.empty((1, N_RECIPE_SCALARS), dtype=np.int64)
+    scalars[0, R_DP_PARAM - R_DP_PARAM] = dp_param_ns
+    scalars[0, R_DP_GRAD - R_DP_PARAM] = dp_grad_ns
+    scalars[0, R_Z3_GATHER - R_DP_PARAM] = z3_gather_ns
+    scalars[0, R_Z3_SCATTER - R_DP_PARAM] = z3_scatter_ns
+    scalars[0, R_SEND - R_DP_PARAM] = send_ns
+    scalars[0, R_OPTIMIZER - R_DP_PARAM] = optimizer_ns
+    p, v = fwd_ns.shape
+    return recipe_durations_sets(rec, links, split, fwd_ns.reshape((1, p, v)), bwd_ns.reshape((1, p, v)),
+                                 wgrad_ns.reshape((1, p, v)), scalars, dur.reshape((dur.shape[0], 1)))
+
+
+@jit
+def recipe_durations_sets(rec, links, split: bool, fwd_ns, bwd_ns, wgrad_ns, scalars, dur) -> bool:
+    """``recipe_durations`` for several sets of inputs at once: set ``c``'s pass
+    durations ``fwd_ns[c]``, ``bwd_ns[c]``, ``wgrad_ns[c]`` (device x chunk) and its
+    scalar inputs ``scalars[c]`` (``R_DP_PARAM`` .. ``R_OPTIMIZER``, in that order)
+    give column ``c`` of ``dur`` (tasks x sets)."""
+    n_sets = dur.shape[1]
     for t in range(rec.shape[0]):
         op = rec[t, 0]
         a = rec[t, 1]
         b = rec[t, 2]
+        parts = rec[t, 3]
+        k = rec[t, 4]
         if op == R_FORWARD:
-            total = fwd_ns[a, b]
+            for c in range(n_sets):
+                dur[t, c] = _share(fwd_ns[c, a, b], parts, k)
+        elif op == R_BACKWARD and split:
+            for c in range(n_sets):
+                dur[t, c] = _share(bwd_ns[c, a, b] - wgrad_ns[c, a, b], parts, k)
         elif op == R_BACKWARD:
-            total = bwd_ns[a, b] - wgrad_ns[a, b] if split else bwd_ns[a, b]
+            for c in range(n_sets):
+                dur[t, c] = _share(bwd_ns[c, a, b], parts, k)
         elif op == R_WGRAD:
-            total = wgrad_ns[a, b]
-        elif op == R_DP_PARAM:
-            total = dp_param_ns
-        elif op == R_DP_GRAD:
-            total = dp_grad_ns
-        elif op == R_Z3_GATHER:
-            total = z3_gather_ns
-        elif op == R_Z3_SCATTER:
-            total = z3_scatter_ns
-        elif op == R_SEND:
-            total = send_ns
-        elif op == R_OPTIMIZER:
-            total = optimizer_ns
+            for c in range(n_sets):
+                dur[t, c] = _share(wgrad_ns[c, a, b], parts, k)
+        elif R_DP_PARAM <= op <= R_OPTIMIZER:
+            for c in range(n_sets):
+                dur[t, c] = _share(scalars[c, op - R_DP_PARAM], parts, k)
         else:
             return False
-        dur[t] = _share(total, rec[t, 3], rec[t, 4])
     for j in range(links.shape[0]):
-        dur[links[j, 0]] += dur[links[j, 1]]
+        for c in range(n_sets):
+            dur[links[j, 0], c] += dur[links[j, 1], c]
     return True
 
 
@@ -1138,6 +1161,8 @@ def _dualpipe_holds(b, o: int, length: int) -> bool:
 @jit(inline=True)
 def _share(total: int, parts: int, k: int) -> int:
     """Part k of ``total`` split in ``parts``; the last part takes the remainder."""
+    if parts == 1:  # most tasks: no division
+        return total
     return total // parts + (total % parts if k == parts - 1 else 0)
 
 
