@@ -22,6 +22,7 @@ from paraspace.kernels import serving as ks
 from paraspace.results import serving_schema as schema
 from paraspace.results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
 from paraspace.results.writer import ResultWriter, to_arrow
+from paraspace.spaces import expert_balance
 from paraspace.spaces.catalog import catalog_hash
 from paraspace.spaces.enums import Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
@@ -81,23 +82,39 @@ def pack_serving(space: LoadedServing) -> PackedServing:
 def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefill: bool = False) -> np.ndarray:
     """One ``kernels.inference.SERVING`` record per row (built column by column): the
     row's (decode) replica, or with ``prefill`` its prefill replica (prefill_tp
-    devices, pp 1, TP attention, the row's ep); both run the row's draft tokens
-    (the prefill replica's draft modules build their caches over the prompt)."""
+    devices, pp 1, its own ep, attention layout and dispatch); both run the row's
+    draft tokens (the prefill replica's draft modules build their caches over the
+    prompt) and two-batch overlap where their layout has an all-to-all. An EP
+    group of more than one rank holds ``experts + redundant_experts`` expert
+    slots, with the busiest rank's load from ``spaces.expert_balance``."""
     nbytes = dtype_bytes_table()
     n = cols["tp"].shape[0]
     rec = np.zeros(n, inference.SERVING)
-    rec["tp"] = cols["prefill_tp"] if prefill else cols["tp"]
+    tp = cols["prefill_tp"] if prefill else cols["tp"]
+    ep = cols["prefill_ep"] if prefill else cols["ep"]
+    adp = cols["prefill_attention_dp"] if prefill else cols["attention_dp"]
+    rec["tp"] = tp
     rec["pp"] = 1 if prefill else cols["pp"]
-    rec["ep"] = cols["ep"]
-    rec["attention_dp"] = 0 if prefill else cols["attention_dp"]
+    rec["ep"] = ep
+    rec["attention_dp"] = adp
     rec["n_gpus"] = space.spec.devices
     rec["weight_bytes"] = nbytes[cols["dtype"]]
     rec["act_bytes"] = ACT_BYTES
     rec["kv_bytes"] = nbytes[cols["kv_dtype"]]
     rec["kv_fraction"] = space.spec.kv_fraction
     rec["batch_cap"] = cols["max_batch"]
-    rec["moe_imbalance"] = 1.0
     rec["draft_tokens"] = cols["draft_tokens"]
+    rec["dispatch"] = cols["prefill_dispatch"] if prefill else cols["dispatch"]
+    rec["tbo"] = (cols["tbo"] != 0) & (adp != 0) & (ep > 1)
+    rec["moe_imbalance"] = 1.0
+    moe = space.model.moe
+    if moe is not None:
+        redundant = np.where(ep > 1, cols["redundant_experts"], 0).astype(np.int64)
+        rec["expert_slots"] = moe.experts + redundant
+        sigma = space.spec.workload.expert_popularity_sigma
+        keys, inverse = np.unique(np.stack([redundant, ep.astype(np.int64)], axis=1), axis=0, return_inverse=True)
+        table = expert_balance.imbalance_table(moe.experts, {(int(r), int(e)) for r, e in keys}, sigma)
+        rec["moe_imbalance"] = np.array([table[int(r), int(e)] for r, e in keys])[inverse.reshape(-1)]
     return rec.view(np.recarray)
 
 
@@ -199,6 +216,7 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     packed = pack_serving(space)
     srv = serving_records(space, cols)
     metrics = analytic(packed, srv, cols, serving_records(space, cols, prefill=True))
+    metrics["moe_imbalance"] = np.ascontiguousarray(srv["moe_imbalance"], dtype=np.float64)
     n = enc.n_rows
     metrics["simulated"] = np.zeros(n)
     metrics["ttft_p90_s"] = np.full(n, np.nan)

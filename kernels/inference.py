@@ -98,7 +98,7 @@ from paraspace.kernels.codes import (
 )
 from paraspace.kernels.collectives import collective_time_s
 from paraspace.kernels.jit import jit
-from paraspace.kernels.moe import combine_s, dispatch_s, grouped_gemm_s
+from paraspace.kernels.moe import combine_s, dispatch_s, gathers, grouped_gemm_s
 from paraspace.kernels.ops import (
     attention_peak,
     attention_qkv_fwd_bwd_s,
@@ -129,6 +129,9 @@ SERVING = np.dtype(
         ("moe_imbalance", np.float64),  # busiest expert's rows / the mean
         # speculative draft tokens a decode step verifies (kernels.serving; ``serve`` here models none)
         ("draft_tokens", np.float64),
+        ("expert_slots", np.float64),  # routed-expert slots of the EP group, redundant copies included (0: experts)
+        ("dispatch", np.float64),  # kernels.codes DISPATCH_* under attention DP
+        ("tbo", np.float64),  # 1: two-batch overlap (attention DP with ep > 1 only)
     ]
 )
 
@@ -163,10 +166,28 @@ N_OUT = len(OUTPUTS)
 
 def serving(**values: float) -> np.ndarray:
     """A SERVING record; ``kv_fraction``, ``batch_cap``, ``moe_imbalance``,
-    ``attention_dp``, ``ep`` and ``draft_tokens`` default to 0.95, 4096, 1, 0, 1 and 0."""
+    ``attention_dp``, ``ep``, ``draft_tokens``, ``expert_slots``, ``dispatch`` and
+    ``tbo`` default to 0.95, 4096, 1, 0, 1, 0, 0 (one slot per expert), all-to-all and 0."""
     defaults = {"kv_fraction": KV_CACHE_FRACTION, "batch_cap": BATCH_CAP, "moe_imbalance": 1.0,
-                "attention_dp": 0.0, "ep": 1.0, "draft_tokens": 0.0}
+                "attention_dp": 0.0, "ep": 1.0, "draft_tokens": 0.0, "expert_slots": 0.0,
+                "dispatch": float(DISPATCH_ALLTOALL), "tbo": 0.0}
     return params.record(SERVING, **{**defaults, **values})
+
+
+@jit
+def expert_slots(model, srv) -> float:
+    """Routed-expert slots of the replica's EP group: the experts, plus the
+    redundant copies of hot ones (``expert_slots`` > 0)."""
+    return srv.expert_slots if srv.expert_slots > 0.0 else model.experts
+
+
+@jit
+def slot_share(model, srv) -> float:
+    """Expert weights a rank holds relative to one copy of each expert: slots /
+    experts (1 without redundant experts)."""
+    if srv.expert_slots > 0.0 and model.experts > 0.0:
+        return srv.expert_slots / model.experts
+    return 1.0
 
 
 @jit
@@ -222,7 +243,7 @@ def stage_weight_bytes(model, srv, stage: int) -> float:
     matrices = nd * layer_params(model, ta)
     if n > nd:
         dense, expert = moe_layer_params(model, ta, srv.ep, etp)
-        matrices += (n - nd) * (dense + expert)
+        matrices += (n - nd) * (dense + expert * slot_share(model, srv))  # (experts + redundant) / ep a rank
     tables = 0.0
     if stage == 0:
         tables += emb
@@ -384,6 +405,19 @@ def moe_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     """The MoE MLP on one rank whose attention produced ``tokens`` rows: router,
     the grouped GEMMs of its active local experts, shared experts, the local
     permute / unpermute passes and the communication of the layout (module doc)."""
+    compute, comm = moe_mlp_parts(model, dev, tiers, tiles, srv, tokens)
+    return compute + comm
+
+
+@jit
+def moe_mlp_parts(model, dev, tiers, tiles, srv, tokens: float):
+    """``moe_mlp_s`` as (compute, communication): the router, expert and shared-
+    expert GEMMs and the local passes, and the dispatch / combine (attention
+    DP, ``srv.dispatch``'s algorithm over the EP group) or the all-reduce (TP
+    attention). The routed experts sit in ``expert_slots`` slots, slots / ep a
+    rank; a token picks top_k of them (a copy of an expert takes an even share
+    of its tokens), and the busiest rank's routed rows are ``moe_imbalance``
+    times the mean (``spaces.expert_balance``)."""
     t = srv.tp
     e = srv.ep
     etp = t / e
@@ -393,22 +427,26 @@ def moe_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     ab = srv.act_bytes
     wb = srv.weight_bytes
     n_exp = model.experts
+    slots = expert_slots(model, srv)
     k = model.top_k
     fe = model.expert_ffn
     imb = srv.moe_imbalance
+    algorithm = int(srv.dispatch)
     routed = tokens * t if dp else tokens  # tokens routed over this rank's experts (the EP x expert-TP group)
     router = gemm_time_s(tokens, n_exp, h, dev, tiles, ab) + memory_bound_s(12.0 * tokens * n_exp, 2.0, dev)
-    hit = active_experts(n_exp, k, routed) / n_exp
-    groups = n_exp / e * hit  # local experts with at least one row
-    rows = routed * k * imb / (n_exp * hit)  # rows per active expert
+    hit = active_experts(slots, k, routed) / slots
+    groups = slots / e * hit  # local expert slots with at least one row
+    rows = routed * k * imb / (slots * hit)  # rows per active slot
     experts = grouped_gemm_s(groups, rows, 2.0 * fe / etp, h, dev, tiles, wb)
     experts += grouped_gemm_s(groups, rows, h, fe / etp, dev, tiles, wb)
     fused = dev.kernel_fusion > 0
     if not fused:
         experts += memory_bound_s(3.0 * groups * rows * fe / etp * ab, 1.0, dev)
     rank_rows = groups * rows
-    # permute before, unpermute after: scan the tokens, move each routed row out and back
-    local = 2.0 * memory_bound_s((tokens + 2.0 * rank_rows) * h * ab, 2.0, dev)
+    # permute before, unpermute after: scan the tokens (a gathering dispatch: the whole gathered
+    # buffer, e times this rank's), move each routed row out and back
+    scanned = e * tokens if dp and gathers(algorithm) else tokens
+    local = 2.0 * memory_bound_s((scanned + 2.0 * rank_rows) * h * ab, 2.0, dev)
     shared = 0.0
     if model.shared_experts > 0:
         width = model.shared_experts * fe / ta
@@ -418,15 +456,29 @@ def moe_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     comm = 0.0
     if dp:
         tok_bytes = tokens * h * ab
-        comm = dispatch_s(DISPATCH_ALLTOALL, tok_bytes, e, etp, n_exp, k, model.max_nodes, tiers)[0]
-        comm += combine_s(DISPATCH_ALLTOALL, tok_bytes, e, etp, n_exp, k, model.max_nodes, tiers)
+        comm = dispatch_s(algorithm, tok_bytes, e, etp, n_exp, k, model.max_nodes, tiers)[0]
+        comm += combine_s(algorithm, tok_bytes, e, etp, n_exp, k, model.max_nodes, tiers)
         if etp > 1.0:  # expert TP: the dispatched rows gathered among its ranks, outputs scattered back
             rows_bytes = etp * tokens * k * imb * h * ab
             comm += collective_time_s(ALL_GATHER, etp, 1.0, rows_bytes, tiers)
             comm += collective_time_s(REDUCE_SCATTER, etp, 1.0, rows_bytes, tiers)
     else:  # every rank holds every token: one all-reduce sums the partial expert outputs
         comm = collective_time_s(ALL_REDUCE, t, 1.0, tokens * h * ab, tiers)
-    return router + experts + local + shared + comm
+    return router + experts + local + shared, comm
+
+
+@jit
+def two_batch_layer_s(attn_half: float, compute_half: float, comm_half: float) -> float:
+    """One MoE layer under two-batch overlap: the batch as two halves, each
+    half's dispatch and combine running while the other half computes, so per
+    layer each half exposes what its communication outlasts the other half's
+    compute: 2 (attention + MoE compute of a half) + 2 max(0, comm - compute)
+    (the halves' GEMMs at half m: a memory-bound decode GEMM reads its weight
+    twice). SGLang's two-batch overlap; DeepSeek-V3/R1 inference overview
+    (open-infra-index, 2025): "the communication cost of one microbatch is
+    hidden behind the computation of the other"."""
+    busy = attn_half + compute_half
+    return 2.0 * busy + 2.0 * max(0.0, comm_half - busy)
 
 
 @jit
@@ -459,12 +511,20 @@ def forward_s(model, dev, tiers, tiles, srv, b: float, q: float, s: float) -> fl
     if model.experts > 0:
         dense_layers = min(model.dense_layers, model.layers)
     moe_layers = model.layers - dense_layers
-    attn = attention_block_s(model, dev, tiers, tiles, srv, b, q, s)
     total = 0.0
-    if dense_layers > 0.0:
-        total += dense_layers * (attn + dense_mlp_s(model, dev, tiers, tiles, srv, tokens))
-    if moe_layers > 0.0:
-        total += moe_layers * (attn + moe_mlp_s(model, dev, tiers, tiles, srv, tokens))
+    if srv.tbo > 0 and dp and srv.ep > 1.0 and moe_layers > 0.0:
+        # two-batch overlap: every layer runs the two halves in turn (two_batch_layer_s)
+        half = attention_block_s(model, dev, tiers, tiles, srv, 0.5 * b, q, s)
+        if dense_layers > 0.0:
+            total += dense_layers * 2.0 * (half + dense_mlp_s(model, dev, tiers, tiles, srv, 0.5 * tokens))
+        compute, comm = moe_mlp_parts(model, dev, tiers, tiles, srv, 0.5 * tokens)
+        total += moe_layers * two_batch_layer_s(half, compute, comm)
+    else:
+        attn = attention_block_s(model, dev, tiers, tiles, srv, b, q, s)
+        if dense_layers > 0.0:
+            total += dense_layers * (attn + dense_mlp_s(model, dev, tiers, tiles, srv, tokens))
+        if moe_layers > 0.0:
+            total += moe_layers * (attn + moe_mlp_s(model, dev, tiers, tiles, srv, tokens))
     total += memory_bound_s(2.0 * tokens * model.hidden * srv.act_bytes, 1.0, dev)  # embedding lookup
     total += head_s(model, dev, tiers, tiles, srv, b)
     p = srv.pp

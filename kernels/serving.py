@@ -119,6 +119,7 @@ from paraspace.kernels.inference import (
     kv_bytes_per_token,
     kv_units,
     moe_mlp_s,
+    slot_share,
     stage_weight_bytes,
     verify_attention_block_s,
 )
@@ -271,7 +272,7 @@ def draft_weight_bytes(model, srv) -> float:
     h = model.hidden
     if draft_layer_is_moe(model):
         dense, expert = moe_layer_params(model, ta, srv.ep, srv.tp / srv.ep)
-        layer = dense + expert
+        layer = dense + expert * slot_share(model, srv)  # its experts in the replica's slots, as the model's layers
     else:
         layer = layer_params(model, ta)
     return n * (layer + 2.0 * h * h + 3.0 * h) * srv.weight_bytes

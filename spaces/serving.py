@@ -39,6 +39,40 @@ MTP module), required when a draft_tokens value is above 0::
     acceptance_rate = 0.85
     [dimensions]
     draft_tokens = [0, 1, 2, 3]
+
+MoE expert parallelism (``kernels.inference`` module doc for the layouts):
+
+- ``redundant_experts``: expert slots beyond the routed experts, holding copies
+  of the hot ones, in every replica's EP group (prefill and decode): a rank
+  holds (experts + redundant) / ep slots, and a load balancer
+  (``spaces.expert_balance``, DeepSeek's EPLB) places the copies so that the
+  busiest rank's share of the routed rows falls; how unequal the experts' loads
+  are is ``workload.expert_popularity_sigma`` (0: equal). DeepSeek-V3's
+  deployment: 32 redundant experts, 288 slots, 2 a GPU at EP144, 9 at EP32.
+- ``dispatch``: how tokens reach their experts under attention DP
+  (``spaces.enums.Dispatch``, the training dimension's values and kernels,
+  ``kernels.moe.dispatch_s``); ``prefill_dispatch`` the same for the prefill
+  replicas of a disaggregated row. Without attention DP (or with ep 1) there is
+  no all-to-all and only the first value is kept.
+- ``tbo``: two-batch overlap, the batch of an iteration run as two halves so
+  that one half's dispatch and combine run under the other half's compute
+  (SGLang / DeepSeek; ``kernels.inference.forward_s``); needs attention DP and
+  ep > 1. It applies to the prefill replicas too where they have both.
+- ``prefill_ep`` and ``prefill_attention_dp``: the prefill replicas' own EP
+  size and attention layout (DeepSeek prefills at EP32 with DP attention and
+  decodes at EP144)::
+
+    [dimensions]
+    tp = [144]
+    ep = [144]
+    attention_dp = [true]
+    redundant_experts = [0, 32]
+    dispatch = ["low-latency", "hierarchical"]
+    tbo = [false, true]
+    mode = ["disagg"]
+    prefill_tp = [32]
+    prefill_ep = [32]
+    prefill_attention_dp = [true]
 """
 
 from __future__ import annotations
@@ -52,8 +86,9 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
+from paraspace.spaces import expert_balance
 from paraspace.spaces.encode import Encoded
-from paraspace.spaces.enums import Dtype, parse
+from paraspace.spaces.enums import Dispatch, Dtype, label, parse
 from paraspace.spaces.errors import MISSING, CatalogError
 from paraspace.spaces.schema import MAX_COUNT, Hardware, Model, Record, validate
 
@@ -102,24 +137,37 @@ class ServingReason(IntEnum):
     TOKEN_BUDGET = 7
     STATIC_TOKENS = 8  #: static batching has no token budget: only the first max_tokens value is kept
     AGG_PREFILL_GROUP = 9  #: aggregated: the prefill group's dimensions are unused, only their first values kept
-    DISAGG_BUDGET = 10  #: disaggregated: the prefill replicas leave no whole decode replica, or ep does not divide prefill_tp
+    DISAGG_BUDGET = 10  #: disaggregated: the prefill replicas leave no whole decode replica
     DISAGG_STATIC = 11  #: disaggregated decode replicas batch continuously: the static scheduler is not kept
+    #: redundant experts without an EP group to balance (dense model or ep = 1), or more slots than ep copies of each
+    REDUNDANT_EXPERTS = 12
+    TBO_SHAPE = 13  #: two-batch overlap without attention DP and ep > 1: no all-to-all to hide
+    #: a dispatch algorithm other than the first where the replica has no all-to-all (no attention DP, or ep = 1)
+    DISPATCH_UNUSED = 14
+    #: disaggregated prefill replica: prefill_ep does not divide prefill_tp, the expert slots or (with
+    #: prefill_tp / prefill_ep) the expert FFN; EP or attention DP on a dense model; attention DP with prefill_tp = 1
+    PREFILL_EP_SHAPE = 15
 
 
 REASON_TEXT: dict[ServingReason, str] = {
     ServingReason.VALID: "valid candidates",
     ServingReason.DEVICE_BUDGET: "tp*pp does not divide devices",
-    ServingReason.TP_HEADS: "tp does not divide heads (or ffn without attention DP)",
+    ServingReason.TP_HEADS: "tp does not divide heads and ffn (without attention DP)",
     ServingReason.PP_LAYERS: "pp > layers",
     ServingReason.EP_DENSE: "ep>1 or attention_dp on a dense model",
-    ServingReason.EP_SHAPE: "ep does not divide tp and the experts, or tp/ep the expert FFN",
+    ServingReason.EP_SHAPE: "ep does not divide tp and the expert slots (experts + redundant), or tp/ep the expert FFN",
     ServingReason.ATTENTION_DP_TP1: "attention_dp with tp=1 (same as without)",
     ServingReason.TOKEN_BUDGET: "continuous: max_tokens < max_batch * (draft_tokens + 1)",
     ServingReason.STATIC_TOKENS: "static: no token budget, only the first max_tokens kept",
-    ServingReason.AGG_PREFILL_GROUP: "agg: prefill_tp / prefill_instances unused, only the first kept",
+    ServingReason.AGG_PREFILL_GROUP: "agg: the prefill_* dimensions are unused, only their first values kept",
     ServingReason.DISAGG_BUDGET: "disagg: devices - prefill_instances*prefill_tp not a multiple of tp*pp (or 0), "
-                                 "or ep does not divide prefill_tp",
+                                 "or prefill_tp does not divide heads (ffn) under TP attention",
     ServingReason.DISAGG_STATIC: "disagg with the static scheduler (decode replicas batch continuously)",
+    ServingReason.REDUNDANT_EXPERTS: "redundant_experts > 0 with a dense model or ep=1, or slots > experts*ep",
+    ServingReason.TBO_SHAPE: "tbo without attention_dp and ep>1 (no all-to-all to overlap)",
+    ServingReason.DISPATCH_UNUSED: "dispatch / prefill_dispatch unused (no attention_dp or ep=1): first value kept",
+    ServingReason.PREFILL_EP_SHAPE: "disagg: prefill_ep does not divide prefill_tp and the slots (or the expert FFN), "
+                                    "or prefill EP / attention DP impossible",
 }
 
 
@@ -178,6 +226,10 @@ class Workload(Record):
     prefix_hit_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
     #: speculative decoding: probability that each draft token is accepted (required with drafts)
     acceptance_rate: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    #: MoE: log-standard deviation of the routed experts' shares of the tokens (``spaces.expert_balance``;
+    #: 0: every expert equally loaded); at most 3, where the hottest of 256 experts already takes ~5,000x
+    #: the coldest's share
+    expert_popularity_sigma: Annotated[float, Field(ge=0, le=3, allow_inf_nan=False)] = 0.0
     #: requests each simulated engine serves
     n_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     seed: Annotated[int, Field(ge=0)] = 0
@@ -236,6 +288,18 @@ class ServingDimensions(Record):
     prefill_tp: tuple[PositiveInt, ...] = (8,)
     #: disaggregated: prefill replicas (the decode replicas take the devices left)
     prefill_instances: tuple[PositiveInt, ...] = (1,)
+    #: MoE: expert slots beyond the routed experts (copies of hot experts) in every EP group
+    redundant_experts: tuple[Annotated[int, Field(ge=0, le=MAX_COUNT)], ...] = (0,)
+    #: MoE under attention DP: the dispatch algorithm (spaces.enums.Dispatch labels)
+    dispatch: tuple[Text, ...] = ("alltoall",)
+    #: MoE under attention DP: two-batch overlap of one half's all-to-all with the other half's compute
+    tbo: tuple[bool, ...] = (False,)
+    #: disaggregated: expert-parallel ranks among a prefill replica's prefill_tp ranks
+    prefill_ep: tuple[PositiveInt, ...] = (1,)
+    #: disaggregated: attention data parallelism in the prefill replicas
+    prefill_attention_dp: tuple[bool, ...] = (False,)
+    #: disaggregated: the prefill replicas' dispatch algorithm
+    prefill_dispatch: tuple[Text, ...] = ("alltoall",)
 
 
 class ServingSpec(Record):
@@ -304,6 +368,13 @@ def check_serving(space: LoadedServing) -> None:
         for value in getattr(dims, name):
             if value not in DTYPE_BYTES:
                 raise CatalogError(space.source, f"dimensions.{name}", value, f"one of {sorted(DTYPE_BYTES)}")
+    for name in ("dispatch", "prefill_dispatch"):
+        for value in getattr(dims, name):
+            try:
+                parse(Dispatch, value)
+            except ValueError:
+                raise CatalogError(space.source, f"dimensions.{name}", value,
+                                   f"one of {[label(m) for m in Dispatch]}") from None
     for value in dims.dtype:
         if value not in peaks:
             raise CatalogError(space.source, "dimensions.dtype", value,
@@ -319,10 +390,15 @@ def check_serving(space: LoadedServing) -> None:
 # --------------------------------------------------------------------------- encoding
 
 #: the product's dimensions, slowest first (the Parquet strategy columns, with instances)
-DIMENSIONS = ("mode", "tp", "pp", "ep", "attention_dp", "dtype", "kv_dtype", "draft_tokens", "max_batch", "max_tokens",
-              "scheduler", "prefill_tp", "prefill_instances")
+DIMENSIONS = ("mode", "tp", "pp", "ep", "attention_dp", "redundant_experts", "dispatch", "tbo", "dtype", "kv_dtype",
+              "draft_tokens", "max_batch", "max_tokens", "scheduler", "prefill_tp", "prefill_instances", "prefill_ep",
+              "prefill_attention_dp", "prefill_dispatch")
 #: enum-valued dimensions: Parquet dictionary columns with these labels
-DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler), "mode": enum_labels(Mode)}
+DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler), "mode": enum_labels(Mode),
+                                         "dispatch": [label(m) for m in sorted(Dispatch)],
+                                         "prefill_dispatch": [label(m) for m in sorted(Dispatch)]}
+#: boolean dimensions (int8 0/1 in the columns)
+BOOL_DIMENSIONS = ("attention_dp", "tbo", "prefill_attention_dp")
 
 
 def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
@@ -335,7 +411,9 @@ def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
         elif name in ("scheduler", "mode"):
             enum = Scheduler if name == "scheduler" else Mode
             out[name] = np.asarray([int(enum[v.upper()]) for v in raw], np.int8)
-        elif name == "attention_dp":
+        elif name in ("dispatch", "prefill_dispatch"):
+            out[name] = np.asarray([int(parse(Dispatch, v)) for v in raw], np.int8)
+        elif name in BOOL_DIMENSIONS:
             out[name] = np.asarray(raw, np.int8)
         else:
             out[name] = np.asarray(raw, np.int32)
@@ -365,31 +443,51 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
              values: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     model = space.model
     moe = model.moe
+    dense = np.full(c["tp"].shape, moe is None)
     tp, pp, ep = (c[k].astype(np.int64) for k in ("tp", "pp", "ep"))
     adp = c["attention_dp"] != 0
     experts = moe.experts if moe is not None else 1
     expert_ffn = moe.expert_ffn if moe is not None else 1
+    slots = experts + c["redundant_experts"].astype(np.int64)
+    redundant = c["redundant_experts"] > 0
     continuous = c["scheduler"] == Scheduler.CONTINUOUS
     disagg = c["mode"] == Mode.DISAGG
     ptp = c["prefill_tp"].astype(np.int64)
+    pep = c["prefill_ep"].astype(np.int64)
+    padp = c["prefill_attention_dp"] != 0
     left = space.spec.devices - c["prefill_instances"].astype(np.int64) * ptp  # devices for decode replicas
     safe_ep = np.maximum(ep, 1)
+    all_to_all = adp & (ep > 1)  # the decode (or aggregated) replica dispatches tokens
+    prefill_all_to_all = disagg & padp & (pep > 1)
+    prefill_group = ((c["prefill_tp"] != values["prefill_tp"][0])
+                     | (c["prefill_instances"] != values["prefill_instances"][0])
+                     | (c["prefill_ep"] != values["prefill_ep"][0])
+                     | (c["prefill_attention_dp"] != values["prefill_attention_dp"][0])
+                     | (c["prefill_dispatch"] != values["prefill_dispatch"][0]))
     rules: dict[ServingReason, np.ndarray] = {
         ServingReason.DEVICE_BUDGET: ~disagg & (space.spec.devices % (tp * pp) != 0),
-        ServingReason.TP_HEADS: (model.heads % tp != 0) | (~adp & (model.ffn % tp != 0)),
+        # under attention DP every rank runs all heads and the dense MLPs whole
+        ServingReason.TP_HEADS: ~adp & ((model.heads % tp != 0) | (model.ffn % tp != 0)),
         ServingReason.PP_LAYERS: pp > model.layers,
-        ServingReason.EP_DENSE: np.full(tp.shape, moe is None) & ((ep > 1) | adp),
-        ServingReason.EP_SHAPE: (tp % safe_ep != 0) | (experts % safe_ep != 0)
-        | (np.full(tp.shape, moe is not None) & (expert_ffn % np.maximum(tp // safe_ep, 1) != 0)),
+        ServingReason.EP_DENSE: dense & ((ep > 1) | adp),
+        ServingReason.EP_SHAPE: (tp % safe_ep != 0) | (slots % safe_ep != 0)
+        | (~dense & (expert_ffn % np.maximum(tp // safe_ep, 1) != 0)),
         ServingReason.ATTENTION_DP_TP1: adp & (tp == 1),
         ServingReason.TOKEN_BUDGET: continuous & (c["max_tokens"].astype(np.int64)
                                                   < c["max_batch"].astype(np.int64) * (c["draft_tokens"] + 1)),
         ServingReason.STATIC_TOKENS: ~continuous & (c["max_tokens"] != values["max_tokens"][0]),
-        ServingReason.AGG_PREFILL_GROUP: ~disagg & ((c["prefill_tp"] != values["prefill_tp"][0])
-                                                    | (c["prefill_instances"] != values["prefill_instances"][0])),
-        ServingReason.DISAGG_BUDGET: disagg & ((left < tp * pp) | (left % (tp * pp) != 0) | (ptp % safe_ep != 0)
-                                               | (model.heads % ptp != 0) | ((moe is None) & (model.ffn % ptp != 0))),
+        ServingReason.AGG_PREFILL_GROUP: ~disagg & prefill_group,
+        ServingReason.DISAGG_BUDGET: disagg & ((left < tp * pp) | (left % (tp * pp) != 0)
+                                               | (~padp & ((model.heads % ptp != 0)
+                                                           | (dense & (model.ffn % ptp != 0))))),
         ServingReason.DISAGG_STATIC: disagg & ~continuous,
+        ServingReason.REDUNDANT_EXPERTS: redundant & (dense | (ep == 1) | (slots > experts * safe_ep)),
+        ServingReason.TBO_SHAPE: (c["tbo"] != 0) & ~all_to_all,
+        ServingReason.DISPATCH_UNUSED: (~all_to_all & (c["dispatch"] != values["dispatch"][0]))
+        | (~prefill_all_to_all & (c["prefill_dispatch"] != values["prefill_dispatch"][0])),
+        ServingReason.PREFILL_EP_SHAPE: disagg & ((ptp % pep != 0) | (dense & ((pep > 1) | padp)) | (padp & (ptp == 1))
+                                                  | ((pep > 1) & ((slots % pep != 0) | (slots > experts * pep)))
+                                                  | (~dense & (expert_ffn % np.maximum(ptp // pep, 1) != 0))),
     }
     reason = np.zeros(tp.shape[0], np.int64)
     breaks = np.zeros(len(ServingReason), np.int64)
