@@ -113,7 +113,7 @@ def pack(space: LoadedSpace) -> Packed:
         act_bytes=ACT_BYTES, weight_bytes=ACT_BYTES, grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES,
         flash_attention=spec.flash_attention,
         gemm_cast_bytes=CAST_BYTES_8BIT if spec.dtype in EIGHT_BIT_DTYPES else 0.0,
-        moe_imbalance=spec.moe_imbalance,
+        moe_imbalance=params.DERIVED_IMBALANCE if spec.moe_imbalance is None else spec.moe_imbalance,
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload, family=bands.family_of(space.hardware.name))

@@ -17,7 +17,7 @@ import polars as pl
 
 from paraspace.explorer.evaluate import pack_hardware, pack_model
 from paraspace.explorer.sweep import paraspace_version
-from paraspace.kernels import inference, serving_sim
+from paraspace.kernels import inference, params, serving_sim
 from paraspace.kernels import serving as ks
 from paraspace.results import serving_schema as schema
 from paraspace.results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
@@ -103,10 +103,11 @@ def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefil
     rec["kv_bytes"] = nbytes[cols["kv_dtype"]]
     rec["kv_fraction"] = space.spec.kv_fraction
     rec["batch_cap"] = cols["max_batch"]
+    rec["moe_imbalance"] = params.DERIVED_IMBALANCE  # sampling: from each forward's routed tokens (kernels.routing)
     rec["draft_tokens"] = cols["draft_tokens"]
     rec["dispatch"] = cols["prefill_dispatch"] if prefill else cols["dispatch"]
     rec["tbo"] = (cols["tbo"] != 0) & (adp != 0) & (ep > 1)
-    rec["moe_imbalance"] = 1.0
+    rec["placement_imbalance"] = 1.0
     moe = space.model.moe
     if moe is not None:
         redundant = np.where(ep > 1, cols["redundant_experts"], 0).astype(np.int64)
@@ -114,7 +115,7 @@ def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefil
         sigma = space.spec.workload.expert_popularity_sigma
         keys, inverse = np.unique(np.stack([redundant, ep.astype(np.int64)], axis=1), axis=0, return_inverse=True)
         table = expert_balance.imbalance_table(moe.experts, {(int(r), int(e)) for r, e in keys}, sigma)
-        rec["moe_imbalance"] = np.array([table[int(r), int(e)] for r, e in keys])[inverse.reshape(-1)]
+        rec["placement_imbalance"] = np.array([table[int(r), int(e)] for r, e in keys])[inverse.reshape(-1)]
     return rec.view(np.recarray)
 
 
@@ -216,7 +217,7 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     packed = pack_serving(space)
     srv = serving_records(space, cols)
     metrics = analytic(packed, srv, cols, serving_records(space, cols, prefill=True))
-    metrics["moe_imbalance"] = np.ascontiguousarray(srv["moe_imbalance"], dtype=np.float64)
+    metrics["placement_imbalance"] = np.ascontiguousarray(srv["placement_imbalance"], dtype=np.float64)
     n = enc.n_rows
     metrics["simulated"] = np.zeros(n)
     metrics["ttft_p90_s"] = np.full(n, np.nan)

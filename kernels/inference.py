@@ -99,6 +99,7 @@ from paraspace.kernels.codes import (
 from paraspace.kernels.collectives import collective_time_s
 from paraspace.kernels.jit import jit
 from paraspace.kernels.moe import combine_s, dispatch_s, gathers, grouped_gemm_s
+from paraspace.kernels.routing import moe_imbalance
 from paraspace.kernels.ops import (
     attention_peak,
     attention_qkv_fwd_bwd_s,
@@ -126,12 +127,17 @@ SERVING = np.dtype(
         ("kv_bytes", np.float64),  # KV cache per element
         ("kv_fraction", np.float64),  # share of the HBM left after weights and overhead given to the KV cache
         ("batch_cap", np.float64),  # most concurrent sequences per replica the runtime schedules
-        ("moe_imbalance", np.float64),  # busiest expert's rows / the mean
+        # busiest expert rank's routed rows / the mean; params.DERIVED_IMBALANCE (0):
+        # from uniform random routing of each forward's tokens (kernels.routing)
+        ("moe_imbalance", np.float64),
         # speculative draft tokens a decode step verifies (kernels.serving; ``serve`` here models none)
         ("draft_tokens", np.float64),
         ("expert_slots", np.float64),  # routed-expert slots of the EP group, redundant copies included (0: experts)
         ("dispatch", np.float64),  # kernels.codes DISPATCH_* under attention DP
         ("tbo", np.float64),  # 1: two-batch overlap (attention DP with ep > 1 only)
+        # busiest EP rank's expected expert load over the mean from expert popularity after
+        # the placement of the slots (spaces.expert_balance; 1: equally popular experts)
+        ("placement_imbalance", np.float64),
     ]
 )
 
@@ -166,11 +172,12 @@ N_OUT = len(OUTPUTS)
 
 def serving(**values: float) -> np.ndarray:
     """A SERVING record; ``kv_fraction``, ``batch_cap``, ``moe_imbalance``,
-    ``attention_dp``, ``ep``, ``draft_tokens``, ``expert_slots``, ``dispatch`` and
-    ``tbo`` default to 0.95, 4096, 1, 0, 1, 0, 0 (one slot per expert), all-to-all and 0."""
-    defaults = {"kv_fraction": KV_CACHE_FRACTION, "batch_cap": BATCH_CAP, "moe_imbalance": 1.0,
+    ``attention_dp``, ``ep``, ``draft_tokens``, ``expert_slots``, ``dispatch``, ``tbo``
+    and ``placement_imbalance`` default to 0.95, 4096, derived
+    (``params.DERIVED_IMBALANCE``), 0, 1, 0, 0 (one slot per expert), all-to-all, 0 and 1."""
+    defaults = {"kv_fraction": KV_CACHE_FRACTION, "batch_cap": BATCH_CAP, "moe_imbalance": params.DERIVED_IMBALANCE,
                 "attention_dp": 0.0, "ep": 1.0, "draft_tokens": 0.0, "expert_slots": 0.0,
-                "dispatch": float(DISPATCH_ALLTOALL), "tbo": 0.0}
+                "dispatch": float(DISPATCH_ALLTOALL), "tbo": 0.0, "placement_imbalance": 1.0}
     return params.record(SERVING, **{**defaults, **values})
 
 
@@ -416,8 +423,10 @@ def moe_mlp_parts(model, dev, tiers, tiles, srv, tokens: float):
     DP, ``srv.dispatch``'s algorithm over the EP group) or the all-reduce (TP
     attention). The routed experts sit in ``expert_slots`` slots, slots / ep a
     rank; a token picks top_k of them (a copy of an expert takes an even share
-    of its tokens), and the busiest rank's routed rows are ``moe_imbalance``
-    times the mean (``spaces.expert_balance``)."""
+    of its tokens), and the busiest rank's routed rows are the mean times the
+    routing's sampling imbalance (``moe_imbalance``: derived, ``kernels.routing``,
+    or fixed) times ``placement_imbalance`` (popularity skew left by the slots'
+    placement, ``spaces.expert_balance``)."""
     t = srv.tp
     e = srv.ep
     etp = t / e
@@ -430,9 +439,11 @@ def moe_mlp_parts(model, dev, tiers, tiles, srv, tokens: float):
     slots = expert_slots(model, srv)
     k = model.top_k
     fe = model.expert_ffn
-    imb = srv.moe_imbalance
     algorithm = int(srv.dispatch)
     routed = tokens * t if dp else tokens  # tokens routed over this rank's experts (the EP x expert-TP group)
+    # the busiest of the e ranks over the mean: the routing's sampling noise (kernels.routing)
+    # times the skew of expert popularity left by the placement (spaces.expert_balance)
+    imb = moe_imbalance(srv.moe_imbalance, routed, n_exp, k, e) * srv.placement_imbalance
     router = gemm_time_s(tokens, n_exp, h, dev, tiles, ab) + memory_bound_s(12.0 * tokens * n_exp, 2.0, dev)
     hit = active_experts(slots, k, routed) / slots
     groups = slots / e * hit  # local expert slots with at least one row

@@ -17,6 +17,7 @@ from paraspace.kernels.optimizer import OPT_HOST_STATE_FRACTION, OPT_STATE_FRACT
 from paraspace.kernels.parameters import device_dense_layers, device_layers, layer_params, moe_layer_params, \
     param_parts, stage_params_from
 from paraspace.kernels.recompute import recomputed_layers
+from paraspace.kernels.routing import layer_imbalance
 from paraspace.kernels.schedules import in_flight_chunks
 
 #: Per recompute mode (index = kernels.codes RECOMPUTE_*: none, selective, full,
@@ -172,7 +173,7 @@ def activation_sizes(sh, recompute: int, model, work):
     keep_moe = 0.0
     none_moe = 0.0
     if is_moe:
-        imb = work.moe_imbalance
+        imb = layer_imbalance(sh, model, work)  # the busiest EP rank's routed rows over the mean
         none_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab, imb)
         act_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, imb)
         keep_moe = none_moe if kept == RECOMPUTE_NONE else act_moe

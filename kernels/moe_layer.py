@@ -16,6 +16,7 @@ from paraspace.kernels.jit import jit
 from paraspace.kernels.moe import combine_s, dispatch_s, grouped_gemm_fwd_bwd_s, local_pass_s, staging_bytes, \
     two_batch_exposed_s
 from paraspace.kernels.ops import gemm_efficiency, memory_bound_s
+from paraspace.kernels.routing import layer_imbalance
 
 #: One MoE layer's costs (seconds unless noted): forward, backward and the
 #: weight-gradient GEMMs inside it; exposed EP communication forward /
@@ -29,10 +30,13 @@ MoeLayer = namedtuple("MoeLayer", ("fwd", "bwd", "wgrad", "ep_f", "ep_b", "buffe
 
 
 @jit(inline=True)
-def routed_experts_s(sh, model, dev, tiles, work):
+def routed_experts_s(sh, model, dev, tiles, imb: float):
     """The router and the routed experts of this rank: (router GEMM forward,
     backward, W; softmax and top-k; rows per local expert on the busiest rank;
-    grouped gate/up and down GEMMs' W; experts forward, backward)."""
+    grouped gate/up and down GEMMs' W; experts forward, backward). ``imb``: the
+    busiest rank's rows over the mean (``kernels.routing``); its grouped GEMM
+    shares them evenly over its local experts (a grouped GEMM's time is about
+    the sum of its groups', so the rank's total is what counts)."""
     h = sh.h
     ab = sh.ab
     n_exp = model.experts
@@ -41,7 +45,7 @@ def routed_experts_s(sh, model, dev, tiles, work):
     rf, rb, rw = gemm_passes_s(t_rank, n_exp, h, dev, tiles, ab)
     router = memory_bound_s(3.0 * 4.0 * t_rank * n_exp, 2.0, dev)  # softmax and top-k over fp32 logits
     groups = n_exp / sh.e
-    m_e = sh.e * sh.et * t_rank * model.top_k * work.moe_imbalance / n_exp  # rows per local expert, busiest rank
+    m_e = sh.e * sh.et * t_rank * model.top_k * imb / n_exp  # rows per local expert, busiest rank
     g1f, g1b, g1w = grouped_gemm_fwd_bwd_s(groups, m_e, 2.0 * fe / sh.et, h, dev, tiles, ab)
     g2f, g2b, g2w = grouped_gemm_fwd_bwd_s(groups, m_e, h, fe / sh.et, dev, tiles, ab)
     g_act = 0.0 if sh.fused else memory_bound_s(3.0 * groups * m_e * fe / sh.et * ab, 1.0, dev)
@@ -61,12 +65,12 @@ def shared_experts_s(sh, model, dev, tiles):
 
 
 @jit(inline=True)
-def ep_traffic_s(sh, ep_stride: float, dispatch: int, model, dev, tiers, work):
+def ep_traffic_s(sh, ep_stride: float, dispatch: int, model, dev, tiers, imb: float):
     """(local permute pass, dispatch, combine) seconds of one MoE layer's
     micro-batch; with expert TP the dispatched rows are gathered among its ranks
-    and the outputs scattered back."""
+    and the outputs scattered back. ``imb``: the busiest rank's rows over the
+    mean (its permute and expert-TP passes move that many)."""
     k = model.top_k
-    imb = work.moe_imbalance
     t_rank = sh.tokens / sh.t
     tok_bytes = t_rank * sh.h * sh.ab
     local = local_pass_s(dispatch, tok_bytes, sh.e, k, imb, dev)  # permute before, unpermute after
@@ -111,14 +115,15 @@ def moe_layer_s(sh, att, ep_stride: float, recompute: int, rc_dense: float, disp
     recompute, or only the dispatch with moe-dispatch."""
     if model.experts <= 0:
         return MoeLayer(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, rc_dense, 0.0)
-    rf, rb, rw, router, m_e, g1w, g2w, expert_f, expert_b = routed_experts_s(sh, model, dev, tiles, work)
+    imb = layer_imbalance(sh, model, work)  # busiest EP rank's routed rows over the mean
+    rf, rb, rw, router, m_e, g1w, g2w, expert_f, expert_b = routed_experts_s(sh, model, dev, tiles, imb)
     sh_f, sh_b, sh_w = shared_experts_s(sh, model, dev, tiles)
-    local, disp, comb = ep_traffic_s(sh, ep_stride, dispatch, model, dev, tiers, work)
+    local, disp, comb = ep_traffic_s(sh, ep_stride, dispatch, model, dev, tiers, imb)
     ep_f, ep_b = ep_exposed_s(disp, comb, expert_f + sh_f, expert_b + sh_b, tbo, schedule)
     moe_f = att.part_f + rf + router + 2.0 * local + expert_f + sh_f
     moe_b = att.part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b
     moe_w = att.qkv_w + att.out_w + rw + g1w + g2w + sh_w
-    buffers = staging_bytes(dispatch, sh.tokens / sh.t * sh.h * sh.ab, sh.e, model.top_k, work.moe_imbalance)
+    buffers = staging_bytes(dispatch, sh.tokens / sh.t * sh.h * sh.ab, sh.e, model.top_k, imb)
     e_eff = gemm_efficiency(m_e, 2.0 * model.expert_ffn / sh.et, sh.h, dev, tiles)
     rc_moe = rc_dense
     rc_ep = 0.0

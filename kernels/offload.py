@@ -16,6 +16,7 @@ from paraspace.kernels.cost_vector import (
 )
 from paraspace.kernels.jit import jit
 from paraspace.kernels.memory import activation_bytes_per_layer, layer_input_bytes, moe_activation_bytes_per_layer
+from paraspace.kernels.routing import layer_imbalance
 
 @jit
 def host_exposed_s(to_host: float, to_device: float, compute: float, dev) -> float:
@@ -42,7 +43,8 @@ def offload_costs(costs, sh, recompute: int, off_act: int, off_w: int, lp: float
     if off_act != 0:  # all but the layer input goes to the host and comes back for the backward
         inp = layer_input_bytes(b, s, t, c, sp, model, ab)
         act_d = activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab) - inp
-        act_m = moe_activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab, work.moe_imbalance) - inp
+        act_m = moe_activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab,
+                                               layer_imbalance(sh, model, work)) - inp
     w_d = lp if off_w != 0 else 0.0
     w_m = moe_params if off_w != 0 else 0.0
     wb = work.weight_bytes

@@ -108,7 +108,9 @@ WORKLOAD = np.dtype(
         # when the GEMM precision is 8-bit (FP8 recipes cast activations, weights and
         # output gradients every pass); 0 for 16-bit GEMMs
         ("gemm_cast_bytes", np.float64),
-        ("moe_imbalance", np.float64),  # busiest expert rank's tokens / the mean
+        # busiest expert rank's routed rows / the mean; DERIVED_IMBALANCE (0): from
+        # uniform random routing of each row's tokens (kernels.routing)
+        ("moe_imbalance", np.float64),
         ("quantize_attention", np.float64),  # 1: attention projections in the GEMM precision too; 0: 16-bit
     ]
 )
@@ -119,14 +121,18 @@ def _has_default(dtype: np.dtype, name: str) -> bool:
     return dtype[name].shape != () or name.startswith("n_") or name in DEFAULTS
 
 
+#: ``moe_imbalance`` value that asks the kernels to derive the busiest expert
+#: rank's load from the routing statistics (``kernels.routing.moe_imbalance``)
+DERIVED_IMBALANCE = 0.0
+
 #: scalar fields that may be omitted: the MoE / MLA description of a dense MHA
-#: model (0) and balanced routing
+#: model (0) and the routing imbalance (derived)
 DEFAULTS = {
     **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                      "mtp_depth", "sliding_window", "kernel_fusion", "allreduce_algorithm",
                      "memory_fragmentation", "comm_buffer_bytes"), 0.0),
-    "moe_imbalance": 1.0,
+    "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
     "peak_16bit_flops_per_s": 0.0,
 }

@@ -70,9 +70,10 @@ METRICS: tuple[Column, ...] = (
            "at rate a (simulated rows: measured), 1 without drafts", kernel="kernels.serving.expected_tokens"),
     Column("kv_transfer_s", pa.float64(), "s", "disagg: one prompt's KV cache from prefill to decode replica",
            kernel="kernels.serving.kv_transfer_s"),
-    Column("moe_imbalance", pa.float64(), "ratio",
-           "MoE: the busiest EP rank's routed rows over the mean rank's in a (decode) replica (1: even)",
-           kernel="spaces.expert_balance.imbalance"),
+    Column("placement_imbalance", pa.float64(), "ratio",
+           "MoE: the busiest EP rank's expected expert load over the mean rank's in a (decode) replica from expert "
+           "popularity after the slots' placement (1: even); the routing's sampling noise multiplies it in the "
+           "kernels (kernels.routing)", kernel="spaces.expert_balance.imbalance"),
     Column("kv_capacity_tokens", pa.float64(), "tokens", "tokens the KV cache of one replica holds",
            kernel="kernels.serving.kv_capacity_tokens"),
     Column("mem_weights_bytes", pa.float64(), "bytes", "weights on the fullest device",

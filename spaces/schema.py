@@ -472,10 +472,15 @@ class SpaceSpec(Record):
     #: allow pipelines whose stages hold different numbers of layers (the first
     #: L mod p stages one more); otherwise pp * vpp must divide the layers
     uneven_layers: bool = False
-    #: tokens of the busiest expert rank over the mean (1: balanced routing); the
-    #: step waits for the busiest rank, and its token buffers are sized for it (at
-    #: most all tokens on one rank: the EP size, <= MAX_PARALLEL)
-    moe_imbalance: Annotated[float, Field(ge=1, le=MAX_PARALLEL)] = 1.0
+    #: routed rows of the busiest expert-parallel rank over the mean, for every
+    #: row of the space; the step waits for the busiest rank, and its buffers and
+    #: activations are sized for it. Omitted: derived per row from the routed
+    #: tokens, experts, top-k and EP size for uniform random routing
+    #: (``kernels.routing``: 1.01-1.03 for training micro-batches, 1.1-2 for
+    #: decode batches). A number fixes it: 1.0 for a forced balanced gate
+    #: (round-robin routing), more for a learned router's measured skew (at most
+    #: all tokens on one rank: the EP size, <= MAX_PARALLEL)
+    moe_imbalance: Annotated[float, Field(ge=1, le=MAX_PARALLEL)] | None = None
     #: with an 8-bit dtype, which GEMMs run in it: "all", or "mlp" (the MLP and expert
     #: GEMMs; the attention projections stay in 16 bits, a common FP8 recipe)
     quantized_gemms: Literal["all", "mlp"] = "all"

@@ -28,6 +28,7 @@ from paraspace.kernels.training import (
     moe_layer_params,
     stage_params,
 )
+from paraspace.kernels.routing import routing_imbalance
 from paraspace.spaces.catalog import load_hardware, load_model
 
 GIB = 2.0**30
@@ -166,10 +167,18 @@ def test_dense_model_has_no_moe_columns(h800, make_workload):
 
 
 def test_expert_gemm_rows(h800, mixtral, make_workload):
-    """Balanced routing: each of the E / ep local experts gets ep x T x k / E rows;
-    mixtral (E = 8, top-2), ep = 8, T = 4096 tokens: 8 x 4096 x 2 / 8 = 8192."""
-    out = run(mixtral, h800, make_workload(global_batch=32.0, seq_len=4096.0))
+    """Forced balanced routing (moe_imbalance = 1): each of the E / ep local experts
+    gets ep x T x k / E rows; mixtral (E = 8, top-2), ep = 8, T = 4096 tokens:
+    8 x 4096 x 2 / 8 = 8192.
+    Derived (uniform random routing, kernels.routing's normal branch): N = 32,768
+    tokens, λ = 8192 rows per rank; variance = N k (1/8)(7/8)(6/7) = 6144,
+    σ = 78.3837; z = Blom's 1.434200 x sqrt(8/7) = 1.533224; κ3 = 6144 x 0.75 x 4/6
+    = 3072, γ = 3072 / 6144^1.5 = 0.0063788, z += (z² - 1) γ / 6 -> 1.534660;
+    imbalance 1 + 78.3837 x 1.534660 / 8192 = 1.014684: 8312.29 rows."""
+    out = run(mixtral, h800, make_workload(global_batch=32.0, seq_len=4096.0, moe_imbalance=1.0))
     assert out["expert_gemm_rows"] == 8 * 4096 * 2 / 8
+    out = run(mixtral, h800, make_workload(global_batch=32.0, seq_len=4096.0))
+    assert out["expert_gemm_rows"] == pytest.approx(8192 * 1.014684, rel=1e-6)
 
 
 @pytest.mark.parametrize("dispatch", [DISPATCH_ALLGATHER, DISPATCH_ALLTOALL, DISPATCH_HIERARCHICAL])
@@ -196,10 +205,29 @@ def test_two_batch_overlap_never_slows_a_step(h800, mixtral, make_workload, ep, 
 @given(imbalance=st.floats(1.0, 3.0), ep=st.sampled_from([2, 4, 8]), dispatch=st.sampled_from([0, 1, 2, 3, 4]))
 def test_routing_imbalance_never_helps(h800, mixtral, make_workload, imbalance, ep, dispatch):
     kw = dict(dp=16, ep=ep, dispatch=dispatch, n_micro=2)
-    even = run(mixtral, h800, make_workload(global_batch=32.0, seq_len=4096.0), **kw)
+    even = run(mixtral, h800, make_workload(global_batch=32.0, seq_len=4096.0, moe_imbalance=1.0), **kw)
     skew = run(mixtral, h800, make_workload(global_batch=32.0, seq_len=4096.0, moe_imbalance=imbalance), **kw)
     assert skew["step_time_analytic_s"] >= even["step_time_analytic_s"] * (1 - 1e-12)
     assert skew["mem_peak_bytes"] >= even["mem_peak_bytes"] * (1 - 1e-12)
+
+
+@pytest.mark.parametrize(("ep", "mb"), [(2, 1), (8, 1), (8, 4)])
+def test_derived_imbalance_sets_the_busiest_ranks_rows(h800, mixtral, make_workload, ep, mb):
+    """Without an override the busiest rank's grouped-GEMM rows are the mean
+    times ``routing_imbalance`` of the EP group's micro-batch tokens: Mixtral
+    (8 experts, top-2), tp 1, seq 4096: a rank dispatches 4096 mb tokens, the
+    group ep * 4096 mb; rows per local expert = ep * 4096 mb * 2 * imbalance / 8.
+    A forced balanced gate (moe_imbalance = 1) gives the mean, and is faster."""
+    kw = dict(dp=16, ep=ep, mb=mb, n_micro=2)
+    derived = run(mixtral, h800, make_workload(global_batch=32.0 * mb, seq_len=4096.0), **kw)
+    forced = run(mixtral, h800, make_workload(global_batch=32.0 * mb, seq_len=4096.0, moe_imbalance=1.0), **kw)
+    group_tokens = ep * 4096.0 * mb
+    imb = routing_imbalance(group_tokens, 8.0, 2.0, float(ep))
+    assert imb > 1.0
+    assert derived["expert_gemm_rows"] == pytest.approx(group_tokens * 2 * imb / 8, rel=1e-12)
+    assert forced["expert_gemm_rows"] == pytest.approx(group_tokens * 2 / 8, rel=1e-12)
+    assert derived["step_time_analytic_s"] > forced["step_time_analytic_s"]
+    assert derived["mem_peak_bytes"] > forced["mem_peak_bytes"]
 
 
 def test_full_recompute_replays_the_dispatch(h800, mixtral, make_workload):

@@ -35,9 +35,10 @@ def toy_moe(**overrides: float) -> np.ndarray:
 
 
 def toy_srv(**overrides: float) -> np.ndarray:
-    """Two ranks of attention DP with EP 2, 16-bit everything."""
+    """Two ranks of attention DP with EP 2, 16-bit everything, evenly routed tokens
+    (``moe_imbalance`` 1: the hand-derived figures below count the mean rank's rows)."""
     values = {"tp": 2.0, "pp": 1.0, "ep": 2.0, "attention_dp": 1.0, "n_gpus": 2.0, "weight_bytes": 2.0,
-              "act_bytes": 2.0, "kv_bytes": 2.0, "kv_fraction": 0.9}
+              "act_bytes": 2.0, "kv_bytes": 2.0, "kv_fraction": 0.9, "moe_imbalance": 1.0}
     values.update(overrides)
     return inference.serving(**values)
 
@@ -272,7 +273,7 @@ def test_prefill_records_take_their_own_layout():
     assert (dec.tp, dec.ep, dec.attention_dp, dec.expert_slots, dec.tbo) == (144, 144, 1, 288, 1)
     assert int(dec.dispatch) == int(Dispatch.LOW_LATENCY) and int(pre.dispatch) == int(Dispatch.HIERARCHICAL)
     assert (pre.tp, pre.ep, pre.attention_dp, pre.expert_slots, pre.tbo) == (32, 32, 1, 288, 1)
-    assert dec.moe_imbalance == 1.125 and pre.moe_imbalance == eb.imbalance(256, 32, 32, 0.0)
+    assert dec.placement_imbalance == 1.125 and pre.placement_imbalance == eb.imbalance(256, 32, 32, 0.0)
 
 
 # --------------------------------------------------------------------------- catalog spaces
