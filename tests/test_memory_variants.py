@@ -32,6 +32,7 @@ from paraspace.kernels.codes import (
     SCHEDULE_INTERLEAVED,
 )
 from paraspace.kernels.moe import dispatch_s, local_pass_s
+from paraspace.kernels.routing import routing_imbalance
 from paraspace.kernels.training import (
     OUTPUTS,
     activation_bytes_per_layer,
@@ -240,13 +241,17 @@ def test_moe_dispatch_recompute_costs_one_more_dispatch(mixtral, h100):
     """Each of the device's 8 MoE layers dispatches once more in the backward: the
     EP communication of 8 micro-batches rises by 8 x 8 forward dispatches
     (kernels.moe.dispatch_s of the rank's 2048 tokens x 4096 x 2 bytes), the
-    compute by as many permutations, and activation memory falls."""
+    compute by as many permutations (of the busiest rank's rows: the routing
+    imbalance of the EP8 group's 8 x 2048 tokens, top-2 of 8 experts), and
+    activation memory falls."""
     args, base = mixtral
     none = run(*args, base=base, recompute=RECOMPUTE_NONE)
     moe = run(*args, base=base, recompute=RECOMPUTE_MOE_DISPATCH)
     tok_bytes = 4096 / 2 * 4096 * 2.0
     disp, _, _ = dispatch_s(DISPATCH_ALLTOALL, tok_bytes, 8.0, 1.0, 8.0, 2.0, 0.0, h100.tiers)
-    local = local_pass_s(DISPATCH_ALLTOALL, tok_bytes, 8.0, 2.0, 1.0, h100.device[0])
+    imbalance = routing_imbalance(8 * 2048.0, 8.0, 2.0, 8.0)
+    assert 1.0 < imbalance < 1.03
+    local = local_pass_s(DISPATCH_ALLTOALL, tok_bytes, 8.0, 2.0, imbalance, h100.device[0])
     assert disp > 0 and local > 0
     assert moe["ep_comm_s"] - none["ep_comm_s"] == pytest.approx(8 * 8 * disp, rel=1e-9)
     assert moe["recompute_s"] == pytest.approx(8 * 8 * (disp + local), rel=1e-12)
