@@ -115,7 +115,7 @@ def test_eval_json_matches_the_sweep_row(small_sweep):
     result = run("eval", "--space", SMALL, "--set", "tp=2", "--set", "pp=2", "--set", "recompute=selective",
                  "--set", "sequence_parallel=true", "--set", "zero=1", "--json")
     assert result.exit_code == 0, result.output
-    got = json.loads(result.output)
+    got = json.loads(result.stdout)
     assert list(got) == df.columns
     for key, value in row.items():
         if key == "row_id":

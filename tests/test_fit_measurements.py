@@ -247,7 +247,7 @@ def test_cli_calibrated_profile_in_eval(tmp_path):
     base = run("eval", "--hardware", "br166-spc", *config)
     slow = run("eval", "--hardware", str(out), *config)
     assert base.exit_code == 0 and slow.exit_code == 0, slow.output
-    assert json.loads(slow.output)["compute_s"] > 1.5 * json.loads(base.output)["compute_s"]
+    assert json.loads(slow.stdout)["compute_s"] > 1.5 * json.loads(base.stdout)["compute_s"]
 
 
 def test_cli_calibrate_comm(tmp_path):

@@ -334,7 +334,7 @@ def test_fuzz_validate_csv(tmp_path_factory, content, as_json):
     args, result = run_validate_file(tmp_path_factory.mktemp("validate"), content, as_json)
     check_clean(result, args)
     if result.exit_code == 0 and as_json:
-        json.loads(result.output, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+        json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
 
 
 # --------------------------------------------------------------------------- valid extremes
@@ -395,7 +395,7 @@ EVENT_TIER_MAX_S = 2**63 / 1e9
 def test_fuzz_extremes_inside_the_bounds(tmp_path_factory, case):
     args, result = run_extreme(tmp_path_factory.mktemp("extreme"), case)
     check_clean(result, args)
-    if result.exit_code == 0 and json.loads(result.output)["step_time_analytic_s"] < EVENT_TIER_MAX_S:
+    if result.exit_code == 0 and json.loads(result.stdout)["step_time_analytic_s"] < EVENT_TIER_MAX_S:
         check_json_row(result.output)
 
 

@@ -202,7 +202,7 @@ def test_extreme_but_valid_numbers_give_finite_physical_rows(tmp_path):
     result = invoke("eval", "--model", str(model), "--hardware", str(hw), "--devices", "16", "--global-batch", "2",
                     "--seq-len", "512", "--set", "tp=2", "--set", "pp=4", "--set", "recompute=full", "--json")
     assert result.exit_code == 0, result.output
-    row = json.loads(result.output)
+    row = json.loads(result.stdout)
     assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
     assert row["feasible"] and row["simulated"]
     assert row["step_time_s"] > 0 and row["mem_peak_bytes"] > 0 and 0 < row["mfu"] <= 1
@@ -225,7 +225,7 @@ def test_a_step_beyond_the_event_tier_range_is_not_simulated(tmp_path):
     hw.write_text(text)
     result = invoke("eval", "--model", str(model), "--hardware", str(hw), "--devices", "1", "--global-batch", "1",
                     "--seq-len", str(schema.MAX_COUNT), "--json")
-    row = json.loads(result.output)
+    row = json.loads(result.stdout)
     assert row["step_time_analytic_s"] > 2**63 / 1e9
     assert row["step_time_s"] == row["step_time_analytic_s"] and 0 < row["mfu"] <= 1
 

@@ -61,7 +61,7 @@ def test_eval_reproduces_the_best_sweep_row(best_row):
     assert row["feasible"] and row["simulated"]  # both tiers are compared
     result = invoke("eval", "--space", name, *strategy_args(row), "--json")
     assert result.exit_code == 0, result.output
-    got = json.loads(result.output)
+    got = json.loads(result.stdout)
     assert list(got) == list(row)
     assert {k: v for k, v in got.items() if k != "row_id"} == {k: v for k, v in row.items() if k != "row_id"}
 
@@ -121,7 +121,7 @@ def test_eval_without_a_space_still_works(tmp_path: Path):
     result = invoke("eval", "--model", "llama3-8b", "--hardware", "h100-sxm5-80gb", "--devices", "8",
                     "--global-batch", "16", "--seq-len", "2048", "--set", "tp=8", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["dp"] == 1
+    assert json.loads(result.stdout)["dp"] == 1
 
 
 def test_study_rows_are_the_sweep_rows(tmp_path):

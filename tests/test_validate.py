@@ -146,7 +146,7 @@ def test_a_bad_row_is_unsupported_with_its_reason_and_the_rest_predicted(tmp_pat
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 0, result.output
     assert "unsupported: " + bad.reason in result.output and "Traceback" not in result.output
-    data = json.loads(CliRunner().invoke(main, ["validate", str(path), "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["validate", str(path), "--json"]).stdout)
     assert data["rows"][0]["status"] == "unsupported" and data["rows"][0]["reason"] == bad.reason
 
 
@@ -166,7 +166,7 @@ def test_cli_json_and_table(tmp_path):
     path = write(tmp_path, [ROW])
     result = CliRunner().invoke(main, ["validate", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     (row,) = data["rows"]
     assert set(row) >= {"id", "metric", "measured", "predicted", "error", "band"}
     lo, hi = row["band"]
@@ -332,6 +332,6 @@ def test_cli_loso_on_a_small_file(tmp_path):
     path = write(tmp_path, [ROW, {**ROW, "id": "t-2", "source": "other", "micro_batch": "2"}])
     result = CliRunner().invoke(main, ["validate", str(path), "--loso", "--json", "--no-progress"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["loso"]["ok"]["n"] == 2
     assert all(r["loso_predicted"] > 0 for r in data["rows"])
