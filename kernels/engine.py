@@ -199,24 +199,25 @@ def replay_program(sync, succ_ptr, succ_idx, plan, work):
         if sync[i] < 0:
             n_seq += 1
     n_seq += n_groups
-    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    # predecessor lists: every dependency and resource-order edge, reversed
+    n_links = 0
+    for i in range(n):
+        if nxt[i] >= 0:
+            n_links += 1
+    n_edges = succ_ptr[n] + n_links
+    to_task = np.empty(n_edges, dtype=np.int64)
+    from_task = np.empty(n_edges, dtype=np.int64)
+    k = 0
     for i in range(n):
         for e in range(succ_ptr[i], succ_ptr[i + 1]):
-            pred_ptr[succ_idx[e] + 1] += 1
+            to_task[k] = succ_idx[e]
+            from_task[k] = i
+            k += 1
         if nxt[i] >= 0:
-            pred_ptr[nxt[i] + 1] += 1
-    for i in range(n):
-        pred_ptr[i + 1] += pred_ptr[i]
-    fill = pred_ptr[:-1].copy()
-    pred_idx = np.empty(pred_ptr[n], dtype=np.int64)
-    for i in range(n):
-        for e in range(succ_ptr[i], succ_ptr[i + 1]):
-            s = succ_idx[e]
-            pred_idx[fill[s]] = i
-            fill[s] += 1
-        if nxt[i] >= 0:
-            pred_idx[fill[nxt[i]]] = i
-            fill[nxt[i]] += 1
+            to_task[k] = nxt[i]
+            from_task[k] = i
+            k += 1
+    pred_ptr, pred_idx, _ = csr_from_edges(n, to_task, from_task)
     return status, seq[:n_seq], pred_ptr, pred_idx
 
 
