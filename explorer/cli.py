@@ -607,14 +607,23 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
 
             held = loso_mod.run(str(file), results, on_job=on_job)
         held_stats = loso_mod.summary(results, held)
+    loso_notes: dict[str, str] = {}
+    if kind == "inference":  # no knob is fitted on inference rows: instant, so always (explorer.loso)
+        from paraspace.explorer import loso as loso_mod
+
+        held, loso_notes = loso_mod.inference_run(file, results)
+        held_stats = loso_mod.summary(results, held)
     if as_json:
         rows = [{"id": r.id, "metric": r.metric, "measured": r.measured, "predicted": r.predicted,
                  "error": r.error, "status": r.status, "reason": r.reason, "quality": r.quality, "source": r.source,
                  "chosen": r.chosen, "band": [r.predicted_lo, r.predicted_hi], "mem_peak_bytes": r.mem_peak_bytes,
                  "measured_mem_bytes": r.measured_mem_bytes}
                 | ({"loso_predicted": held[i]} if held is not None else {})
+                | ({"framework": r.framework, "ceiling": r.ceiling, "beyond_ceiling": r.beyond_ceiling}
+                   if kind == "inference" else {})
                 for i, r in enumerate(results)]
-        out = {"kind": kind, "rows": rows, "summary": stats} | ({"loso": held_stats} if held_stats else {})
+        out = ({"kind": kind, "rows": rows, "summary": stats} | ({"loso": held_stats} if held_stats else {})
+               | ({"loso_notes": loso_notes} if loso_notes else {}))
         click.echo(json.dumps(_finite(out), allow_nan=False))
         return
     click.echo(validate.table(results))
@@ -628,8 +637,8 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
             click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%{held_text}  median "
                        f"{100 * st['median_ape']:.1f}%  mean signed {100 * st['mean_signed']:+.1f}%")
             click.echo("  worst: " + ", ".join(f"{rid} {100 * err:+.1f}%" for rid, err in st["worst"]))
-    for key in ("by_source", "by_gpu", "by_metric"):
-        for name, st in stats[key].items():
+    for key in ("by_source", "by_gpu", "by_metric", "by_framework"):
+        for name, st in stats.get(key, {}).items():
             if st["n"]:
                 held_st = (held_stats or {}).get(key, {}).get(name)
                 held_text = f"  left out {100 * held_st['mape']:5.1f}%" if held_st and held_st["n"] else ""
@@ -644,6 +653,13 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
     if mem["n"]:
         click.echo(f"memory: {mem['n']} rows with a measured peak; MAPE {100 * mem['mape']:.1f}%, "
                    f"mean signed {100 * mem['mean_signed']:+.1f}%")
+    if "ceiling" in stats:
+        bound = stats["ceiling"]
+        click.echo(f"memory-bandwidth bound: {bound['checked']} decode predictions checked, "
+                   f"{len(bound['beyond'])} beyond it" + (f" ({', '.join(bound['beyond'])})" if bound["beyond"] else "")
+                   + f"; the closest at {100 * bound['closest']:.0f}% of it")
+    for source, note in loso_notes.items():
+        click.echo(f"leave-one-source-out, {source}: {note}")
 
 
 # --------------------------------------------------------------------------- calibrate (issue 4)

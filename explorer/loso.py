@@ -1,4 +1,4 @@
-"""Leave-one-source-out (LOSO) accuracy of ``paraspace validate`` on training rows.
+"""Leave-one-source-out (LOSO) accuracy of ``paraspace validate`` on training and inference rows.
 
 The headline error of a model whose knobs are fitted on published runs is how it
 does on a source it was not fitted on. For each source of ``training.csv``, the
@@ -18,6 +18,10 @@ minimised here exhaustively over the fine grid instead of by coordinate descent.
 A family none of whose other sources is in the fit set takes the knobs fitted on
 the other sources of every family. Nothing is keyed on a row, model or source
 beyond which rows are left out.
+
+Inference rows (``inference_run``): their predictions read only knobs fitted on
+``training.csv`` (``INFERENCE_KNOBS``), so an inference source is always left out
+of the fit already, and its leave-one-source-out error is its in-sample one.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from itertools import product
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,10 +164,55 @@ def run(path: str, results: list[validate.RowResult], workers: int = 2, on_job: 
     return out
 
 
+#: the calibrated device knobs (``explorer.fit_published``) that inference predictions
+#: read: GEMM efficiency everywhere; attention runs the FlashAttention-2 class
+#: (``explorer.evaluate.pack_hardware``'s default), so the FA1 knob is never read. The
+#: per-iteration host time of the serving simulation (``validate.SERVING_HOST_US``) and
+#: the memory efficiencies are documented values, not fitted on anything.
+INFERENCE_KNOBS = ("gemm_max_efficiency",)
+
+
+def fit_sources(training: str | Path) -> set[str]:
+    """Sources whose rows ``explorer.fit_published`` fits the knobs on: the ``ok`` dense
+    rows of ``training`` on a GPU of a fitted family."""
+    profiles = {p for ps in fit_published.FAMILIES.values() for p in ps}
+    return {r["source"] for r in validate.read(training).iter_rows(named=True)
+            if r.get("quality") == "ok" and not r.get("n_experts") and r.get("gpu") in profiles}
+
+
+def inference_run(path: str | Path, results: list[validate.RowResult],
+                  training: str | Path | None = None) -> tuple[list[float | None], dict[str, str]]:
+    """Leave-one-source-out predictions of an inference file's rows (``results``:
+    ``validate.run``'s, in the file's order) and, per source, why they are what they are.
+
+    The knobs inference reads (``INFERENCE_KNOBS``) are fitted on ``training`` (default:
+    ``training.csv`` beside ``path``), never on inference rows. Leaving out an inference
+    source that has no row in that fit leaves the fit set, hence the knobs, hence every
+    prediction unchanged: its held-out prediction is its in-sample one, exactly. A
+    source that does appear in the training fit would need the knobs refitted without
+    it; that is not done here, so its rows get None with the reason, as does every row
+    when the training file is missing (the fit set is then unknown)."""
+    training = Path(training) if training is not None else Path(path).with_name("training.csv")
+    sources = sorted({r.source for r in results})
+    if not training.is_file():
+        why = f"no {training.name} beside the file: the knobs' fit set is unknown"
+        return [None] * len(results), {s: why for s in sources}
+    fitted = fit_sources(training)
+    notes = {}
+    for s in sources:
+        notes[s] = (f"in the {training.name} knob fit: refitting {', '.join(INFERENCE_KNOBS)} without it is not "
+                    "implemented" if s in fitted else
+                    f"not among the {training.name} sources {', '.join(INFERENCE_KNOBS)} is fitted on: the fit "
+                    "without it is the fit, so leave-one-source-out equals in sample")
+    held = [r.predicted if r.status in ("ok", "oom") and r.source not in fitted else None for r in results]
+    return held, notes
+
+
 def summary(results: list[validate.RowResult], loso_seconds: list[float | None]) -> dict:
     """``validate.summary`` of the LOSO predictions (same rows, held-out step times)."""
     held = [validate.RowResult(**{**r.__dict__, "predicted": p}) for r, p in zip(results, loso_seconds)]
     return validate.summary(held)
 
 
-__all__ = ["COARSE", "FINE", "leave_one_source_out", "run", "summary", "surfaces"]
+__all__ = ["COARSE", "FINE", "INFERENCE_KNOBS", "inference_run", "leave_one_source_out", "run", "summary",
+           "surfaces"]

@@ -29,9 +29,10 @@ from paraspace.explorer.evaluate import evaluate, pack, pack_hardware, pack_mode
 from paraspace.kernels import inference
 from paraspace.kernels.codes import DISPATCH_HIERARCHICAL, DISPATCH_LOW_LATENCY
 from paraspace.kernels.moe import dispatch_s
+from paraspace.kernels.training import moe_layer_params
 from paraspace.spaces.catalog import LoadedSpace, load_hardware, names
 from paraspace.spaces.encode import Encoder
-from paraspace.spaces.enums import Dispatch, Recompute, Schedule, label, labels
+from paraspace.spaces.enums import Dispatch, Recompute, Schedule, label, labels, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import Hardware, Model, SpaceSpec, validate
 
@@ -136,6 +137,21 @@ class RowResult:
     #: what makes two rows the same job (model, GPU, GPU count, sequence, batch,
     #: dtype): pairs of one job rank its configurations (``ranking``)
     job: tuple[str, ...] = ()
+    #: inference rows: the serving engine (``framework_of``), and for decode metrics the
+    #: memory-bandwidth bound in the metric's unit (``decode_ceiling``: the most a
+    #: throughput can be, the least a per-token latency can be)
+    framework: str = ""
+    ceiling: float | None = None
+
+    @property
+    def beyond_ceiling(self) -> bool:
+        """The prediction is past the memory-bandwidth bound (a throughput above it, a
+        per-token latency below it), beyond float rounding."""
+        if self.ceiling is None or self.predicted is None or math.isnan(self.predicted):
+            return False
+        if self.metric in LATENCY_BOUNDED:
+            return self.predicted < self.ceiling * (1.0 - 1e-9)
+        return self.predicted > self.ceiling * (1.0 + 1e-9)
 
     @property
     def error(self) -> float | None:
@@ -498,13 +514,18 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     batch = _num(row, "batch", source)
     attention_dp = _num(row, "attention_dp", source) == 1
     dtype = row.get("dtype") or ""
+    ep = _num(row, "ep", source) or 1
+    redundant = 0
+    if model.moe is not None and ep > 1:  # an ep that does not divide the experts: redundant copies
+        redundant = row_expert_slots(model.moe.experts, ep) - model.moe.experts
     raw = {
         "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
         "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
         "workload": {"input_len": ints["input_len"], "output_len": ints["output_len"],
                      "concurrency": ints["concurrency"], "n_requests": SERVING_REQUESTS},
-        "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [_num(row, "ep", source) or 1],
+        "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
                        "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row.get("kv_dtype") or dtype],
+                       "redundant_experts": [redundant],
                        # batch is per attention-DP rank; an engine of tp ranks runs tp of them
                        "max_batch": [(batch or ints["concurrency"]) * (ints["tp"] if attention_dp else 1)]},
     }
@@ -518,11 +539,75 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     base.predicted = float(cols[metric][0])
     base.status = "ok" if cols["feasible"][0] > 0 else "oom"
     base.chosen = {"simulated": bool(cols["simulated"][0]), "batch": float(round(cols["batch"][0], 1))}
+    if redundant:
+        base.chosen["expert_slots"] = model.moe.experts + redundant  # type: ignore[union-attr]
+    if metric in LATENCY_BOUNDED or metric in THROUGHPUT_BOUNDED:
+        # a step runs at least one sequence (a latency's floor) and at most the
+        # concurrency on one replica (a throughput's ceiling: it rises with the batch)
+        kv_dtype = row.get("kv_dtype") or dtype
+        if kv_dtype in WEIGHT_BYTES and dtype in WEIGHT_BYTES:
+            srv = replica_record(model, tp=ints["tp"], pp=ints["pp"], ep=ep, attention_dp=attention_dp,
+                                 n_gpus=ints["n_gpus"], dtype=dtype, kv_dtype=kv_dtype)[0]
+            device, _, _ = pack_hardware(hardware, dtype)
+            b = 1.0 if metric in LATENCY_BOUNDED else float(ints["concurrency"])
+            base.ceiling = decode_ceiling(pack_model(model)[0], device[0], srv, b, float(ints["input_len"]), metric,
+                                          per=ints["tp"] * ints["pp"])
     return base
 
 
 #: isolated-phase rows: the phase and the per-GPU throughput metric it is measured by
 PHASE_METRICS = {"prefill": "input_tokens_per_s_per_gpu", "decode": "output_tokens_per_s_per_gpu"}
+
+
+def row_expert_slots(experts: int, ep: int) -> int:
+    """Routed-expert slots of an EP group of ``ep`` ranks, read from a row that gives
+    ``n_experts`` and ``ep`` but not its redundant experts (no column holds them): the
+    smallest multiple of ep that is at least ``experts``. Every rank holds the same
+    number of slots, and the slots beyond the experts hold redundant copies (EPLB,
+    ``spaces.expert_balance``); where ep divides the experts there are none.
+    DeepSeek-V3's 256 experts over EP72 or EP144 give 288 slots, the 32 redundant
+    experts DeepSeek's inference overview states for its EP144 decode (open-infra-index
+    ``202502OpenSourceWeek/day_6_one_more_thing_deepseekV3R1_inference_system_overview.md``)."""
+    if experts < 1 or ep < 1:
+        raise ValueError(f"experts = {experts}, ep = {ep}: expected both at least 1")
+    return -(-experts // ep) * ep
+
+
+#: MoE dispatch algorithms of a serving engine's attention-DP replica, none of them a
+#: column: NCCL-style all-to-all(v), TensorRT-LLM's all-gather / reduce-scatter, DeepEP's
+#: normal (hierarchical) and low-latency kernels; searched with two-batch overlap on and
+#: off, the fastest kept (the published deployments were tuned, as for training rows)
+PHASE_DISPATCH = ("alltoall", "allgather", "hierarchical", "low-latency")
+
+
+def phase_layouts(model: Model, ep: int, attention_dp: bool) -> list[tuple[str, bool]]:
+    """(dispatch, two-batch overlap) pairs a phase row is searched over: every pair of
+    ``PHASE_DISPATCH`` x (off, on) where the replica has an all-to-all (MoE, attention
+    DP, ep > 1); else the one layout without (all-to-all label, off)."""
+    if model.moe is None or not attention_dp or ep <= 1:
+        return [("alltoall", False)]
+    return [(d, t) for d in PHASE_DISPATCH for t in (False, True)]
+
+
+def replica_record(model: Model, *, tp: int, pp: int, ep: int, attention_dp: bool, n_gpus: int, dtype: str,
+                   kv_dtype: str, dispatch: str = "alltoall", tbo: bool = False) -> np.ndarray:
+    """One ``kernels.inference.SERVING`` record for a row's replica: a MoE EP group of
+    ep > 1 ranks holds ``row_expert_slots`` slots, and the busiest rank's load from
+    their EPLB placement over equally popular experts (no column gives the experts'
+    popularity; ``spaces.expert_balance.imbalance`` at sigma 0), as ``explorer.serve``
+    builds a serving space's replicas."""
+    from paraspace.spaces import expert_balance
+
+    slots, placement = 0.0, 1.0
+    if model.moe is not None and ep > 1:
+        n = row_expert_slots(model.moe.experts, ep)
+        slots = float(n)
+        placement = expert_balance.imbalance(model.moe.experts, n - model.moe.experts, ep, 0.0)
+    return inference.serving(tp=tp, pp=pp, ep=ep, attention_dp=float(attention_dp), n_gpus=n_gpus,
+                             weight_bytes=WEIGHT_BYTES[dtype], act_bytes=2.0, kv_bytes=WEIGHT_BYTES[kv_dtype],
+                             expert_slots=slots, dispatch=float(parse(Dispatch, dispatch)),
+                             tbo=float(tbo and attention_dp and ep > 1 and model.moe is not None),
+                             placement_imbalance=placement)
 
 
 def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
@@ -531,8 +616,10 @@ def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
     attention-DP rank (``batch`` EMPTY: as many as its KV cache holds, capped at the
     runtime's 4096) through ``kernels.inference``'s prefill of ``input_len`` tokens, or
     one decode step over a KV cache of ``input_len`` tokens; the metric is those tokens
-    per second per GPU. A replica whose cache cannot hold the batch is predicted out
-    of memory."""
+    per second per GPU. An EP group whose ep does not divide the experts holds
+    redundant copies (``row_expert_slots``); the dispatch algorithm and two-batch
+    overlap are searched (``phase_layouts``). A replica whose cache cannot hold the
+    batch is predicted out of memory."""
     rid = row.get("id") or ""
     where = f"{source}: row {rid}"
     mode, metric = row.get("mode") or "", row.get("metric") or ""
@@ -550,30 +637,98 @@ def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
     dtype = row.get("dtype") or ""
     if dtype not in WEIGHT_BYTES or dtype not in hardware.device.peak_TFLOP_per_s:
         raise CatalogError(where, "dtype", dtype, f"one of {sorted(WEIGHT_BYTES)} that {hardware.name} has a peak for")
+    kv_dtype = row.get("kv_dtype") or dtype
+    if kv_dtype not in WEIGHT_BYTES:
+        raise CatalogError(where, "kv_dtype", kv_dtype, f"one of {sorted(WEIGHT_BYTES)} or EMPTY")
     tp, pp = ints["tp"], ints["pp"]
     ep = _num(row, "ep", source) or 1
-    if model.moe is not None and (tp % ep or model.moe.experts % ep):
-        raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp} and of n_experts = {model.moe.experts} "
-                           "(redundant expert copies are not modelled)")
+    if model.moe is not None and tp % ep:
+        raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp}")
     attention_dp = _num(row, "attention_dp", source) == 1
-    kv = WEIGHT_BYTES.get(row.get("kv_dtype") or dtype, WEIGHT_BYTES[dtype])
-    srv = inference.serving(tp=tp, pp=pp, ep=ep, attention_dp=float(attention_dp), n_gpus=tp * pp,
-                            weight_bytes=WEIGHT_BYTES[dtype], act_bytes=2.0, kv_bytes=kv)
     device, tiers, tiles = pack_hardware(hardware, dtype)
-    m, dev, s = pack_model(model)[0], device[0], srv[0]
+    m, dev = pack_model(model)[0], device[0]
     seq = float(ints["input_len"])
     batch = _num(row, "batch", source)
-    replica = float(batch * (tp if attention_dp else 1)) if batch else inference.max_batch(m, dev, s, seq)
-    if replica < 1.0:
+    best: tuple[float, dict[str, Any]] | None = None
+    for dispatch, tbo in phase_layouts(model, ep, attention_dp):
+        s = replica_record(model, tp=tp, pp=pp, ep=ep, attention_dp=attention_dp, n_gpus=tp * pp, dtype=dtype,
+                           kv_dtype=kv_dtype, dispatch=dispatch, tbo=tbo)[0]
+        replica = float(batch * (tp if attention_dp else 1)) if batch else inference.max_batch(m, dev, s, seq)
+        if replica < 1.0:
+            continue
+        if mode == "prefill":
+            value = replica * seq / inference.prefill_s(m, dev, tiers, tiles, s, replica, seq) / (tp * pp)
+        else:
+            value = replica / inference.decode_step_s(m, dev, tiers, tiles, s, replica, seq) / (tp * pp)
+        if best is None or value > best[0]:
+            best = (value, {"s": s, "replica": replica, "dispatch": dispatch, "tbo": tbo})
+    if best is None:
         base.status = "no-candidate"
         return base
-    if mode == "prefill":
-        base.predicted = replica * seq / inference.prefill_s(m, dev, tiers, tiles, s, replica, seq) / (tp * pp)
-    else:
-        base.predicted = replica / inference.decode_step_s(m, dev, tiers, tiles, s, replica, seq) / (tp * pp)
+    value, cand = best
+    s, replica = cand["s"], cand["replica"]
+    base.predicted = value
     base.status = "ok" if replica <= inference.kv_capacity(m, dev, s, seq) else "oom"
     base.chosen = {"batch": int(replica), "batch_limit": "row" if batch else "kv-cache"}
+    if model.moe is not None and ep > 1:
+        base.chosen["expert_slots"] = int(inference.expert_slots(m, s))
+        base.chosen["placement_imbalance"] = round(float(s.placement_imbalance), 4)
+    if len(phase_layouts(model, ep, attention_dp)) > 1:
+        base.chosen.update(dispatch=cand["dispatch"], tbo=cand["tbo"])
+    if mode == "decode":
+        base.ceiling = decode_ceiling(m, dev, s, replica, seq, metric, per=tp * pp)
     return base
+
+
+#: metrics of decode whose prediction the memory-bandwidth bound limits: latencies per
+#: token from below, throughputs from above
+LATENCY_BOUNDED = ("decode_latency_per_token_s", "tpot_s")
+THROUGHPUT_BOUNDED = ("output_tokens_per_s_per_gpu", "output_throughput_tokens_per_s")
+
+
+def decode_bytes_floor(m: Any, dev: Any, srv: Any, b: float, kv_len: float) -> float:
+    """Bytes the fullest device of a replica must read from HBM in one decode step of
+    ``b`` sequences over ``kv_len`` keys, whatever the kernels: its weights
+    (``inference.device_weight_bytes``) less the input embedding table where it is a
+    separate matrix (a lookup reads b of its rows) and less the routed-expert slots no
+    token reaches (uniform routing's expected hits, ``inference.active_experts``, of
+    the slots of every MoE layer a stage can hold), plus the KV cache of the sequences
+    the device serves (``inference.kv_bytes_per_token`` per token kept). Everything
+    subtracted is at least what the fullest device skips, so the result is a floor."""
+    weights = inference.device_weight_bytes(m, srv)
+    dp = srv.attention_dp > 0
+    ta = 1.0 if dp else srv.tp
+    pp = int(srv.pp)
+    if m.tied_embeddings == 0 or pp > 1:
+        weights -= m.vocab * m.hidden / ta * srv.act_bytes
+    if m.experts > 0:
+        moe_layers = m.layers - min(m.dense_layers, m.layers)
+        stage_layers = min(moe_layers, math.ceil(m.layers / pp))
+        slots = inference.expert_slots(m, srv)
+        _, expert = moe_layer_params(m, ta, srv.ep, srv.tp / srv.ep)
+        per_layer = expert * inference.slot_share(m, srv) * srv.weight_bytes
+        hit = inference.active_experts(slots, m.top_k, b) / slots
+        weights -= stage_layers * per_layer * (1.0 - hit)
+    sequences = b / srv.tp if dp else b
+    kv = sequences * inference.cached_tokens(m, kv_len) * inference.kv_bytes_per_token(m, srv)
+    return max(weights, 0.0) + kv
+
+
+def decode_ceiling(m: Any, dev: Any, srv: Any, b: float, kv_len: float, metric: str, per: float = 1.0) -> float:
+    """The memory-bandwidth bound of a decode metric (issue 15): a step of ``b``
+    sequences of a replica takes at least ``decode_bytes_floor`` over the datasheet
+    HBM bandwidth, so a per-token latency is at least that (``LATENCY_BOUNDED``) and
+    the replica's output is at most b tokens per that time, divided by ``per`` (its
+    GPUs for a per-GPU metric) or times it (replicas for a deployment's metric; the
+    caller passes the factor)."""
+    floor_s = decode_bytes_floor(m, dev, srv, b, kv_len) / dev.hbm_bytes_per_s
+    if metric in LATENCY_BOUNDED:
+        return floor_s
+    if metric not in THROUGHPUT_BOUNDED:
+        raise ValueError(f"metric {metric!r}: expected one of {LATENCY_BOUNDED + THROUGHPUT_BOUNDED}")
+    if metric == "output_throughput_tokens_per_s":
+        return b / floor_s * per
+    return b / floor_s / per
 
 
 def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
@@ -624,9 +779,9 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     else:
         experts = model.moe.experts
         if ep is not None:
-            if ep < 1 or tp % ep or experts % ep:
-                raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp} and of n_experts = {experts}")
-            eps = [ep]
+            if ep < 1 or tp % ep:
+                raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp}")
+            eps = [ep]  # one that does not divide the experts holds redundant copies (row_expert_slots)
         else:
             eps = searched["ep"] = [d for d in range(1, tp + 1) if tp % d == 0 and experts % d == 0]
         layouts = searched["attention"] = [False, True]
@@ -637,14 +792,15 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     best: tuple[float, dict[str, Any]] | None = None
     for attention_dp in layouts:
         for e in eps:
-            srv = inference.serving(tp=tp, pp=pp, ep=e, attention_dp=float(attention_dp), n_gpus=ints["n_gpus"],
-                                    weight_bytes=WEIGHT_BYTES[dtype], act_bytes=2.0, kv_bytes=WEIGHT_BYTES[dtype])
+            # the KV cache in the weights' precision (FP8 checkpoints quantise it too), as before
+            srv = replica_record(model, tp=tp, pp=pp, ep=e, attention_dp=attention_dp, n_gpus=ints["n_gpus"],
+                                 dtype=dtype, kv_dtype=dtype)
             out = inference.serve(packed_model[0], device[0], tiers, tiles, srv[0], float(batch or 0),
                                   float(ints["input_len"]), float(ints["output_len"]))
             value = float(out[column])
             cand = {"fits": out[inference.I_FITS] > 0, "value": value, "batch": float(out[inference.I_BATCH]),
                     "max_batch": float(out[inference.I_MAX_BATCH]), "replicas": float(out[inference.I_REPLICAS]),
-                    "ep": e, "attention": "dp" if attention_dp else "tp"}
+                    "ep": e, "attention": "dp" if attention_dp else "tp", "srv": srv[0]}
             if math.isnan(value):
                 continue
             key = (cand["fits"], value if higher_is_better else -value)
@@ -661,6 +817,10 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
         base.chosen["batch_limit"] = "runtime-cap" if cand["max_batch"] >= inference.BATCH_CAP else "kv-cache"
     for key in searched:
         base.chosen[key] = cand[key]
+    if metric in LATENCY_BOUNDED or metric in THROUGHPUT_BOUNDED:
+        b = float(batch) if metric in LATENCY_BOUNDED and batch else cand["batch"]
+        base.ceiling = decode_ceiling(packed_model[0], device[0], cand["srv"], b, float(ints["input_len"]), metric,
+                                      per=cand["replicas"])
     return base
 
 
@@ -669,11 +829,22 @@ def predict_row(predict: Any, row: dict[str, str | None], source: str) -> RowRes
     not in the catalog, a model the schema cannot hold) is ``unsupported`` with the
     reason, and the rest of the file is still predicted."""
     try:
-        return predict(row, source)
+        result = predict(row, source)
     except CatalogError as err:
-        return RowResult(id=row.get("id") or "", source=row.get("source") or "", quality=row.get("quality") or "",
-                         gpu=row.get("gpu") or "", metric=row.get("metric") or "", measured=None, predicted=None,
-                         status="unsupported", reason=str(err).removeprefix(f"{source}: "))
+        result = RowResult(id=row.get("id") or "", source=row.get("source") or "", quality=row.get("quality") or "",
+                           gpu=row.get("gpu") or "", metric=row.get("metric") or "", measured=None, predicted=None,
+                           status="unsupported", reason=str(err).removeprefix(f"{source}: "))
+    result.framework = framework_of(row.get("framework"))
+    return result
+
+
+def framework_of(text: str | None) -> str:
+    """The serving engine a row's ``framework`` cell names: its first word, lower case
+    (``trtllm 1.0.0rc3`` -> ``trtllm``, ``DeepSeek in-house inference engine`` ->
+    ``deepseek``); EMPTY or missing: "". A grouping for the report, never an input
+    of a prediction."""
+    words = (text or "").split()
+    return words[0].lower() if words else ""
 
 
 def run(path: str | Path, on_row: Any = None) -> tuple[str, list[RowResult]]:
@@ -703,7 +874,10 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
 
     out: dict[str, Any] = {q: stats([r for r in results if r.quality == q]) for q in ("ok", "uncertain")}
     # per source and per GPU, ok and uncertain rows apart (the targets are on ok rows)
-    for key, attr in (("by_source", "source"), ("by_gpu", "gpu"), ("by_metric", "metric")):
+    groups = [("by_source", "source"), ("by_gpu", "gpu"), ("by_metric", "metric")]
+    if any(r.framework for r in results):
+        groups.append(("by_framework", "framework"))
+    for key, attr in groups:
         out[key] = {}
         for name in sorted({getattr(r, attr) for r in results}):
             for q, suffix in (("ok", ""), ("uncertain", " (uncertain)")):
@@ -713,7 +887,20 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
     out["status"] = {s: sum(r.status == s for r in results) for s in ("ok", "oom", "no-candidate", "unsupported")}
     out["ranking"] = ranking(results)
     out["memory"] = memory_error(results)
+    bounded = [r for r in results if r.ceiling is not None and r.predicted is not None]
+    if bounded:
+        out["ceiling"] = {"checked": len(bounded), "beyond": [r.id for r in bounded if r.beyond_ceiling],
+                          # how close the predictions come: predicted / bound (throughputs) or
+                          # bound / predicted (latencies), at most 1 when the bound holds
+                          "closest": max(ceiling_ratio(r) for r in bounded)}
     return out
+
+
+def ceiling_ratio(r: RowResult) -> float:
+    """How far along a prediction is toward its memory-bandwidth bound: predicted /
+    ceiling for a throughput, floor / predicted for a per-token latency (1: on it)."""
+    assert r.ceiling is not None and r.predicted is not None
+    return r.ceiling / r.predicted if r.metric in LATENCY_BOUNDED else r.predicted / r.ceiling
 
 
 def table(results: list[RowResult]) -> str:
@@ -725,6 +912,8 @@ def table(results: list[RowResult]) -> str:
         err = f"{100 * r.error:+.1f}%" if r.error is not None and not math.isnan(r.error) else "-"
         extra = (" ".join(f"{k}={v}" for k, v in r.chosen.items()) if r.status == "ok" else
                  f"unsupported: {r.reason}" if r.reason else r.status)
+        if r.beyond_ceiling:
+            extra = f"BEYOND MEMORY-BANDWIDTH BOUND {r.ceiling:.4g}; " + extra
         lines.append(f"{r.id:<44}{r.quality:<11}{r.metric:<{mw}}{meas:>12}{pred:>13}{err:>9}  {extra}")
     return "\n".join(lines)
 
