@@ -150,8 +150,8 @@ class RowResult:
         if self.ceiling is None or self.predicted is None or math.isnan(self.predicted):
             return False
         if self.metric in LATENCY_BOUNDED:
-            return self.predicted < self.ceiling * (1.0 - 1e-9)
-        return self.predicted > self.ceiling * (1.0 + 1e-9)
+            return bool(self.predicted < self.ceiling * (1.0 - 1e-9))
+        return bool(self.predicted > self.ceiling * (1.0 + 1e-9))
 
     @property
     def error(self) -> float | None:
@@ -550,8 +550,8 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
                                  n_gpus=ints["n_gpus"], dtype=dtype, kv_dtype=kv_dtype)[0]
             device, _, _ = pack_hardware(hardware, dtype)
             b = 1.0 if metric in LATENCY_BOUNDED else float(ints["concurrency"])
-            base.ceiling = decode_ceiling(pack_model(model)[0], device[0], srv, b, float(ints["input_len"]), metric,
-                                          per=ints["tp"] * ints["pp"])
+            base.ceiling = float(decode_ceiling(pack_model(model)[0], device[0], srv, b, float(ints["input_len"]),
+                                                metric, per=ints["tp"] * ints["pp"]))
     return base
 
 
@@ -711,7 +711,7 @@ def decode_bytes_floor(m: Any, dev: Any, srv: Any, b: float, kv_len: float) -> f
         weights -= stage_layers * per_layer * (1.0 - hit)
     sequences = b / srv.tp if dp else b
     kv = sequences * inference.cached_tokens(m, kv_len) * inference.kv_bytes_per_token(m, srv)
-    return max(weights, 0.0) + kv
+    return float(max(weights, 0.0) + kv)
 
 
 def decode_ceiling(m: Any, dev: Any, srv: Any, b: float, kv_len: float, metric: str, per: float = 1.0) -> float:
