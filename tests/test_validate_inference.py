@@ -228,11 +228,24 @@ def test_rows_with_redundant_experts_are_predicted(published):
     assert {r.framework for r in published} >= {"trtllm", "vllm", "sglang", "fastertransformer", "deepseek"}
 
 
+#: leave-one-source-out MAPE of every `ok` inference row (235: AIConfigurator's closed-loop
+#: TTFT/TPOT through the serving simulation, TensorRT-LLM throughput, FasterTransformer
+#: latencies, SGLang's isolated EP phases); measured 24.6%, only moves down
+INFERENCE_LOSO_OK_THRESHOLD = 0.247
+#: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
+#: all over-predicted (the fastest dispatch / TBO layout is the prediction)
+PHASE_OK_THRESHOLD = 0.349
+
+
 @needs_data
 def test_published_inference_loso_equals_in_sample(published):
     held, notes = loso.inference_run(INFERENCE, published)
     assert all(h == r.predicted for h, r in zip(held, published) if r.status in ("ok", "oom"))
     assert all("equals in sample" in note for note in notes.values())
+    stats = loso.summary(published, held)
+    assert stats["ok"]["n"] == 235 and stats["ok"]["mape"] <= INFERENCE_LOSO_OK_THRESHOLD, stats["ok"]
+    phases = validate.summary([r for r in published if r.metric in validate.PHASE_METRICS.values()])
+    assert phases["ok"]["n"] == 3 and phases["ok"]["mape"] <= PHASE_OK_THRESHOLD, phases["ok"]
 
 
 # --------------------------------------------------------------------------- any file of the schema
