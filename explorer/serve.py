@@ -28,7 +28,9 @@ from paraspace.spaces.enums import Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.serving import (  # noqa: F401 - load_serving re-exported for the CLI
     DIMENSION_ENUMS,
+    FEASIBLE_TEXT,
     REASON_TEXT,
+    SLA_TARGETS,
     Feasible,
     Lengths,
     LoadedServing,
@@ -127,8 +129,14 @@ def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray]
     return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(ks.OUTPUTS)}
 
 
-def sample_lengths(lengths: Lengths, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` request lengths: the fixed mean, or lognormal with that mean (mu = ln mean - sigma^2 / 2), rounded, >= 1."""
+def sample_lengths(lengths: Lengths, n: int, rng: np.random.Generator,
+                   empirical: np.ndarray | None = None) -> np.ndarray:
+    """``n`` request lengths: the fixed mean, lognormal with that mean (mu = ln mean - sigma^2 / 2), rounded, >= 1,
+    or drawn with replacement from the ``empirical`` lengths (``LoadedServing.empirical``)."""
+    assert lengths.mean is not None  # required, or filled in from the CSV on load (spaces.serving.Lengths)
+    if lengths.distribution == "empirical":
+        assert empirical is not None and empirical.size > 0
+        return rng.choice(empirical, n)
     if lengths.distribution == "fixed":
         return np.full(n, float(round(lengths.mean)))
     mu = np.log(lengths.mean) - 0.5 * lengths.sigma**2
@@ -139,8 +147,8 @@ def sample_requests(space: LoadedServing) -> tuple[np.ndarray, np.ndarray, np.nd
     """(prompt lengths, output lengths, unit exponential gaps) of the simulated requests, from the workload's seed."""
     wl = space.spec.workload
     rng = np.random.default_rng(wl.seed)
-    in_len = sample_lengths(wl.input_len, wl.n_requests, rng)
-    out_len = sample_lengths(wl.output_len, wl.n_requests, rng)
+    in_len = sample_lengths(wl.input_len, wl.n_requests, rng, space.empirical.get("input_len"))
+    out_len = sample_lengths(wl.output_len, wl.n_requests, rng, space.empirical.get("output_len"))
     gaps = rng.exponential(1.0, wl.n_requests)
     return in_len, out_len, gaps
 
@@ -204,6 +212,8 @@ class ServeSummary:
     first_reason: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
     breaks: np.ndarray = field(default_factory=lambda: np.zeros(len(ServingReason), np.int64))
     table: pl.DataFrame | None = None
+    #: the longest simulated request, prompt + output tokens (what an engine's KV cache must hold)
+    longest_request_tokens: float = 0.0
 
 
 def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> tuple[dict[str, np.ndarray], ServeSummary]:
@@ -215,6 +225,7 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
                            first_reason=enc.first_reason, breaks=enc.breaks)
     cols = enc.columns
     packed = pack_serving(space)
+    summary.longest_request_tokens = float(packed.workload["longest_seq_len"][0])
     srv = serving_records(space, cols)
     metrics = analytic(packed, srv, cols, serving_records(space, cols, prefill=True))
     metrics["placement_imbalance"] = np.ascontiguousarray(srv["placement_imbalance"], dtype=np.float64)
@@ -246,8 +257,11 @@ def enum_columns() -> dict[str, list[str]]:
 
 
 def run_serve(space: LoadedServing, out: Path, *, simulate_top: int | None = None) -> ServeSummary:
-    """Evaluate ``space`` and write the ranked candidates to ``out`` (atomically)."""
+    """Evaluate ``space`` and write the ranked candidates to ``out`` (atomically); with no
+    candidate at all nothing is written (whatever ``out`` held stays; the caller reports it)."""
     ranked, summary = evaluate_space(space, simulate_top=simulate_top)
+    if summary.n_rows == 0:
+        return summary
     table_schema = schema.arrow_schema()
     meta = {META_VERSION: paraspace_version(), META_SPACE: space.raw, META_CATALOG: catalog_hash()}
     with ResultWriter(out, table_schema, meta, schema.column_docs()) as writer:
@@ -305,4 +319,54 @@ def headline(space: LoadedServing, summary: ServeSummary) -> str:
             f"{wl.input_len.distribution} {wl.input_len.mean:g} in / {wl.output_len.distribution} "
             f"{wl.output_len.mean:g} out, {arrivals}\n"
             f"{summary.n_combinations:,} combinations -> {summary.n_rows:,} candidates ({summary.n_feasible:,} feasible, "
-            f"{summary.n_simulated:,} simulated) in {summary.seconds:.2f} s\nwrote {summary.path}")
+            f"{summary.n_simulated:,} simulated) in {summary.seconds:.2f} s\n"
+            + (f"wrote {summary.path}" if summary.path is not None else "wrote nothing (no candidate)")
+            + why_none_feasible(space, summary))
+
+
+def why_none_feasible(space: LoadedServing, summary: ServeSummary) -> str:
+    """Where candidates were evaluated and none is feasible, lines saying why: each
+    reason's count and meaning (for kv-too-small the longest request against the
+    roomiest engine's cache) and, where candidates fit and sustain the load but
+    miss the SLA, the binding target: the one the closest candidate (smallest
+    worst ratio of metric to target) misses most, with the best value per target.
+    Empty otherwise."""
+    frame = summary.table
+    if frame is None or frame.height == 0 or summary.n_feasible > 0:
+        return ""
+    reasons = frame["infeasible_reason"].cast(pl.String)
+    label = dict(zip(Feasible, enum_labels(Feasible)))
+    lines = ["", "no candidate is feasible:"]
+    for member in Feasible:
+        rows = frame.filter(reasons == label[member])
+        if member == Feasible.OK or rows.height == 0:
+            continue
+        text = FEASIBLE_TEXT[member]
+        if member == Feasible.KV_TOO_SMALL:
+            engine_cap = (rows["kv_capacity_tokens"] / rows["pp"]).max()
+            text += (f": the longest request is {summary.longest_request_tokens:,.0f} tokens (prompt + output), the "
+                     f"roomiest engine's cache holds {engine_cap:,.0f}")
+        lines.append(f"  {rows.height:,} {label[member]}: {text}")
+    sla_codes = [label[m] for _, _, m in SLA_TARGETS]
+    served = frame.filter(reasons.is_in(sla_codes))
+    targets = [(name, column, getattr(space.spec.sla, name)) for name, column, _ in SLA_TARGETS
+               if getattr(space.spec.sla, name) is not None]
+    if served.height == 0 or not targets:
+        return "\n".join(lines)
+    # metric / target per row and target; NaN (a p90 of a row not simulated) is not checked, as in sla_reason
+    ratio = np.stack([served[column].fill_null(np.nan).to_numpy() / target for _, column, target in targets], axis=1)
+    worst = np.nanmax(np.where(np.isnan(ratio), -np.inf, ratio), axis=1)
+    closest = int(np.argmin(worst))
+    binding = int(np.nanargmax(np.where(np.isnan(ratio[closest]), -np.inf, ratio[closest])))
+    name, column, target = targets[binding]
+    lines.append(f"no candidate meets the SLA; the binding target is sla.{name} = {target:g} s: the closest "
+                 f"candidate (row_id {served['row_id'][closest]}) reaches {served[column][closest]:.4g} s, "
+                 f"{ratio[closest, binding]:.3g}x the target")
+    best = []
+    for k, (name, column, target) in enumerate(targets):
+        checked = ~np.isnan(ratio[:, k])
+        if checked.any():
+            best.append(f"{name} {np.min(ratio[checked, k]) * target:.4g} s (target {target:g} s, met by "
+                        f"{int((ratio[checked, k] <= 1.0).sum()):,} of {int(checked.sum()):,})")
+    lines.append("  best per target: " + ", ".join(best))
+    return "\n".join(lines)

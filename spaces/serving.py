@@ -77,7 +77,9 @@ MoE expert parallelism (``kernels.inference`` module doc for the layouts):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import csv
+import math
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -176,12 +178,31 @@ class Feasible(IntEnum):
 
     OK = 0
     WEIGHTS_OOM = 1  #: the weights and the framework overhead exceed HBM
-    KV_TOO_SMALL = 2  #: not one request of the workload's lengths fits the KV cache
+    #: a request of the workload does not fit an engine's KV cache: its longest (prompt + output), or not one of
+    #: the mean length (the analytic tier), or the simulation's head-of-queue request in an empty engine
+    KV_TOO_SMALL = 2
     OVERLOADED = 3  #: the Poisson rate exceeds what the engines sustain (the queue grows without bound)
     SLA_TTFT = 4
     SLA_TTFT_P90 = 5
     SLA_TPOT = 6
     SLA_TPOT_P90 = 7
+
+
+FEASIBLE_TEXT: dict[Feasible, str] = {
+    Feasible.OK: "fits in memory, sustains the load and meets the SLA",
+    Feasible.WEIGHTS_OOM: "the weights and the framework overhead do not fit a device's HBM",
+    Feasible.KV_TOO_SMALL: "a request does not fit the replica's KV cache",
+    Feasible.OVERLOADED: "the request rate exceeds what the engines sustain (the queue grows without bound)",
+    Feasible.SLA_TTFT: "misses the mean TTFT target (sla.ttft_s)",
+    Feasible.SLA_TTFT_P90: "misses the 90th-percentile TTFT target (sla.ttft_p90_s)",
+    Feasible.SLA_TPOT: "misses the mean TPOT target (sla.tpot_s)",
+    Feasible.SLA_TPOT_P90: "misses the 90th-percentile TPOT target (sla.tpot_p90_s)",
+}
+#: the SLA targets: (field of Sla, the metric column it bounds, the reason a miss is charged to)
+SLA_TARGETS: tuple[tuple[str, str, Feasible], ...] = (
+    ("ttft_s", "ttft_s", Feasible.SLA_TTFT), ("ttft_p90_s", "ttft_p90_s", Feasible.SLA_TTFT_P90),
+    ("tpot_s", "tpot_s", Feasible.SLA_TPOT), ("tpot_p90_s", "tpot_p90_s", Feasible.SLA_TPOT_P90),
+)
 
 
 def _label(member: IntEnum) -> str:
@@ -196,20 +217,45 @@ def enum_labels(enum: type[IntEnum]) -> list[str]:
 # --------------------------------------------------------------------------- records
 
 
-class Lengths(Record):
-    """Request lengths in tokens: every request ``mean`` (fixed), or lognormal with
-    that mean and log-standard deviation ``sigma``, rounded, at least 1."""
+#: a request length in tokens: at least one (a request is whole tokens), at most the catalog's count bound
+Tokens = Annotated[float, Field(ge=1, le=MAX_COUNT, allow_inf_nan=False)]
 
-    distribution: Literal["fixed", "lognormal"] = "fixed"
-    #: at least one token (a request is whole tokens)
-    mean: Annotated[float, Field(ge=1, le=MAX_COUNT, allow_inf_nan=False)]
+
+class Lengths(Record):
+    """Request lengths in tokens: every request ``mean`` (fixed), lognormal with
+    that mean and log-standard deviation ``sigma`` (rounded, at least 1), or
+    ``empirical``: drawn with replacement from ``column`` of the CSV file
+    ``path`` (relative to the space's TOML; ``column`` may be left out when
+    the file has one column), whose mean ``load_serving`` fills in::
+
+        input_len = { distribution = "empirical", path = "prompts.csv", column = "input_tokens" }
+    """
+
+    distribution: Literal["fixed", "lognormal", "empirical"] = "fixed"
+    #: fixed and lognormal: required; empirical: the column's mean, filled in on load
+    mean: Tokens | None = None
     #: at most 5: a log-standard deviation of 5 already spans e^-10 .. e^10 around the mean at 2 sigma
     sigma: Annotated[float, Field(ge=0, le=5, allow_inf_nan=False)] = 0.0
+    #: empirical: the CSV file of lengths and the column to read
+    path: Text | None = None
+    column: Text | None = None
 
     @model_validator(mode="after")
-    def _sigma(self) -> Lengths:
+    def _shape(self) -> Lengths:
+        empirical = self.distribution == "empirical"
         if self.distribution == "fixed" and self.sigma != 0.0:
             raise ValueError("sigma: 0 for a fixed length (or distribution = \"lognormal\")")
+        if not empirical and self.mean is None:
+            raise ValueError(f"mean: a length in tokens >= 1 (required for a {self.distribution} length)")
+        if not empirical and (self.path is not None or self.column is not None):
+            key = "path" if self.path is not None else "column"
+            raise ValueError(f"{key}: no {key} for a {self.distribution} length (or distribution = \"empirical\")")
+        if empirical and self.path is None:
+            raise ValueError("path: a CSV file of request lengths (required for an empirical length)")
+        if empirical and self.mean is not None:
+            raise ValueError("mean: no mean for an empirical length (it is the CSV column's mean)")
+        if empirical and self.sigma != 0.0:
+            raise ValueError("sigma: no sigma for an empirical length (the CSV's lengths are drawn as they are)")
         return self
 
 
@@ -261,6 +307,18 @@ class Sla(Record):
     ttft_p90_s: Positive | None = None
     tpot_s: Positive | None = None
     tpot_p90_s: Positive | None = None
+
+    @model_validator(mode="after")
+    def _p90_not_below_mean(self) -> Sla:
+        """A 90th-percentile target tighter than the mean target of the same latency is
+        taken for swapped values: a latency whose p90 is below its mean needs more than a
+        tenth of the requests far out in the tail, not what an SLA is written for."""
+        for metric in ("ttft", "tpot"):
+            mean, p90 = getattr(self, f"{metric}_s"), getattr(self, f"{metric}_p90_s")
+            if mean is not None and p90 is not None and p90 < mean:
+                raise ValueError(f"{metric}_p90_s: a 90th-percentile target at least the mean target "
+                                 f"sla.{metric}_s = {mean:g} (the two swapped?)")
+        return self
 
 
 class ServingDimensions(Record):
@@ -328,6 +386,8 @@ class LoadedServing:
     hardware: Hardware
     source: str
     raw: dict[str, Any]
+    #: the lengths of each empirical workload length ("input_len", "output_len") read from its CSV
+    empirical: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def names() -> list[str]:
@@ -351,9 +411,63 @@ def serving_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> Loaded
     is_name = lambda ref: not ref.endswith(".toml") and "/" not in ref  # noqa: E731
     model = load_model(spec.model, relative_to=None if is_name(spec.model) else base_dir, source=source)
     hw = load_hardware(spec.hardware, relative_to=None if is_name(spec.hardware) else base_dir, source=source)
-    loaded = LoadedServing(spec=spec, model=model, hardware=hw, source=source, raw=raw)
+    empirical: dict[str, np.ndarray] = {}
+    workload = spec.workload
+    for key in ("input_len", "output_len"):
+        lengths: Lengths = getattr(workload, key)
+        if lengths.distribution == "empirical":
+            empirical[key] = read_lengths_csv(lengths, base_dir, source, f"workload.{key}")
+            workload = workload.model_copy(update={key: lengths.model_copy(update={"mean": float(empirical[key].mean())})})
+    spec = spec.model_copy(update={"workload": workload})
+    loaded = LoadedServing(spec=spec, model=model, hardware=hw, source=source, raw=raw, empirical=empirical)
     check_serving(loaded)
     return loaded
+
+
+def read_lengths_csv(lengths: Lengths, base_dir: Path, source: str, where: str) -> np.ndarray:
+    """The request lengths of an empirical ``Lengths``: the numbers of its CSV
+    column (a header row, then one length a row, each in [1, MAX_COUNT] tokens);
+    a ``CatalogError`` naming the space file, the field and the value otherwise."""
+    assert lengths.path is not None  # Lengths requires it for an empirical distribution
+    path = Path(lengths.path)
+    path = path if path.is_absolute() else base_dir / path
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        why = getattr(err, "strerror", None) or ("not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err))
+        raise CatalogError(source, f"{where}.path", lengths.path,
+                           f"a readable CSV file of request lengths, relative to the space's folder ({path}: {why})"
+                           ) from None
+    header = [name.strip() for name in rows[0]] if rows else []
+    if lengths.column is None:
+        if len(header) != 1:
+            raise CatalogError(source, f"{where}.column", MISSING,
+                               f"the column of {lengths.path} to read, one of {header}")
+        column = header[0]
+    else:
+        column = lengths.column
+    if column not in header:
+        raise CatalogError(source, f"{where}.column", column, f"a column of {lengths.path}: one of {header}")
+    index = header.index(column)
+    values: list[float] = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:  # a blank line
+            continue
+        cell = row[index].strip() if index < len(row) else ""
+        try:
+            value = float(cell)
+        except ValueError:
+            value = math.nan
+        if not 1.0 <= value <= MAX_COUNT:  # nan fails too
+            raise CatalogError(source, f"{where}.column", column,
+                               f"request lengths in tokens, each in [1, {MAX_COUNT}] "
+                               f"({lengths.path} line {line} holds {cell!r})")
+        values.append(value)
+    if not values:
+        raise CatalogError(source, f"{where}.path", lengths.path,
+                           f"a CSV file with at least one length under its header ({column!r} has none)")
+    return np.rint(np.asarray(values))
 
 
 def check_serving(space: LoadedServing) -> None:
@@ -506,7 +620,7 @@ def dtype_bytes_table() -> np.ndarray:
 
 
 __all__ = [
-    "DIMENSIONS", "DTYPE_BYTES", "MAX_DRAFT_TOKENS", "Feasible", "LoadedServing", "Mode", "REASON_TEXT", "Scheduler",
-    "ServingReason", "ServingSpec", "dimension_values", "dtype_bytes_table", "encode", "enum_labels",
-    "load_serving", "names", "serving_from_raw",
+    "DIMENSIONS", "DTYPE_BYTES", "FEASIBLE_TEXT", "MAX_DRAFT_TOKENS", "SLA_TARGETS", "Feasible", "LoadedServing",
+    "Mode", "REASON_TEXT", "Scheduler", "ServingReason", "ServingSpec", "dimension_values", "dtype_bytes_table",
+    "encode", "enum_labels", "load_serving", "names", "read_lengths_csv", "serving_from_raw",
 ]

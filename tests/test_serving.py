@@ -132,7 +132,7 @@ def test_encoder_charges_each_dropped_combination_to_its_first_rule():
 
 @pytest.mark.parametrize("change, field, expected", [
     ({"workload": {"input_len": {"distribution": "zipf", "mean": 10}, "output_len": 4, "concurrency": 1}},
-     "workload.input_len.distribution", "'fixed' or 'lognormal'"),
+     "workload.input_len.distribution", "'fixed', 'lognormal' or 'empirical'"),
     ({"workload": {"input_len": 8, "output_len": 4, "concurrency": 1, "rate_per_s": 2.0}},
      "workload.concurrency", "exactly one of"),
     ({"dimensions": {"dtype": ["fp4"]}}, "dimensions.dtype", "h100-sxm5-80gb has a peak for"),
