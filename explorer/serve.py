@@ -200,6 +200,26 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
 #: token counts of the simulation's cost tables
 GRID = ks.token_grid()
 
+#: the simulation's clock is float64 seconds from the first arrival: where a Poisson engine's arrivals span more
+#: than this, one step of the clock (horizon * 2^-52) exceeds 10 ns and iterations round away (a TTFT of 0, or
+#: NaN once the arrivals overflow). Such an engine serves each request alone, which the analytic tier's values are
+MAX_SIM_HORIZON_S = 2.0**52 * 1e-8  # about 4.5e7 s (1.4 years)
+
+
+def simulable(space: LoadedServing, engines: np.ndarray) -> np.ndarray:
+    """Which rows of ``engines`` engines the simulation represents: Poisson arrivals at the
+    engine's share of the rate that span at most ``MAX_SIM_HORIZON_S``; a closed loop with
+    fewer users per engine (``kernels.serving.clients_per_engine``) than ``n_requests``
+    (with as many or more, every request is some user's first, all sent at t = 0: a burst,
+    not the loop's steady state)."""
+    wl = space.spec.workload
+    if wl.rate_per_s is not None:
+        _, _, gaps = sample_requests(space)
+        with np.errstate(over="ignore", divide="ignore"):
+            return gaps.sum() * engines / wl.rate_per_s <= MAX_SIM_HORIZON_S
+    assert wl.concurrency is not None  # exactly one arrival process (spaces.serving.Workload)
+    return np.maximum(np.floor(wl.concurrency / engines + 0.5), 1.0) < wl.n_requests
+
 
 @dataclass
 class ServeSummary:
@@ -214,6 +234,8 @@ class ServeSummary:
     table: pl.DataFrame | None = None
     #: the longest simulated request, prompt + output tokens (what an engine's KV cache must hold)
     longest_request_tokens: float = 0.0
+    #: candidates the simulation could have run but cannot represent (``simulable``): analytic values kept
+    n_not_simulable: int = 0
 
 
 def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> tuple[dict[str, np.ndarray], ServeSummary]:
@@ -237,7 +259,9 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     # the simulation runs aggregated engines; disaggregated rows keep the analytic tier's values
     runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)]) \
         & (cols["mode"] == Mode.AGG)
-    candidates = np.flatnonzero(runnable)
+    fits = simulable(space, metrics["engines"])
+    summary.n_not_simulable = int((runnable & ~fits).sum())
+    candidates = np.flatnonzero(runnable & fits)
     order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
     simulate(space, packed, srv, cols, metrics, np.sort(candidates[order[:top]]))
     metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
@@ -319,9 +343,21 @@ def headline(space: LoadedServing, summary: ServeSummary) -> str:
             f"{wl.input_len.distribution} {wl.input_len.mean:g} in / {wl.output_len.distribution} "
             f"{wl.output_len.mean:g} out, {arrivals}\n"
             f"{summary.n_combinations:,} combinations -> {summary.n_rows:,} candidates ({summary.n_feasible:,} feasible, "
-            f"{summary.n_simulated:,} simulated) in {summary.seconds:.2f} s\n"
-            + (f"wrote {summary.path}" if summary.path is not None else "wrote nothing (no candidate)")
+            f"{summary.n_simulated:,} simulated) in {summary.seconds:.2f} s"
+            + (f"\n{summary.n_not_simulable:,} candidates keep the analytic tier's values: the simulation cannot "
+               f"represent their engines' load ({not_simulable_why(space)})" if summary.n_not_simulable else "")
+            + (f"\nwrote {summary.path}" if summary.path is not None else "\nwrote nothing (no candidate)")
             + why_none_feasible(space, summary))
+
+
+def not_simulable_why(space: LoadedServing) -> str:
+    """Why ``simulable`` refuses rows of this space's workload."""
+    wl = space.spec.workload
+    if wl.rate_per_s is not None:
+        return (f"a Poisson rate so low that an engine's {wl.n_requests:,} arrivals span more than "
+                f"{MAX_SIM_HORIZON_S:.2g} s, past the resolution of the simulation's clock")
+    return (f"at least n_requests = {wl.n_requests:,} users per engine: every request would be a user's first, a "
+            f"burst at t = 0 rather than the closed loop")
 
 
 def why_none_feasible(space: LoadedServing, summary: ServeSummary) -> str:
