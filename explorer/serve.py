@@ -186,7 +186,9 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
         metrics[target][rows[ok]] = sim[ok, column]
     metrics["output_tokens_per_s_per_gpu"][rows[ok]] = sim[ok, serving_sim.S_OTPS] * engines[ok] / devices
     metrics["requests_per_s"][rows[ok]] = sim[ok, serving_sim.S_SUSTAINED_RPS] * engines[ok]
-    metrics["output_tokens_per_s_per_user"][rows[ok]] = 1.0 / sim[ok, serving_sim.S_TPOT]
+    tpot = sim[ok, serving_sim.S_TPOT]  # 0 where every request ends with its first token: no decode speed (NaN,
+    metrics["output_tokens_per_s_per_user"][rows[ok]] = np.divide(  # as the analytic tier's)
+        1.0, tpot, out=np.full(tpot.shape, np.nan), where=tpot > 0.0)
     measured = ok & np.isfinite(sim[:, serving_sim.S_TOKENS_PER_STEP])  # not where no request decoded
     metrics["tokens_per_step"][rows[measured]] = sim[measured, serving_sim.S_TOKENS_PER_STEP]
     metrics["simulated"][rows] = 1.0
