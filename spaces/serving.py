@@ -417,7 +417,8 @@ def serving_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> Loaded
         lengths: Lengths = getattr(workload, key)
         if lengths.distribution == "empirical":
             empirical[key] = read_lengths_csv(lengths, base_dir, source, f"workload.{key}")
-            workload = workload.model_copy(update={key: lengths.model_copy(update={"mean": float(empirical[key].mean())})})
+            filled = lengths.model_copy(update={"mean": float(empirical[key].mean())})
+            workload = workload.model_copy(update={key: filled})
     spec = spec.model_copy(update={"workload": workload})
     loaded = LoadedServing(spec=spec, model=model, hardware=hw, source=source, raw=raw, empirical=empirical)
     check_serving(loaded)
