@@ -41,6 +41,30 @@ from paraspace.spaces.serving import (  # noqa: F401 - load_serving re-exported 
     enum_labels,
     load_serving,
 )
+from paraspace.spaces.serving import names as serving_names
+
+#: ``paraspace study`` objectives on a serving space (``explorer.serve_study``), the default first
+SERVING_OBJECTIVES = ("throughput", "throughput-user")
+
+
+def is_serving_space(ref: str | None) -> bool:
+    """Whether a command line's space reference names a serving space: a name of
+    ``spaces/catalog/serving``, or a TOML file with a ``[workload]`` table (training
+    spaces have none)."""
+    if ref is None:
+        return False
+    path = Path(ref)
+    if ref.endswith(".toml") or path.exists():
+        if not path.is_file():
+            return False
+        from paraspace.spaces.catalog import read_toml
+
+        try:
+            return isinstance(read_toml(path).get("workload"), dict)
+        except CatalogError:
+            return False
+    return ref in serving_names()
+
 
 #: activations, collectives, embedding and LM head stay 16-bit (kernels.inference)
 ACT_BYTES = 2.0
@@ -159,25 +183,71 @@ def draw_seed(space: LoadedServing) -> int:
     return space.spec.workload.seed % 2**32
 
 
-def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
-             metrics: dict[str, np.ndarray], rows: np.ndarray) -> None:
-    """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns."""
-    if rows.size == 0:
-        return
+@dataclass(frozen=True)
+class SimInputs:
+    """The simulation's arguments for some rows (``simulate_rows`` or
+    ``simulate_disagg_rows``), in their order, and the rows' engines."""
+
+    disagg: bool
+    args: tuple
+    engines: np.ndarray  # aggregated: identical engines of the deployment (one simulated); disaggregated: 1
+
+
+def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, prefill: np.ndarray,
+               cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], rows: np.ndarray, disagg: bool) -> SimInputs:
+    """The simulation's inputs for ``rows`` (indices, all of one mode): an aggregated row
+    simulates one of its ``engines`` (the deployment's users or rate split evenly); a
+    disaggregated row its whole deployment (``kernels.serving_sim.simulate_disagg_one``)."""
     pick = {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
     g, h, dp, ds, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
                                                            srv[rows].view(np.recarray), pick["dtype"], GRID)
     wl = space.spec.workload
-    engines = metrics["engines"][rows]
-    clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
-        np.floor(wl.concurrency / engines + 0.5), 1.0)
-    rate = np.zeros(rows.size) if wl.rate_per_s is None else wl.rate_per_s / engines
     in_len, out_len, gaps = sample_requests(space)
-    sim = serving_sim.simulate_rows(in_len, out_len, gaps, clients, rate, pick["max_batch"].astype(np.float64),
-                                    pick["max_tokens"].astype(np.float64), pick["scheduler"], cap,
-                                    space.spec.host_overhead_us * 1e-6, kv_coef, pair_coef, wl.prefix_hit_rate,
-                                    GRID, g, h, pick["draft_tokens"], wl.acceptance_rate or 0.0, draw_seed(space),
-                                    dp, ds)
+    host = space.spec.host_overhead_us * 1e-6
+    acceptance = wl.acceptance_rate or 0.0
+    max_batch = pick["max_batch"].astype(np.float64)
+    max_tokens = pick["max_tokens"].astype(np.float64)
+    engines = metrics["engines"][rows]
+    if not disagg:
+        clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
+            np.floor(wl.concurrency / engines + 0.5), 1.0)
+        rate = np.zeros(rows.size) if wl.rate_per_s is None else wl.rate_per_s / engines
+        args = (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, pick["scheduler"], cap, host, kv_coef,
+                pair_coef, wl.prefix_hit_rate, GRID, g, h, pick["draft_tokens"], acceptance, draw_seed(space), dp, ds)
+        return SimInputs(False, args, engines)
+    psrv = prefill[rows].view(np.recarray)
+    pg, ph, pdp, _, _, p_pair, p_cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles, psrv,
+                                                       pick["dtype"], GRID)
+    xfer = serving_sim.transfer_times(packed.model, packed.tiers, psrv, in_len, float(space.spec.devices))
+    clients = np.full(rows.size, float(wl.concurrency or 0))
+    rate = np.full(rows.size, float(wl.rate_per_s or 0.0))
+    args = (in_len, out_len, gaps, clients, rate, pick["prefill_instances"].astype(np.float64), engines, max_batch,
+            max_tokens, p_cap, cap, host, wl.prefix_hit_rate, GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer,
+            pick["draft_tokens"], acceptance, draw_seed(space))
+    return SimInputs(True, args, np.ones(rows.size))
+
+
+def run_sim(inputs: SimInputs) -> np.ndarray:
+    """``SIM_OUTPUTS`` of the rows of ``inputs`` (rows, N_SIM)."""
+    if inputs.disagg:
+        return serving_sim.simulate_disagg_rows(*inputs.args)
+    return serving_sim.simulate_rows(*inputs.args)
+
+
+def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, prefill: np.ndarray,
+             cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], rows: np.ndarray) -> None:
+    """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns."""
+    for disagg in (False, True):
+        part = rows[(cols["mode"][rows] == Mode.DISAGG) == disagg]
+        if part.size:
+            _simulated(space, packed, metrics, part, run_sim(sim_inputs(space, packed, srv, prefill, cols, metrics,
+                                                                        part, disagg)),
+                       metrics["engines"][part] if not disagg else np.ones(part.size))
+
+
+def _simulated(space: LoadedServing, packed: PackedServing, metrics: dict[str, np.ndarray], rows: np.ndarray,
+               sim: np.ndarray, engines: np.ndarray) -> None:
+    """Write the simulated ``rows``' columns: the run's rates times the identical ``engines`` it stands for."""
     ok = sim[:, serving_sim.S_STUCK] == 0
     devices = float(space.spec.devices)
     for target, column in (("ttft_s", serving_sim.S_TTFT), ("ttft_p90_s", serving_sim.S_TTFT_P90),
@@ -240,6 +310,37 @@ class ServeSummary:
     n_not_simulable: int = 0
 
 
+def evaluate_columns(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedServing | None = None, *,
+                     simulate_top: int | None = None) -> dict[str, np.ndarray]:
+    """The metrics of encoded candidates ``cols`` (in their order): the analytic tier
+    on all, the simulation on the ``simulate_top`` best runnable by analytic
+    throughput per GPU that it can represent (``simulable``; default: the space's
+    ``simulate_top``)."""
+    return evaluate(space, cols, packed, simulate_top=simulate_top)[0]
+
+
+def evaluate(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedServing | None = None, *,
+             simulate_top: int | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """``evaluate_columns`` and the number of runnable candidates the simulation cannot represent."""
+    packed = pack_serving(space) if packed is None else packed
+    srv = serving_records(space, cols)
+    prefill = serving_records(space, cols, prefill=True)
+    metrics = analytic(packed, srv, cols, prefill)
+    metrics["placement_imbalance"] = np.ascontiguousarray(srv["placement_imbalance"], dtype=np.float64)
+    n = cols["tp"].shape[0]
+    metrics["simulated"] = np.zeros(n)
+    metrics["ttft_p90_s"] = np.full(n, np.nan)
+    metrics["tpot_p90_s"] = np.full(n, np.nan)
+    top = space.spec.simulate_top if simulate_top is None else simulate_top
+    runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)])
+    fits = simulable(space, metrics["engines"])  # a disaggregated row's engines: its decode engines
+    candidates = np.flatnonzero(runnable & fits)
+    order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
+    simulate(space, packed, srv, prefill, cols, metrics, np.sort(candidates[order[:top]]))
+    metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
+    return metrics, int((runnable & ~fits).sum())
+
+
 def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> tuple[dict[str, np.ndarray], ServeSummary]:
     """Every valid candidate's columns (strategy and metrics), ranked: feasible
     first, then throughput per GPU, then TTFT."""
@@ -250,23 +351,7 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     cols = enc.columns
     packed = pack_serving(space)
     summary.longest_request_tokens = float(packed.workload["longest_seq_len"][0])
-    srv = serving_records(space, cols)
-    metrics = analytic(packed, srv, cols, serving_records(space, cols, prefill=True))
-    metrics["placement_imbalance"] = np.ascontiguousarray(srv["placement_imbalance"], dtype=np.float64)
-    n = enc.n_rows
-    metrics["simulated"] = np.zeros(n)
-    metrics["ttft_p90_s"] = np.full(n, np.nan)
-    metrics["tpot_p90_s"] = np.full(n, np.nan)
-    top = space.spec.simulate_top if simulate_top is None else simulate_top
-    # the simulation runs aggregated engines; disaggregated rows keep the analytic tier's values
-    runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)]) \
-        & (cols["mode"] == Mode.AGG)
-    fits = simulable(space, metrics["engines"])
-    summary.n_not_simulable = int((runnable & ~fits).sum())
-    candidates = np.flatnonzero(runnable & fits)
-    order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
-    simulate(space, packed, srv, cols, metrics, np.sort(candidates[order[:top]]))
-    metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
+    metrics, summary.n_not_simulable = evaluate(space, cols, packed, simulate_top=simulate_top)
     both = {**cols, **metrics, "infeasible_reason": metrics["reason"].astype(np.int8)}
     rank = np.lexsort((cols["row_id"], np.nan_to_num(metrics["ttft_s"], nan=np.inf),
                        -np.nan_to_num(metrics["output_tokens_per_s_per_gpu"], nan=-np.inf), -metrics["feasible"]))

@@ -110,6 +110,8 @@ import math
 import numpy as np
 from numba import prange
 
+from paraspace.kernels.codes import SEND_RECV
+from paraspace.kernels.collectives import flat_time_s, link_bytes_per_s
 from paraspace.kernels.inference import (
     attention_block_s,
     attention_ranks,
@@ -595,12 +597,16 @@ def kv_transfer_s(model, tiers, prefill_srv, input_len: float, devices: float) -
     prefill rank sends its share, input_len x its KV bytes a token
     (``replica_kv_bytes_per_token``: the draft modules' too), at once over its own link of
     the tier between the groups: the innermost when the whole deployment fits
-    in its domain, else the outermost (the groups on different nodes)."""
+    in its domain, else the outermost (the groups on different nodes). One
+    point-to-point message on that tier (``kernels.collectives.flat_time_s``
+    SEND_RECV: latency + bytes over the send/recv bandwidth the tier achieves
+    at that size, ``link_bytes_per_s``)."""
     tier = tiers.shape[0] - 1
     if tiers[0].domain_devices > 0.0 and devices <= tiers[0].domain_devices:
         tier = 0
     size = input_len * replica_kv_bytes_per_token(model, prefill_srv)
-    return size / tiers[tier].bytes_per_s + tiers[tier].latency_s
+    link = tiers[tier]
+    return flat_time_s(SEND_RECV, 2.0, size, link_bytes_per_s(link, SEND_RECV, size), link.latency_s)
 
 
 @jit
@@ -625,7 +631,11 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     each, ``expected_tokens``). Poisson rate R: B solves X(B) = R
     (bisection). Closed loop, C users: B solves engines B + X (wait + t_p +
     transfer) = C, or B = max_batch when the decode side is the bottleneck;
-    e2e = C / X (Little). TTFT = e2e - transfer - n t_d."""
+    e2e = C / X (Little). TTFT = e2e - n t_d: the first token reaches the user
+    from the decode replica, which streams the answer once the cache has
+    arrived, so TTFT includes the transfer (as ``kernels.serving_sim``'s
+    disaggregated simulation; SGLang's PD router and NVIDIA Dynamo return the
+    decode worker's stream)."""
     inl = wl.input_len
     nd = max(wl.output_len - 1.0, 1.0)
     new = inl * (1.0 - wl.prefix_hit_rate)
@@ -687,8 +697,8 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
         wait = rho / (2.0 * (1.0 - rho)) * t_p if rho < 1.0 else np.inf
         e2e = wait + t_p + xfer + steps * t_d
-    tpot = (xfer + steps * t_d) / nd
-    ttft = e2e - nd * tpot
+    tpot = steps * t_d / nd
+    ttft = e2e - nd * tpot  # wait + t_p + transfer
     out[O_BATCH] = b
     out[O_PREFILL] = t_p
     out[O_DECODE_STEP] = t_d

@@ -535,13 +535,15 @@ def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
     return out
 
 
-def encode(space: LoadedServing) -> Encoded:
-    """Every combination of the dimensions (C order, the last fastest), filtered by
-    vectorised rules; kept rows carry ``row_id`` and the derived ``instances``."""
+def encode(space: LoadedServing, ids: np.ndarray | None = None) -> Encoded:
+    """Every combination of the dimensions (C order, the last fastest), or the
+    combinations ``ids`` (flat positions, in their order: ``paraspace study``),
+    filtered by vectorised rules; kept rows carry ``row_id`` and the derived
+    ``instances``; the reason counts are over the combinations encoded."""
     values = dimension_values(space)
     shape = tuple(len(values[n]) for n in DIMENSIONS)
     n = int(np.prod(shape, dtype=np.int64))
-    flat = np.arange(n, dtype=np.int64)
+    flat = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
     index = np.unravel_index(flat, shape)
     cols = {name: values[name][i] for name, i in zip(DIMENSIONS, index)}
     reason, breaks = _reasons(space, cols, values)

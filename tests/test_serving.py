@@ -278,7 +278,8 @@ def test_disaggregated_poisson_row_by_its_definition(fast):
     one device each: the prefill iteration packs floor(4096 / 512) = 8 prompts in t_p =
     rows_s(4096) + head(8) + pair 8 x 512 x 256, so mu = 8 / t_p prompts/s and the wait is
     rho / (2 (1 - rho)) t_p at rho = 20 / mu; the decode batch B makes B / (15 t_d(B)) = 20;
-    TTFT = wait + t_p; TPOT = (transfer + 15 t_d) / 15."""
+    TTFT = wait + t_p + transfer (the decode replica streams the answer once the cache has
+    arrived); TPOT = 15 t_d / 15 = t_d."""
     m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
     srv = toy_srv(n_gpus=2.0)
     out = analytic(fast, srv, workload(concurrency=0.0, rate_per_s=20.0, devices=2.0), max_tokens=4096.0,
@@ -292,8 +293,8 @@ def test_disaggregated_poisson_row_by_its_definition(fast):
     assert out["prefill_s"] == pytest.approx(t_p, rel=REL)
     assert b / (15 * t_d) == pytest.approx(20.0, rel=1e-9)
     assert out["kv_transfer_s"] == pytest.approx(xfer, rel=REL)
-    assert out["ttft_s"] == pytest.approx(rho / (2 * (1 - rho)) * t_p + t_p, rel=1e-9)
-    assert out["tpot_s"] == pytest.approx((xfer + 15 * t_d) / 15, rel=1e-9)
+    assert out["ttft_s"] == pytest.approx(rho / (2 * (1 - rho)) * t_p + t_p + xfer, rel=1e-9)
+    assert out["tpot_s"] == pytest.approx(t_d, rel=1e-9)
     assert out["output_tokens_per_s_per_gpu"] == pytest.approx(20.0 * 16 / 2, rel=REL)
     assert out["reason"] == ks.OK
     # the prefill replica saturates: 8 prompts per t_p ~ 0.25 ms is ~32,000 prompts/s
