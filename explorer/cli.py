@@ -398,8 +398,10 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 @click.option("--trials", "n_trials", type=COUNT, default=200, show_default=True)
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(0, MAX_TIMEOUT_S), default=None, help="Stop after this many seconds.")
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random", "grid"]), default="tpe", show_default=True)
-@click.option("--objective", type=click.Choice(["time-memory", "time"]), default="time-memory", show_default=True,
-              help="Minimise step time and peak memory, or step time alone (under the memory cap either way).")
+@click.option("--objective", type=click.Choice(["time-memory", "time", "throughput", "throughput-user"]), default=None,
+              help="Training: minimise step time and peak memory (time-memory, the default), or step time alone "
+                   "(time), under the memory cap. Serving: maximise output tokens/s per GPU (throughput, the "
+                   "default), or that and tokens/s per user (throughput-user), under the SLA.")
 @click.option("--max-mem", "max_mem", type=FiniteFloatRange(0, MAX_GIB, min_open=True), default=None,
               help="Memory cap in GiB [default: the device's HBM].")
 @click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql://...) [default: a journal file "
@@ -413,16 +415,30 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar with trials per second and the best feasible step time so far.")
 @_guard
-def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler: str, objective: str,
+def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler: str, objective: str | None,
               max_mem: float | None, storage: str | None, study_name: str | None, batch: int, seed: int,
               out_dir: Path, progress: bool) -> None:
-    """Search a space with Optuna; resumes the named study if it exists."""
+    """Search a space (training, or serving: spaces/catalog/serving) with Optuna; resumes the named study if it
+    exists."""
     import optuna
 
-    from paraspace.explorer.study import run_study
+    from paraspace.explorer import serve
+    from paraspace.explorer.study import OBJECTIVES, run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loaded = named_for_output(catalog.load_space(space or DEFAULT_SPACE), overridden=False)
+    serving = serve.is_serving_space(space)
+    kinds = serve.SERVING_OBJECTIVES if serving else OBJECTIVES
+    if objective is not None and objective not in kinds:
+        raise InputError(f"command line: --objective = {objective}: expected one of {', '.join(kinds)} for a "
+                         f"{'serving' if serving else 'training'} space")
+    if serving:
+        from paraspace.explorer.serve_study import run_serving_study
+
+        loaded = serve.load_serving(space)
+        label = lambda best: f"best {best:,.4g} tokens/s/GPU"  # noqa: E731
+    else:
+        loaded = named_for_output(catalog.load_space(space or DEFAULT_SPACE), overridden=False)
+        label = lambda best: f"best step {best:.4g} s"  # noqa: E731
     _announce_compile()
     if study_name is not None:  # names the journal and the parts' folder: keep them inside --out
         confined_name(study_name, "command line", "--study-name")
@@ -432,11 +448,12 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
               disable=None if progress else True, mininterval=0.5) as bar:
         def on_batch(done: int, best: float | None) -> None:
             bar.update(done - bar.n)
-            bar.set_postfix_str(f"best step {best:.4g} s" if best is not None else "no feasible trial yet")
+            bar.set_postfix_str(label(best) if best is not None else "no feasible trial yet")
 
-        summary = run_study(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
-                            sampler=sampler, objective=objective, max_mem_gib=max_mem, batch=batch,
-                            timeout_s=timeout_s, seed=seed, on_batch=on_batch)
+        run = run_serving_study if serving else run_study
+        summary = run(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
+                      sampler=sampler, objective=objective or kinds[0], max_mem_gib=max_mem, batch=batch,
+                      timeout_s=timeout_s, seed=seed, on_batch=on_batch)
     click.echo(f"study {summary.study_name}: {summary.n_new} new trials ({summary.n_trials_total} in total) in "
                f"{summary.seconds:.1f} s; metrics in {out_dir / summary.study_name}/")
     if summary.best:
@@ -549,7 +566,17 @@ def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices
 def trace_cmd(space: str | None, model: str | None, hardware: str | None, devices: int | None,
               global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
               prefix: Path) -> None:
-    """Simulate one configuration with timeline capture and export it (open the JSON in ui.perfetto.dev)."""
+    """Simulate one configuration with timeline capture and export it (open the JSON in ui.perfetto.dev).
+
+    With a serving space (--space NAME of spaces/catalog/serving, or its TOML), --set narrows its dimensions
+    (e.g. --set mode=disagg --set tp=4) and the best candidate left by the analytic ranking is simulated: its
+    engines' prefill and decode iterations, EP traffic and KV-cache occupancy, to PREFIX.json."""
+    from paraspace.explorer import serve
+
+    if serve.is_serving_space(space):
+        _serving_trace(space, {"--model": model, "--hardware": hardware, "--devices": devices,
+                               "--global-batch": global_batch, "--seq-len": seq_len, "--dtype": dtype}, sets, prefix)
+        return
     from paraspace.explorer.timeline import capture
     from paraspace.results.trace import write_chrome_trace, write_gantt_png
 
@@ -559,6 +586,29 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
     json_path = write_chrome_trace(tl, prefix.with_suffix(".json"))
     png_path = write_gantt_png(tl, prefix.with_suffix(".png"))
     click.echo(f"{tl.title}\n{tl.start_s.size:,} tasks; wrote {json_path} and {png_path}")
+
+
+def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], prefix: Path) -> None:
+    from paraspace.explorer import serve
+    from paraspace.explorer.serve_timeline import capture
+    from paraspace.results.serving_trace import TRANSFER, write_chrome_trace
+
+    for flag, value in unused.items():
+        if value is not None:
+            raise InputError(f"command line: {flag} = {value}: expected none with a serving space ({space} names the "
+                             "model, hardware and devices)")
+    strategy: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY a serving dimension")
+        strategy[key.strip()] = _parse_value(value)
+    loaded = serve.load_serving(space)
+    _announce_compile()
+    tl = capture(loaded, strategy)
+    path = write_chrome_trace(tl, prefix.with_suffix(".json"))
+    click.echo(f"{tl.title}\n{int((tl.kind != TRANSFER).sum()):,} iterations on {len(tl.engine_names)} engine(s); "
+               f"wrote {path}")
 
 
 def _finite(value: Any) -> Any:

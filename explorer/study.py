@@ -158,6 +158,27 @@ def _positions(encoder: Encoder, params: list[dict[str, Any]], space: dict[str, 
     return pos
 
 
+class _Grid(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` once every grid point has a trial
+    (``GridSampler.after_trial``), which is valid only inside ``Study.optimize``: told by
+    ask/tell, the last grid point's tell raised after storing it. The loop stops asking
+    instead (``_grid_left``)."""
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
+                    values: Any) -> None:
+        return None
+
+
+def _grid_left(sampler: optuna.samplers.BaseSampler, space: dict[str, list[Any]], study: optuna.Study) -> int | None:
+    """Grid points no trial has started (finished or running); None for other samplers."""
+    if not isinstance(sampler, optuna.samplers.GridSampler):
+        return None
+    n = int(np.prod([len(v) for v in space.values()], dtype=object))
+    started = {t.system_attrs["grid_id"] for t in study.get_trials(deepcopy=False)
+               if "grid_id" in t.system_attrs and (t.state.is_finished() or t.state == TrialState.RUNNING)}
+    return n - len(started)
+
+
 def make_sampler(name: str, seed: int | None, space: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
@@ -165,17 +186,18 @@ def make_sampler(name: str, seed: int | None, space: dict[str, list[Any]]) -> op
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.GridSampler(space, seed=seed)
+    return _Grid(space, seed=seed)
 
 
-def check_options(loaded: LoadedSpace, space: dict[str, list[Any]], *, sampler: str, storage: str | None) -> None:
-    """Refuse, before anything is created, a grid too large to list and a storage URL that is not one."""
+def check_options(name: str, space: dict[str, list[Any]], *, sampler: str, storage: str | None) -> None:
+    """Refuse, before anything is created, a grid too large to list and a storage URL that is not one
+    (``name``: the space's, for the message)."""
     if sampler == "grid":
         n = int(np.prod([len(v) for v in space.values()], dtype=object))
         if n > MAX_GRID:
             raise CatalogError("command line", "--sampler", sampler,
                                f"a space of at most {MAX_GRID:,} combinations for a grid (Optuna's GridSampler lists "
-                               f"them all in memory; {loaded.spec.name} has {n:,}): use --sampler tpe or random")
+                               f"them all in memory; {name} has {n:,}): use --sampler tpe or random")
     if storage is not None:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -195,20 +217,123 @@ def default_storage(out_dir: Path, study_name: str) -> optuna.storages.BaseStora
     return optuna.storages.JournalStorage(JournalFileBackend(str(out_dir / f"{study_name}.journal")))
 
 
+@dataclass
+class Outcome:
+    """How one evaluated trial is told: ``values`` (None: no objective value, told PRUNED
+    and left out of the Parquet), the constraint ``fits`` (> 0: infeasible), and user attributes."""
+
+    values: list[float] | None
+    fits: float
+    attrs: dict[str, Any]
+
+
+class Problem:
+    """What a study searches (module doc): the training problem below; serving spaces
+    have theirs (``explorer.serve_study``). The optimisation loop, storage, workers and
+    recovery are shared."""
+
+    name: str  # the space's name: the default study name
+    space: dict[str, list[Any]]  # Optuna's search space
+    directions: list[str]
+    metric_names: list[str]  # the objectives' column names, as optuna-dashboard shows them
+
+    def row_ids(self, params: list[dict[str, Any]]) -> np.ndarray:
+        """The flat combination index of each trial's parameters."""
+        raise NotImplementedError
+
+    def evaluate(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray] | None, np.ndarray]:
+        """(the columns of the valid combinations of ``ids`` in their order, or None when
+        none is valid; the valid row ids in that order)."""
+        raise NotImplementedError
+
+    def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:
+        raise NotImplementedError
+
+    def broken_rule(self, row_id: int) -> str:
+        """The name of the first validity rule a combination breaks."""
+        raise NotImplementedError
+
+    def write_part(self, path: Path, cols: dict[str, np.ndarray], footer: dict[str, Any]) -> None:
+        """Write ``cols`` as one Parquet part with the problem's schema and ``footer`` metadata."""
+        raise NotImplementedError
+
+    def best_entry(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        """A feasible trial as the summary lists it."""
+        raise NotImplementedError
+
+
+class TrainingProblem(Problem):
+    """A training space: step time (and peak memory) minimised under a memory cap."""
+
+    def __init__(self, loaded: LoadedSpace, *, objective: str = "time-memory", max_mem_gib: float | None = None,
+                 packed: Any = None) -> None:
+        self.loaded = loaded
+        self.encoder = Encoder(loaded)
+        self.name = loaded.spec.name
+        self.space = search_space(self.encoder)
+        self.directions = ["minimize", "minimize"] if objective == "time-memory" else ["minimize"]
+        self.metric_names = ["step_time_s", "mem_peak_bytes"][:len(self.directions)]
+        self.cap = max_mem_gib * 1024**3 if max_mem_gib is not None else loaded.hardware.device.hbm_capacity_bytes
+        self._packed = packed
+        self.schema, self.labels = result_schema(), enum_labels()
+
+    @property
+    def packed(self) -> Any:
+        if self._packed is None:
+            self._packed = pack(self.loaded)
+        return self._packed
+
+    def row_ids(self, params: list[dict[str, Any]]) -> np.ndarray:
+        return self.encoder.row_ids(_positions(self.encoder, params, self.space))
+
+    def evaluate(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray] | None, np.ndarray]:
+        enc = self.encoder.encode_ids(ids)
+        cols = evaluate_encoded(self.packed, enc) if enc.n_rows else None
+        return cols, enc.columns["row_id"]
+
+    def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:
+        step, mem = float(cols["step_time_s"][row]), float(cols["mem_peak_bytes"][row])
+        return Outcome([step, mem][:len(self.directions)], (mem - self.cap) / self.cap, {"feasible": mem <= self.cap})
+
+    def broken_rule(self, row_id: int) -> str:
+        first = self.encoder.encode_ids(np.array([row_id], dtype=np.int64)).first_reason
+        return Reason(int(np.flatnonzero(first[1:])[0]) + 1).name.lower()
+
+    def write_part(self, path: Path, cols: dict[str, np.ndarray], footer: dict[str, Any]) -> None:
+        with ResultWriter(path, self.schema, provenance(self.loaded), column_docs()) as writer:
+            writer.write(to_arrow(cols, self.schema, self.labels))
+            writer.close(footer)
+
+    def best_entry(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        return {"trial": trial.number, "step_time_s": trial.values[0], **trial.params,
+                "row_id": trial.user_attrs["row_id"]}
+
+
 def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: str | None = None,
               storage: str | None = None, sampler: str = "tpe", objective: str = "time-memory",
               max_mem_gib: float | None = None, batch: int = 64, timeout_s: float | None = None,
               seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S,
               on_batch: Callable[[int, float | None], object] | None = None) -> StudySummary:
-    """Run ``n_trials`` more trials of the named study in batches; ``on_batch`` hears,
-    after each batch, the trials done so far and the best feasible step time of the
-    whole study (None while no trial is feasible)."""
-    encoder = Encoder(loaded)
-    space = search_space(encoder)
-    check_options(loaded, space, sampler=sampler, storage=storage)
-    packed = pack(loaded)
-    name = study_name or loaded.spec.name
-    directions = ["minimize", "minimize"] if objective == "time-memory" else ["minimize"]
+    """Run ``n_trials`` more trials of the named study of a training space in batches;
+    ``on_batch`` hears, after each batch, the trials done so far and the best feasible
+    step time of the whole study (None while no trial is feasible)."""
+    problem = TrainingProblem(loaded, objective=objective, max_mem_gib=max_mem_gib)
+    return optimise(problem, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
+                    sampler=sampler, batch=batch, timeout_s=timeout_s, seed=seed, heartbeat_s=heartbeat_s,
+                    grace_s=grace_s, on_batch=on_batch)
+
+
+def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str | None = None,
+             storage: str | None = None, sampler: str = "tpe", batch: int = 64, timeout_s: float | None = None,
+             seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S,
+             on_batch: Callable[[int, float | None], object] | None = None) -> StudySummary:
+    """Run ``n_trials`` more trials of ``problem``'s named study in batches (module doc);
+    ``on_batch`` hears, after each batch, the trials done so far and the best feasible
+    first objective of the whole study (None while no trial is feasible)."""
+    space = problem.space
+    check_options(problem.name, space, sampler=sampler, storage=storage)
+    name = study_name or problem.name
+    directions = problem.directions
     with _optuna_quiet():
         retry = _Retry(max_retry=MAX_RETRY)
     rdb: list[optuna.storages.RDBStorage] = []
@@ -223,9 +348,7 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
                                              heartbeat_stale_trial_callback=retry)]
         return rdb[0]
 
-    cap = max_mem_gib * 1024**3 if max_mem_gib is not None else loaded.hardware.device.hbm_capacity_bytes
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
-    labels_, table_schema = enum_labels(), result_schema()
     part_dir = out_dir / name
     parts: list[Path] = []
     began = time.perf_counter()
@@ -236,23 +359,25 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
                 _release_stale_journal_lock(out_dir / f"{name}.journal")
             study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space), storage)
             if study.metric_names is None:  # objective names, as optuna-dashboard shows them
-                study.set_metric_names(["step_time_s", "mem_peak_bytes"][:len(directions)])
+                study.set_metric_names(problem.metric_names)
             dead.reclaim(study, part_dir, retry, journal=storage is None)
         optuna.storages.fail_stale_trials(study)
         with _Heartbeat(rdb[0] if rdb else None, heartbeat_s) as heart:
             while done < n_trials and (timeout_s is None or time.perf_counter() - began < timeout_s):
+                left = _grid_left(study.sampler, space, study)
+                if left == 0:  # every grid point has a trial
+                    break
                 worker.begin()
                 try:
                     trials = []
-                    for _ in range(min(batch, n_trials - done)):
+                    for _ in range(min(batch, n_trials - done, left if left is not None else batch)):
                         trial = study.ask()  # claimed before its parameters are written, then suggested
                         worker.own(trial.number)  # as study.ask(distributions) would
                         heart.beat(trial)
                         for key, dist in distributions.items():
                             trial.suggest_categorical(key, dist.choices)
                         trials.append(trial)
-                    part = _evaluate_and_tell(study, trials, encoder, packed, space, cap, len(directions),
-                                              worker.pending, part_dir, table_schema, labels_, loaded, name)
+                    part = _evaluate_and_tell(study, trials, problem, worker.pending, part_dir, name)
                 except BaseException:  # Ctrl-C or an error mid-batch: give the batch back now
                     _give_back(study, worker, part_dir, retry)
                     raise
@@ -262,64 +387,73 @@ def run_study(loaded: LoadedSpace, *, n_trials: int, out_dir: Path, study_name: 
                 done += len(trials)
                 optuna.storages.fail_stale_trials(study)
                 if on_batch is not None:
-                    on_batch(done, best_feasible_step(study))
+                    on_batch(done, best_feasible_value(study))
     feasible = [t for t in study.trials if t.state == TrialState.COMPLETE
                 and max(_constraint(t), default=1.0) <= 0]
-    best = sorted(feasible, key=lambda t: t.values[0])[:5]
+    sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    best = sorted(feasible, key=lambda t: sign * t.values[0])[:5]
     if retry.count:
         _log.warning("study %s: %d trials left RUNNING by dead workers were failed and queued again",
                      name, retry.count)
     return StudySummary(
         study_name=name, n_trials_total=len(study.trials), n_new=done,
-        best=[{"trial": t.number, "step_time_s": t.values[0], **t.params, "row_id": t.user_attrs["row_id"]}
-              for t in best],
+        best=[problem.best_entry(t) for t in best],
         parts=parts, seconds=time.perf_counter() - began, n_recovered=retry.count,
     )
 
 
-def best_feasible_step(study: optuna.Study) -> float | None:
-    """The shortest step time among the study's complete trials that meet the constraints."""
-    steps = [t.values[0] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-             if max(_constraint(t), default=1.0) <= 0]
-    return min(steps) if steps else None
+def best_feasible_value(study: optuna.Study) -> float | None:
+    """The best first objective (by the study's direction) among its complete trials that meet the constraints."""
+    values = [t.values[0] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if max(_constraint(t), default=1.0) <= 0]
+    if not values:
+        return None
+    return max(values) if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min(values)
 
 
-def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], encoder: Encoder, packed: Any,
-                       space: dict[str, list[Any]], cap: float, n_objectives: int, pending: Path, part_dir: Path,
-                       table_schema: pa.Schema, labels_: dict[str, list[str]], loaded: LoadedSpace,
-                       name: str) -> Path | None:
+#: the training study's name for it (its first objective is the step time)
+best_feasible_step = best_feasible_value
+
+
+def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], problem: Problem, pending: Path,
+                       part_dir: Path, name: str) -> Path | None:
     """One batch: evaluate, write its Parquet part aside, tell every trial, then publish the part.
 
     Row ``i`` of the part is the prediction of trial ``trials[i]`` of its footer; a trial that breaks
-    a validity rule has no row and is told PRUNED with a violated constraint (module docstring)."""
+    a validity rule, or whose prediction has no objective value, has no row and is told PRUNED with a
+    violated constraint (module docstring)."""
     params = [t.params for t in trials]
-    ids = encoder.row_ids(_positions(encoder, params, space))
-    enc = encoder.encode_ids(ids)
+    ids = problem.row_ids(params)
+    cols, kept = problem.evaluate(ids)
     # the kept row ids are the valid ones of ids, in order (validity depends on the combination only)
     row_of: dict[int, int] = {}
     for trial, rid in zip(trials, ids):
-        if len(row_of) < enc.n_rows and enc.columns["row_id"][len(row_of)] == rid:
+        if len(row_of) < kept.shape[0] and kept[len(row_of)] == rid:
             row_of[trial.number] = len(row_of)
-    cols = evaluate_encoded(packed, enc) if enc.n_rows else None
+    outcomes = {number: problem.outcome(cols, row) for number, row in row_of.items()} if cols is not None else {}
+    told = [number for number in row_of if outcomes[number].values is not None]
     staged = None
-    if cols is not None:
+    if told:
+        rows = np.array([row_of[number] for number in told], dtype=np.int64)
+        part = cols if len(told) == len(row_of) else {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
         staged = pending / f"part-{int(time.time() * 1e6)}-{trials[0].number}.parquet{PENDING}"
-        with ResultWriter(staged, table_schema, provenance(loaded), column_docs()) as writer:
-            writer.write(to_arrow(cols, table_schema, labels_))
-            writer.close({"paraspace.study": {"name": name, "trials": list(row_of)}})
+        problem.write_part(staged, part, {"paraspace.study": {"name": name, "trials": told}})
     for trial, rid in zip(trials, ids):
-        row = row_of.get(trial.number)
         trial.set_user_attr("row_id", int(rid))
-        if row is None:  # breaks a validity rule: no prediction, a violated constraint, PRUNED
+        outcome = outcomes.get(trial.number)
+        if outcome is None:  # breaks a validity rule: no prediction, a violated constraint, PRUNED
             _set_fits(trial, 1.0)
             trial.set_user_attr("feasible", False)
-            trial.set_user_attr("rule", _broken_rule(encoder, int(rid)))
+            trial.set_user_attr("rule", problem.broken_rule(int(rid)))
             study.tell(trial, state=TrialState.PRUNED)
             continue
-        step, mem = float(cols["step_time_s"][row]), float(cols["mem_peak_bytes"][row])
-        _set_fits(trial, (mem - cap) / cap)
-        trial.set_user_attr("feasible", mem <= cap)
-        study.tell(trial, [step, mem] if n_objectives == 2 else [step])
+        _set_fits(trial, outcome.fits)
+        for key, value in outcome.attrs.items():
+            trial.set_user_attr(key, value)
+        if outcome.values is None:  # a prediction without an objective value (module doc)
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        study.tell(trial, outcome.values)
     if staged is None:
         return None
     part_dir.mkdir(parents=True, exist_ok=True)
@@ -332,12 +466,6 @@ def _set_fits(trial: optuna.Trial, value: float) -> None:
     """The trial's constraint values where ``constraints_func`` stores them; set before the tell,
     so that no sampler sees the finished trial without them."""
     trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [float(value)])
-
-
-def _broken_rule(encoder: Encoder, row_id: int) -> str:
-    """The name of the first validity rule a combination breaks (``spaces.enums.Reason``)."""
-    first = encoder.encode_ids(np.array([row_id], dtype=np.int64)).first_reason
-    return Reason(int(np.flatnonzero(first[1:])[0]) + 1).name.lower()
 
 
 class _Retry(optuna.storages.RetryHeartbeatStaleTrialCallback):
@@ -619,4 +747,5 @@ def _constraint(trial: optuna.trial.FrozenTrial) -> list[float]:
     return list(values) if values else [1.0]
 
 
-__all__ = ["OBJECTIVES", "SAMPLERS", "StudySummary", "run_study", "search_space"]
+__all__ = ["OBJECTIVES", "SAMPLERS", "Outcome", "Problem", "StudySummary", "TrainingProblem", "optimise", "run_study",
+           "search_space"]

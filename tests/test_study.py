@@ -15,7 +15,7 @@ from paraspace.explorer import study as study_mod
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack
 from paraspace.explorer.study import default_storage, run_study, search_space
-from paraspace.explorer.sweep import enum_labels, result_schema
+from paraspace.explorer.sweep import result_schema
 from paraspace.results.writer import read_metadata
 from paraspace.spaces.catalog import load_space
 from paraspace.spaces.encode import DIMENSION_NAMES, Encoder
@@ -139,8 +139,8 @@ def test_a_part_keeps_exactly_the_told_trials(tmp_path, monkeypatch):
     pending, part_dir = tmp_path / "pending", tmp_path / "parts"
     pending.mkdir()
     with pytest.raises(KeyboardInterrupt):
-        study_mod._evaluate_and_tell(study, trials, encoder, pack(loaded), space, 80 * 2**30, 2, pending, part_dir,
-                                     result_schema(), enum_labels(), loaded, "s")
+        study_mod._evaluate_and_tell(study, trials, study_mod.TrainingProblem(loaded, packed=pack(loaded)), pending,
+                                     part_dir, "s")
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.RUNNING]
     study_mod._settle(study, pending, part_dir)
     (part,) = part_dir.glob("*.parquet")
