@@ -145,11 +145,28 @@ def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefil
     return rec.view(np.recarray)
 
 
+def replica_runs(srv: np.ndarray, dtype: np.ndarray) -> np.ndarray:
+    """``kernels.serving.analytic_rows``'s ``run_of``: runs of consecutive rows whose
+    (decode) replica records, ``batch_cap`` aside (the serving kernels never read
+    it; ``serving_records`` sets it to the row's max_batch, a fast dimension), and
+    precisions are equal (encode's order puts max_batch, max_tokens, scheduler and
+    the prefill group last, so a replica's rows run together)."""
+    n = srv.shape[0]
+    change = np.ones(n, dtype=bool)
+    if n > 1:
+        same = dtype[1:] == dtype[:-1]
+        for name in srv.dtype.names:
+            if name != "batch_cap":
+                same &= srv[name][1:] == srv[name][:-1]
+        change[1:] = ~same
+    return np.cumsum(change, dtype=np.int64) - 1
+
+
 def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
              prefill: np.ndarray) -> dict[str, np.ndarray]:
     out = ks.analytic_rows(packed.model, packed.devs, packed.tiers, packed.tiles, srv, prefill, cols["dtype"],
                            cols["mode"], cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["instances"],
-                           cols["prefill_instances"], packed.workload)
+                           cols["prefill_instances"], packed.workload, replica_runs(srv, cols["dtype"]))
     return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(ks.OUTPUTS)}
 
 

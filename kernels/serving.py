@@ -477,10 +477,12 @@ def clients_per_engine(concurrency: float, engines: float) -> float:
 
 @jit
 def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
-                 instances: float, memory_only: bool, out) -> None:
+                 instances: float, memory_only: bool, kv_coef: float, out) -> None:
     """Fill ``out`` (``OUTPUTS``) for one aggregated candidate (module doc); with
     ``memory_only`` stop after the memory columns and the memory reasons (a
-    disaggregated row's decode replica, ``disagg_one`` does the rest)."""
+    disaggregated row's decode replica, ``disagg_one`` does the rest).
+    ``kv_coef`` is ``kv_s_per_token`` of ``srv`` (``analytic_rows`` computes it
+    once per run of rows with one replica)."""
     for k in range(N_OUT):
         out[k] = np.nan
     pp = srv.pp
@@ -512,7 +514,6 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     if memory_only:
         return
     host = wl.host_s
-    kv_coef = kv_s_per_token(model, dev, tiers, tiles, srv)
     pair_coef = pair_s(model, dev, srv)
     static = scheduler == STATIC
     nd = outl - 1.0
@@ -620,7 +621,7 @@ def decode_only_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, b:
 
 @jit
 def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_tokens: float, instances: float,
-               prefill_instances: float, out) -> None:
+               prefill_instances: float, kv_coef: float, out) -> None:
     """``OUTPUTS`` of a disaggregated candidate (``out`` holds the decode replica's
     memory columns already). Prefill replicas (one engine each) pack k =
     floor(max_tokens / in) prompts an iteration of t_p, serving mu = x k / t_p
@@ -651,7 +652,6 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     xfer = kv_transfer_s(model, tiers, psrv, inl, wl.devices)
     engines = instances * srv.pp
     bmax = min(max_batch, math.floor(out[O_KV_CAP] / srv.pp / (inl + wl.output_len)))
-    kv_coef = kv_s_per_token(model, dev, tiers, tiles, srv)
     kv_mean = inl + 0.5 * wl.output_len
     steps = nd / expected_tokens(wl.acceptance_rate, srv.draft_tokens)  # decode iterations a request
     lo = 0.0
@@ -719,23 +719,40 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
 
 @jit(parallel=True)
 def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode, max_batch, max_tokens, scheduler,
-                  instances, prefill_instances, wl):
+                  instances, prefill_instances, wl, run_of=None):
     """``OUTPUTS`` for every row: ``srv_rows`` the rows' (decode) replicas as
     ``kernels.inference.SERVING`` records, ``prefill_rows`` their prefill
     replicas (read where ``mode`` is DISAGG), ``devs`` one DEVICE record per
     Dtype code (indexed by ``dtype``), ``model`` and ``wl`` one-element record
-    arrays. Returns (n, N_OUT) float64."""
+    arrays. Returns (n, N_OUT) float64.
+
+    ``run_of`` (optional, int64, 0, then each row equal to the previous or one
+    more) numbers runs of consecutive rows whose replica records (``batch_cap``
+    aside: the serving tier never reads it) and ``dtype`` are equal:
+    ``kv_s_per_token``, a fifth of a row's time, is computed once per run
+    (``explorer.serve.replica_runs``); without it, once per row. Same results."""
     n = srv_rows.shape[0]
     out = np.empty((n, N_OUT))
+    runs = np.arange(n) if run_of is None else run_of
+    n_runs = runs[n - 1] + 1 if n > 0 else 0
+    heads = np.empty(n_runs, np.int64)  # each run's first row
+    for i in range(n):
+        if i == 0 or runs[i] != runs[i - 1]:
+            heads[runs[i]] = i
+    kv_coef = np.empty(n_runs)
+    for u in prange(n_runs):
+        i = heads[u]
+        kv_coef[u] = kv_s_per_token(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i])
     for i in prange(n):
         row = out[i]
         disagg = mode[i] == DISAGG
+        kv = kv_coef[runs[i]]
         analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
-                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), disagg, row)
+                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), disagg, kv, row)
         if disagg and row[O_REASON] == OK:
             disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
                        float(max_batch[i]), float(max_tokens[i]), float(instances[i]), float(prefill_instances[i]),
-                       row)
+                       kv, row)
     return out
 
 
