@@ -47,7 +47,6 @@ from paraspace.results.schema import META_CATALOG, META_SPACE, META_VERSION
 from paraspace.results.writer import ResultWriter, to_arrow
 from paraspace.spaces import serving as sp
 from paraspace.spaces.catalog import catalog_hash
-from paraspace.spaces.enums import Dtype, labels
 
 OBJECTIVES = ("throughput", "throughput-user")
 #: the columns of each objective, maximised
@@ -60,19 +59,17 @@ NO_VALUE = (sp.Feasible.WEIGHTS_OOM, sp.Feasible.KV_TOO_SMALL)
 
 
 def search_space(space: sp.LoadedServing) -> dict[str, list[Any]]:
-    """Each serving dimension with more than one value, as Optuna sees it (labels, bools, ints)."""
-    values = sp.dimension_values(space)
+    """Each serving dimension with more than one value, as Optuna sees it: the TOML's
+    values (labels, bools, ints), in its order."""
     dims = space.spec.dimensions
     out: dict[str, list[Any]] = {}
     for name in sp.DIMENSIONS:
         raw = list(getattr(dims, name))
         if len(raw) < 2:
             continue
-        if name in ("dtype", "kv_dtype"):
-            out[name] = [labels(Dtype)[int(v)] for v in values[name]]
-        elif name in ("scheduler", "mode"):
+        if isinstance(raw[0], str):
             out[name] = [str(v) for v in raw]
-        elif name == "attention_dp":
+        elif name in sp.BOOL_DIMENSIONS:
             out[name] = [bool(v) for v in raw]
         else:
             out[name] = [int(v) for v in raw]
@@ -91,8 +88,7 @@ class ServingProblem(Problem):
         self.directions = ["maximize"] * len(self.objective)
         self.metric_names = list(self.objective)
         self.cap = max_mem_gib * 1024**3 if max_mem_gib is not None else None
-        values = sp.dimension_values(space)
-        self.shape = tuple(len(values[n]) for n in sp.DIMENSIONS)
+        self.shape = tuple(len(getattr(space.spec.dimensions, n)) for n in sp.DIMENSIONS)
         self.packed = serve.pack_serving(space)
         self.schema = schema.arrow_schema()
         self.labels = serve.enum_columns()

@@ -19,7 +19,7 @@ from paraspace.explorer import serve
 from paraspace.kernels import serving_sim as ss
 from paraspace.results.serving_trace import ServingTimeline
 from paraspace.spaces import serving as sp
-from paraspace.spaces.enums import Dtype, label, parse
+from paraspace.spaces.enums import Dtype, label
 from paraspace.spaces.errors import CatalogError
 
 #: links with no latency and no bandwidth limit: the EP slices are the MoE time the real links add
@@ -27,27 +27,13 @@ IDEAL_BYTES_PER_S = 1e30
 
 
 def _code(space: sp.LoadedServing, name: str, value: Any) -> int:
-    """A ``--set`` value as the encoded column holds it; a clear error when the space lacks it."""
+    """A ``--set`` value (int, bool or label) as the encoded column holds it; a clear error when
+    the space lacks it."""
     allowed = list(getattr(space.spec.dimensions, name))
-    try:
-        if name in ("dtype", "kv_dtype"):
-            code = int(parse(Dtype, str(value)))
-            codes = [int(parse(Dtype, v)) for v in allowed]
-        elif name in ("scheduler", "mode"):
-            enum = sp.Scheduler if name == "scheduler" else sp.Mode
-            code = int(enum[str(value).upper()])
-            codes = [int(enum[v.upper()]) for v in allowed]
-        elif name == "attention_dp":
-            if not isinstance(value, bool):
-                raise ValueError(value)
-            code, codes = int(value), [int(v) for v in allowed]
-        else:
-            code, codes = int(value), [int(v) for v in allowed]
-    except (KeyError, ValueError, TypeError):
-        code, codes = None, []
-    if code is None or code not in codes:
-        raise CatalogError("command line", f"--set {name}", value, f"one of the space's values {allowed}")
-    return code
+    for i, v in enumerate(allowed):
+        if isinstance(v, bool) == isinstance(value, bool) and (v == value if not isinstance(v, str) else v == str(value)):
+            return int(sp.dimension_values(space)[name][i])
+    raise CatalogError("command line", f"--set {name}", value, f"one of the space's values {allowed}")
 
 
 def pick_row(space: sp.LoadedServing, strategy: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -143,14 +129,14 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
 
 
 def _strategy_text(cols: dict[str, np.ndarray]) -> str:
-    labels = {"mode": sp.enum_labels(sp.Mode), "scheduler": sp.enum_labels(sp.Scheduler)}
+    """``name=value`` of each dimension, labels for enums; the prefill group's only when disaggregated."""
     parts = []
     for name in (*sp.DIMENSIONS, "instances"):
         value = int(cols[name][0])
-        if name in ("prefill_tp", "prefill_instances") and int(cols["mode"][0]) == sp.Mode.AGG:
+        if name.startswith("prefill_") and int(cols["mode"][0]) == sp.Mode.AGG:
             continue
-        if name in labels:
-            parts.append(f"{name}={labels[name][value]}")
+        if name in sp.DIMENSION_ENUMS:
+            parts.append(f"{name}={sp.DIMENSION_ENUMS[name][value]}")
         elif name in ("dtype", "kv_dtype"):
             parts.append(f"{name}={label(Dtype(value))}")
         else:
