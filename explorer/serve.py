@@ -184,13 +184,15 @@ def sample_lengths(lengths: Lengths, n: int, rng: np.random.Generator,
     return np.maximum(np.rint(rng.lognormal(mu, lengths.sigma, n)), 1.0)
 
 
-def sample_requests(space: LoadedServing) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(prompt lengths, output lengths, unit exponential gaps) of the simulated requests, from the workload's seed."""
+def sample_requests(space: LoadedServing, n: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt lengths, output lengths, unit exponential gaps) of ``n`` simulated requests (default:
+    the workload's ``n_requests``), from the workload's seed."""
     wl = space.spec.workload
+    n = wl.n_requests if n is None else n
     rng = np.random.default_rng(wl.seed)
-    in_len = sample_lengths(wl.input_len, wl.n_requests, rng, space.empirical.get("input_len"))
-    out_len = sample_lengths(wl.output_len, wl.n_requests, rng, space.empirical.get("output_len"))
-    gaps = rng.exponential(1.0, wl.n_requests)
+    in_len = sample_lengths(wl.input_len, n, rng, space.empirical.get("input_len"))
+    out_len = sample_lengths(wl.output_len, n, rng, space.empirical.get("output_len"))
+    gaps = rng.exponential(1.0, n)
     return in_len, out_len, gaps
 
 
@@ -213,18 +215,23 @@ class SimInputs:
 def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, prefill: np.ndarray,
                cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], rows: np.ndarray, disagg: bool) -> SimInputs:
     """The simulation's inputs for ``rows`` (indices, all of one mode): an aggregated row
-    simulates one of its ``engines`` (the deployment's users or rate split evenly); a
-    disaggregated row its whole deployment (``kernels.serving_sim.simulate_disagg_one``)."""
+    simulates one of its ``engines`` (the deployment's users or rate split evenly) serving
+    the workload's ``n_requests``; a disaggregated row its whole deployment
+    (``kernels.serving_sim.simulate_disagg_one``) serving ``n_requests`` per decode engine,
+    so all ``rows`` must have as many decode engines."""
     pick = {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
     g, h, dp, ds, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
                                                            srv[rows].view(np.recarray), pick["dtype"], GRID)
     wl = space.spec.workload
-    in_len, out_len, gaps = sample_requests(space)
+    engines = metrics["engines"][rows]
+    if disagg and rows.size and not (engines == engines[0]).all():
+        raise ValueError("sim_inputs: disaggregated rows of one call need one decode engine count")
+    n = wl.n_requests * int(engines[0]) if disagg and rows.size else None
+    in_len, out_len, gaps = sample_requests(space, n)
     host = space.spec.host_overhead_us * 1e-6
     acceptance = wl.acceptance_rate or 0.0
     max_batch = pick["max_batch"].astype(np.float64)
     max_tokens = pick["max_tokens"].astype(np.float64)
-    engines = metrics["engines"][rows]
     if not disagg:
         clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
             np.floor(wl.concurrency / engines + 0.5), 1.0)
@@ -254,12 +261,15 @@ def run_sim(inputs: SimInputs) -> np.ndarray:
 def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, prefill: np.ndarray,
              cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], rows: np.ndarray) -> None:
     """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns."""
-    for disagg in (False, True):
-        part = rows[(cols["mode"][rows] == Mode.DISAGG) == disagg]
-        if part.size:
-            _simulated(space, packed, metrics, part, run_sim(sim_inputs(space, packed, srv, prefill, cols, metrics,
-                                                                        part, disagg)),
-                       metrics["engines"][part] if not disagg else np.ones(part.size))
+    agg = rows[cols["mode"][rows] == Mode.AGG]
+    if agg.size:
+        inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, agg, False)
+        _simulated(space, packed, metrics, agg, run_sim(inputs), inputs.engines)
+    disagg = rows[cols["mode"][rows] == Mode.DISAGG]
+    for engines in np.unique(metrics["engines"][disagg]):  # n_requests per decode engine: one call per count
+        part = disagg[metrics["engines"][disagg] == engines]
+        inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, part, True)
+        _simulated(space, packed, metrics, part, run_sim(inputs), inputs.engines)
 
 
 def _simulated(space: LoadedServing, packed: PackedServing, metrics: dict[str, np.ndarray], rows: np.ndarray,

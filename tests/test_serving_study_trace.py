@@ -203,7 +203,8 @@ def test_trace_of_an_aggregated_deployment(tmp_path):
 
 def test_trace_of_a_disaggregated_deployment(tmp_path):
     """Disaggregated Llama 3.1 70B: prefill replicas' and decode engines' tracks, one KV
-    transfer a request (async slices), decode slices as many as the decode iterations."""
+    transfer a request (async slices; n_requests for each decode engine), decode slices as
+    many as the decode iterations."""
     trace = run_trace(tmp_path, LLAMA, "mode=disagg")
     by = check_trace(trace)
     sim = trace["otherData"]["simulation"]
@@ -215,8 +216,8 @@ def test_trace_of_a_disaggregated_deployment(tmp_path):
     prefill = [e for e in by["X"] if e["pid"] in prefill_pids]
     assert len(decode) == sim["iterations"] and {e["name"] for e in decode} == {"decode"}
     assert len(prefill) == sim["prefill_iterations"] and {e["name"] for e in prefill} == {"prefill"}
-    n_requests = sp.load_serving(LLAMA).spec.workload.n_requests
-    assert len(by["b"]) == n_requests and {e["pid"] for e in by["b"]} <= prefill_pids
+    n_requests = sp.load_serving(LLAMA).spec.workload.n_requests  # each decode engine's
+    assert len(by["b"]) == n_requests * len(decode_pids) and {e["pid"] for e in by["b"]} <= prefill_pids
     for e in by["C"]:
         if e["pid"] in decode_pids and "reserved" in e["args"]:
             assert e["args"]["cached"] <= e["args"]["reserved"]
