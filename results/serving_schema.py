@@ -48,14 +48,14 @@ STRATEGY: tuple[Column, ...] = (
 
 #: metric columns, in output order
 METRICS: tuple[Column, ...] = (
-    Column("ttft_s", pa.float64(), "s", "mean time to first token (queueing included)",
-           kernel="kernels.serving.analytic_one / kernels.serving_sim.simulate_one"),
+    Column("ttft_s", pa.float64(), "s", "mean time to first token (queueing and, disagg, the KV transfer included)",
+           kernel="kernels.serving.analytic_one, disagg_one / kernels.serving_sim.simulate_one, simulate_disagg_one"),
     Column("ttft_p90_s", pa.float64(), "s", "90th percentile TTFT (simulated rows)", nullable=True,
-           kernel="kernels.serving_sim.simulate_one"),
+           kernel="kernels.serving_sim.simulate_one, simulate_disagg_one"),
     Column("tpot_s", pa.float64(), "s", "mean time per output token after the first",
-           kernel="kernels.serving.analytic_one / kernels.serving_sim.simulate_one"),
+           kernel="kernels.serving.analytic_one, disagg_one / kernels.serving_sim.simulate_one, simulate_disagg_one"),
     Column("tpot_p90_s", pa.float64(), "s", "90th percentile TPOT (simulated rows)", nullable=True,
-           kernel="kernels.serving_sim.simulate_one"),
+           kernel="kernels.serving_sim.simulate_one, simulate_disagg_one"),
     Column("e2e_latency_s", pa.float64(), "s", "mean request latency, arrival to last token"),
     Column("output_tokens_per_s_per_gpu", pa.float64(), "tokens/s", "generated tokens per second of the deployment / devices"),
     Column("output_tokens_per_s_per_user", pa.float64(), "tokens/s", "1 / tpot_s: a user's decode speed"),
