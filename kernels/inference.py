@@ -514,8 +514,16 @@ def forward_s(model, dev, tiers, tiles, srv, b: float, q: float, s: float) -> fl
     of ``s`` tokens, through every layer of every stage in turn (the latency of
     one batch), with the embedding, the head on the last token of each sequence
     and the activation messages between stages."""
+    return forward_head_s(model, dev, tiers, tiles, srv, b, q, s)[0]
+
+
+@jit
+def forward_head_s(model, dev, tiers, tiles, srv, b: float, q: float, s: float):
+    """(``forward_s``, the ``head_s`` term it adds): a caller that wants the forward
+    without its head subtracts the very number added rather than evaluate the head
+    again (``kernels.serving.rows_s``: the same bits, one head fewer)."""
     if b <= 0.0:
-        return 0.0
+        return 0.0, 0.0
     dp = srv.attention_dp > 0
     tokens = (b / srv.tp if dp else b) * q  # rows on one rank
     dense_layers = model.layers
@@ -537,11 +545,12 @@ def forward_s(model, dev, tiers, tiles, srv, b: float, q: float, s: float) -> fl
         if moe_layers > 0.0:
             total += moe_layers * (attn + moe_mlp_s(model, dev, tiers, tiles, srv, tokens))
     total += memory_bound_s(2.0 * tokens * model.hidden * srv.act_bytes, 1.0, dev)  # embedding lookup
-    total += head_s(model, dev, tiers, tiles, srv, b)
+    head = head_s(model, dev, tiers, tiles, srv, b)
+    total += head
     p = srv.pp
     if p > 1.0:
         total += (p - 1.0) * collective_time_s(SEND_RECV, p, srv.tp, tokens * model.hidden * srv.act_bytes, tiers)
-    return total
+    return total, head
 
 
 @jit

@@ -116,6 +116,7 @@ from paraspace.kernels.inference import (
     attention_block_s,
     attention_ranks,
     dense_mlp_s,
+    forward_head_s,
     forward_s,
     head_s,
     kv_bytes_per_token,
@@ -207,7 +208,8 @@ def rows_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     each over an empty cache), without the LM head: ``forward_s`` minus ``head_s``."""
     if tokens <= 0.0:
         return 0.0
-    return forward_s(model, dev, tiers, tiles, srv, tokens, 1.0, 0.0) - head_s(model, dev, tiers, tiles, srv, tokens)
+    total, head = forward_head_s(model, dev, tiers, tiles, srv, tokens, 1.0, 0.0)
+    return total - head
 
 
 @jit
@@ -439,7 +441,14 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     prompt = b * inl * (1.0 - wl.prefix_hit_rate)
     chunks = 1.0 if static else max(math.ceil(prompt / max_tokens), 1.0)
     last = prompt - (chunks - 1.0) * max_tokens
-    head = head_rows_s(model, dev, tiers, tiles, srv, b)
+    decode = 0.0
+    head = -1.0
+    if nd > 0.0 and b * q > 0.0:
+        decode, last_head = forward_head_s(model, dev, tiers, tiles, srv, b * q, 1.0, 0.0)  # decode_rows_s(b q)
+        if q == 1.0:
+            head = last_head  # head_s(b): the decode forward's own, not evaluated twice
+    if head < 0.0:
+        head = head_rows_s(model, dev, tiers, tiles, srv, b)
     pre = chunks * host + rows_s(model, dev, tiers, tiles, srv, last) + head
     if chunks > 1.0:
         pre += (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, max_tokens)
@@ -449,8 +458,7 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
         pre += (chunks - 1.0) * draft_prompt_s(model, dev, tiers, tiles, srv, max_tokens)
     dec = 0.0
     if nd > 0.0:
-        step = host + decode_rows_s(model, dev, tiers, tiles, srv, b * q) + draft_steps_s(model, dev, tiers, tiles,
-                                                                                           srv, b)
+        step = host + decode + draft_steps_s(model, dev, tiers, tiles, srv, b)
         dec = nd / e_tok * step + kv_coef * b * decode_reads(inl, nd, q, e_tok)
     return pre, dec
 
