@@ -276,7 +276,8 @@ class Workload(Record):
     #: 0: every expert equally loaded); at most 3, where the hottest of 256 experts already takes ~5,000x
     #: the coldest's share
     expert_popularity_sigma: Annotated[float, Field(ge=0, le=3, allow_inf_nan=False)] = 0.0
-    #: requests each simulated engine serves
+    #: requests each simulated engine serves (a disaggregated deployment, simulated whole: each decode engine);
+    #: a closed loop reaches its steady state only with several requests per user
     n_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     seed: Annotated[int, Field(ge=0)] = 0
 
