@@ -258,9 +258,12 @@ def run_sim(inputs: SimInputs) -> np.ndarray:
     return serving_sim.simulate_rows(*inputs.args)
 
 
-def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, prefill: np.ndarray,
-             cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], rows: np.ndarray) -> None:
-    """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns."""
+def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
+             metrics: dict[str, np.ndarray], rows: np.ndarray, prefill: np.ndarray | None = None) -> None:
+    """Run the simulation on ``rows`` (indices) and overwrite their latency and throughput columns;
+    ``prefill``: the rows' prefill replica records (built here when not given)."""
+    if prefill is None:
+        prefill = serving_records(space, cols, prefill=True)
     agg = rows[cols["mode"][rows] == Mode.AGG]
     if agg.size:
         inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, agg, False)
@@ -363,7 +366,7 @@ def evaluate(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedSe
     fits = simulable(space, metrics["engines"])  # a disaggregated row's engines: its decode engines
     candidates = np.flatnonzero(runnable & fits)
     order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
-    simulate(space, packed, srv, prefill, cols, metrics, np.sort(candidates[order[:top]]))
+    simulate(space, packed, srv, cols, metrics, np.sort(candidates[order[:top]]), prefill)
     metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
     return metrics, int((runnable & ~fits).sum())
 
