@@ -188,10 +188,19 @@ def exact_imbalance(tokens: int, experts: float, top_k: float, ranks: float) -> 
     sqrt(e / (e - 1)) for the loads' fixed sum; that sum also makes the
     busiest rank hold at least the mean, so P(max > m) = 1 below it (which
     an independent model misses when the tokens' rows are fewer than the
-    ranks: one token's one row lands on some rank, max 1, not 1 - (1 - 1/e)^e)."""
+    ranks: one token's one row lands on some rank, max 1, not 1 - (1 - 1/e)^e).
+    Two ranks are exact: E[max(X, N k - X)] over the one rank's load X (the
+    independent form's step at the mean made it rise from an even token count
+    to the next odd one)."""
     e = ranks
     mean = tokens * top_k / e
     c = load_pmf(tokens, token_count_pmf(experts, top_k, e), EXACT_SUPPORT)
+    if e == 2.0:  # two ranks share the tokens' rows: the other holds the rest, exactly
+        total = tokens * top_k
+        e_max = 0.0
+        for m in range(EXACT_SUPPORT):
+            e_max += c[m] * max(float(m), total - m)
+        return e_max / mean
     cdf = 0.0
     e_max = 0.0
     for m in range(EXACT_SUPPORT):
