@@ -581,8 +581,13 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
             dec = nd * tpot
         e2e = ttft + dec
         rps_engine = lam
-        if not converged:
+        if not converged:  # the queue grows without bound: the engine serves what a full batch sustains
             reason = OVERLOADED
+            b = min(b, bmax)
+            served = b / (pre + dec) if static else b * e_tok / (nd * t) if nd > 0.0 and t > 0.0 else lam
+            rps_engine = min(lam, served)
+            ttft = np.inf
+            e2e = np.inf
     out[O_BATCH] = b
     out[O_PREFILL] = pre
     out[O_DECODE_STEP] = tpot * e_tok
@@ -693,6 +698,7 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
         if rho >= 1.0 or engines * bmax / (steps * t_top) < rate:
             reason = OVERLOADED
             b = bmax
+            rate = min(rate, mu, engines * bmax / (steps * t_top))  # served: the slower side's capacity
         else:
             for _ in range(BISECTIONS):
                 mid = 0.5 * (lo + hi)
@@ -703,7 +709,7 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
                     hi = mid
             b = hi
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
-        wait = rho / (2.0 * (1.0 - rho)) * t_p if rho < 1.0 else np.inf
+        wait = rho / (2.0 * (1.0 - rho)) * t_p if rho < 1.0 and reason == OK else np.inf  # overloaded: unbounded
         e2e = wait + t_p + xfer + steps * t_d
     tpot = steps * t_d / nd
     ttft = e2e - nd * tpot  # wait + t_p + transfer
