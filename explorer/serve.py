@@ -507,7 +507,9 @@ def why_none_feasible(space: LoadedServing, summary: ServeSummary) -> str:
     if served.height == 0 or not targets:
         return "\n".join(lines)
     # metric / target per row and target; NaN (a p90 of a row not simulated) is not checked, as in sla_reason
-    ratio = np.stack([served[column].fill_null(np.nan).to_numpy() / target for _, column, target in targets], axis=1)
+    metric = np.stack([served[column].fill_null(np.nan).to_numpy() for _, column, _ in targets], axis=1)
+    with np.errstate(over="ignore"):  # a target of a few 1e-324 s: the miss is infinitely many times it
+        ratio = metric / np.array([target for _, _, target in targets])
     worst = np.nanmax(np.where(np.isnan(ratio), -np.inf, ratio), axis=1)
     closest = int(np.argmin(worst))
     binding = int(np.nanargmax(np.where(np.isnan(ratio[closest]), -np.inf, ratio[closest])))
@@ -519,7 +521,7 @@ def why_none_feasible(space: LoadedServing, summary: ServeSummary) -> str:
     for k, (name, column, target) in enumerate(targets):
         checked = ~np.isnan(ratio[:, k])
         if checked.any():
-            best.append(f"{name} {np.min(ratio[checked, k]) * target:.4g} s (target {target:g} s, met by "
+            best.append(f"{name} {np.min(metric[checked, k]):.4g} s (target {target:g} s, met by "
                         f"{int((ratio[checked, k] <= 1.0).sum()):,} of {int(checked.sum()):,})")
     lines.append("  best per target: " + ", ".join(best))
     return "\n".join(lines)

@@ -369,6 +369,50 @@ def test_a_poisson_rate_past_the_clocks_resolution_keeps_analytic_values(tmp_pat
     assert "past the resolution of the simulation's clock" in result.output
 
 
+def test_a_target_of_the_smallest_float_is_missed_infinitely_not_a_crash(tmp_path):
+    """Found by the property test: sla.ttft_s = 5e-324 (positive, so valid) made the
+    binding-target line overflow metric / target (a warning, an error under the suite's
+    filters) and print the best TTFT as ratio x target = inf. The miss is infinite; the
+    best value is the metric itself."""
+    raw = changed({"sla.ttft_s": 5e-324})
+    path, out = write(tmp_path, raw), tmp_path / "out.parquet"
+    result = serve_cli(path, out)
+    assert result.exit_code == 0, result.output
+    frame = pl.read_parquet(out)
+    assert not frame["feasible"].any()
+    assert "the binding target is sla.ttft_s = 4.94066e-324 s" in result.output
+    best = float(result.output.split("best per target: ttft_s ")[1].split(" s")[0])
+    assert best == pytest.approx(frame["ttft_s"].min(), rel=1e-3) and math.isfinite(best)
+
+
+@pytest.mark.parametrize("mode", ["agg", "disagg"])
+def test_an_overloaded_deployment_reports_what_it_serves_not_what_is_offered(tmp_path, mode):
+    """Before: at 1e6 requests/s the overloaded rows reported the offered rate as their
+    throughput (32,000,000 tokens/s per GPU on 2 H100) and the KV footprint of the
+    unbounded batch the fixed point reached (~16,000 GiB). An overloaded engine serves
+    what its full batch sustains, whatever is offered, and its queue, so TTFT, grows
+    without bound: the same throughput at 1e6 and 1e7 requests/s, far below both; TTFT
+    infinite; the KV footprint within a full batch's."""
+    dims = {"tp": [1], "max_batch": [8, 16]}
+    if mode == "disagg":
+        dims.update({"mode": ["disagg"], "prefill_tp": [1], "prefill_instances": [1]})
+    frames = []
+    for rate in (1e6, 1e7):
+        raw = changed({"workload.rate_per_s": rate, "dimensions": dims, "simulate_top": 0}, ("workload.concurrency",))
+        path, out = write(tmp_path, raw, f"space-{rate:.0e}.toml"), tmp_path / f"out-{rate:.0e}.parquet"
+        result = serve_cli(path, out)
+        assert result.exit_code == 0, result.output
+        frames.append(pl.read_parquet(out).sort("max_batch"))
+    low, high = frames
+    assert (low["infeasible_reason"].cast(pl.String) == "overloaded").all()
+    assert low["requests_per_s"].to_list() == high["requests_per_s"].to_list()
+    assert (low["requests_per_s"] < 1e4).all()
+    assert low["ttft_s"].is_infinite().all() and low["e2e_latency_s"].is_infinite().all()
+    # KV bytes per token of Llama 3 8B in 16 bits: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes
+    # = 131,072; a full batch of 16 holds at most 16 x (512 + 64) tokens: 1.21 GB
+    assert (low["mem_kv_bytes"] <= 16 * (512 + 64) * 131072 * (1 + 1e-9)).all()
+
+
 def test_more_users_per_engine_than_requests_is_not_simulated_as_a_burst(tmp_path):
     """Before: 2^24 closed-loop users with 64 simulated requests sent all 64 at t = 0 and the
     simulation called the burst feasible (TTFT ~1 s) where the loop queues for days."""
