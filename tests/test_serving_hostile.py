@@ -23,6 +23,7 @@ import tomli_w
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from test_fuzz_cli import leaf_paths
 
 from paraspace.explorer import serve
 from paraspace.explorer.cli import main
@@ -481,18 +482,6 @@ def plausible_like(value: Any) -> st.SearchStrategy[Any]:
     if isinstance(value, list):
         return st.lists(st.sampled_from(LABELS), min_size=1, max_size=2, unique=True)
     return st.just(value)
-
-def leaf_paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    """Paths (keys and list indices) to every value, tables and arrays included."""
-    out = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += leaf_paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += leaf_paths(v, (*prefix, i))
-    return out
-
 
 def mutate(data: Any, path: tuple, op: str, value: Any) -> None:
     parent = data
