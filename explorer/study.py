@@ -60,6 +60,7 @@ nor repeats a trial.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import json
@@ -227,7 +228,7 @@ class Outcome:
     attrs: dict[str, Any]
 
 
-class Problem:
+class Problem(abc.ABC):
     """What a study searches (module doc): the training problem below; serving spaces
     have theirs (``explorer.serve_study``). The optimisation loop, storage, workers and
     recovery are shared."""
@@ -237,29 +238,30 @@ class Problem:
     directions: list[str]
     metric_names: list[str]  # the objectives' column names, as optuna-dashboard shows them
 
+    @abc.abstractmethod
     def row_ids(self, params: list[dict[str, Any]]) -> np.ndarray:
         """The flat combination index of each trial's parameters."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def evaluate(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray] | None, np.ndarray]:
         """(the columns of the valid combinations of ``ids`` in their order, or None when
         none is valid; the valid row ids in that order)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:
-        raise NotImplementedError
+        """Row ``row`` of ``cols`` as the trial's objective values, feasibility and attributes."""
 
+    @abc.abstractmethod
     def broken_rule(self, row_id: int) -> str:
         """The name of the first validity rule a combination breaks."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def write_part(self, path: Path, cols: dict[str, np.ndarray], footer: dict[str, Any]) -> None:
         """Write ``cols`` as one Parquet part with the problem's schema and ``footer`` metadata."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def best_entry(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         """A feasible trial as the summary lists it."""
-        raise NotImplementedError
 
 
 class TrainingProblem(Problem):
