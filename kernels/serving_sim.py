@@ -188,6 +188,47 @@ def lookup(grid, table, x: float) -> float:
     return table[j - 1] + w * (table[j] - table[j - 1])
 
 
+@jit(inline=True)
+def _start_arrivals(clients: int, gaps, rate: float, queue, arr_at) -> int:
+    """The workload's start: a closed loop queues its first ``clients`` requests at 0
+    (returned: how many), a Poisson stream gets every arrival time from its gaps (0)."""
+    n = arr_at.shape[0]
+    if clients > 0:
+        issued = min(clients, n)
+        for r in range(issued):
+            queue[r] = r
+        return issued
+    acc = 0.0
+    for r in range(n):
+        acc += gaps[r]
+        arr_at[r] = acc / rate
+    return 0
+
+
+@jit(inline=True)
+def _emitted(seed: int, r: int, gen_r: int, out_r: float, draft: int, acceptance: float) -> int:
+    """Tokens request ``r`` emits in a decode iteration: 1, plus its drafts accepted
+    before the first rejection (``unit_draw``), capped at what it has left."""
+    if draft <= 0:
+        return 1
+    accepted = 0
+    while accepted < draft and unit_draw(seed, r, gen_r, accepted) < acceptance:
+        accepted += 1
+    return min(1 + accepted, int(out_r) - gen_r)
+
+
+@jit(inline=True)
+def _next_client(t: float, closed: bool, issued: int, arr_at, queue, head: int, count: int) -> int:
+    """A closed loop's finished user sends its next request at ``t`` (queued behind
+    ``count`` others from ``head``): returns 1 if one was issued."""
+    n = arr_at.shape[0]
+    if not closed or issued >= n:
+        return 0
+    arr_at[issued] = t
+    queue[(head + count) % n] = issued
+    return 1
+
+
 @jit
 def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: int, max_tokens: float,
                  scheduler: int, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float, grid,
@@ -213,17 +254,8 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
     running = np.zeros(n, np.int64)
     n_run = 0
     closed = clients > 0
-    issued = 0
-    if closed:
-        issued = min(clients, n)
-        for r in range(issued):
-            queue[(head + count) % n] = r
-            count += 1
-    else:
-        acc = 0.0
-        for r in range(n):
-            acc += gaps[r]
-            arr_at[r] = acc / rate
+    issued = _start_arrivals(clients, gaps, rate, queue, arr_at)
+    count = issued
     t = 0.0
     area = 0.0
     n_sys = count
@@ -361,12 +393,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         for i in range(n_run):
             r = running[i]
             if decoding[r]:
-                m = 1
-                if draft > 0:
-                    accepted = 0
-                    while accepted < draft and unit_draw(seed, r, gen[r], accepted) < acceptance:
-                        accepted += 1
-                    m = min(1 + accepted, int(out_len[r]) - gen[r])
+                m = _emitted(seed, r, gen[r], out_len[r], draft, acceptance)
                 gen[r] += m
                 kv[r] += m
                 kv_used += m
@@ -385,12 +412,10 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 kv[r] = 0.0
                 n_done += 1
                 n_sys -= 1
-                if closed and issued < n:
-                    arr_at[issued] = t
-                    queue[(head + count) % n] = issued
-                    count += 1
-                    n_sys += 1
-                    issued += 1
+                k = _next_client(t, closed, issued, arr_at, queue, head, count)
+                count += k
+                n_sys += k
+                issued += k
             else:
                 running[keep] = r
                 keep += 1
@@ -604,17 +629,8 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
     heap = np.zeros(n, np.int64)  # transfers in flight, by ready_at
     n_heap = 0
     closed = clients > 0
-    issued = 0
-    if closed:
-        issued = min(clients, n)
-        for r in range(issued):
-            queue[(head + count) % n] = r
-            count += 1
-    else:
-        acc = 0.0
-        for r in range(n):
-            acc += gaps[r]
-            arr_at[r] = acc / rate
+    issued = _start_arrivals(clients, gaps, rate, queue, arr_at)
+    count = issued
     n_sys = count
     t = 0.0
     area = 0.0
@@ -647,12 +663,10 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
                         d_routed[d] -= 1
                         n_done += 1
                         n_sys -= 1
-                        if closed and issued < n:
-                            arr_at[issued] = t
-                            queue[(head + count) % n] = issued
-                            count += 1
-                            n_sys += 1
-                            issued += 1
+                        k = _next_client(t, closed, issued, arr_at, queue, head, count)
+                        count += k
+                        n_sys += k
+                        issued += k
                         continue
                     d_run[d, d_n[d]] = r
                     d_n[d] += 1
@@ -763,12 +777,7 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
             keep = 0
             for i in range(d_n[d]):
                 r = d_run[d, i]
-                m = 1
-                if draft > 0:
-                    accepted = 0
-                    while accepted < draft and unit_draw(seed, r, gen[r], accepted) < acceptance:
-                        accepted += 1
-                    m = min(1 + accepted, int(out_len[r]) - gen[r])
+                m = _emitted(seed, r, gen[r], out_len[r], draft, acceptance)
                 gen[r] += m
                 kv[r] += m
                 d_used[d] += m
@@ -781,12 +790,10 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
                     d_routed[d] -= 1
                     n_done += 1
                     n_sys -= 1
-                    if closed and issued < n:
-                        arr_at[issued] = t
-                        queue[(head + count) % n] = issued
-                        count += 1
-                        n_sys += 1
-                        issued += 1
+                    k = _next_client(t, closed, issued, arr_at, queue, head, count)
+                    count += k
+                    n_sys += k
+                    issued += k
                 else:
                     d_run[d, keep] = r
                     keep += 1
