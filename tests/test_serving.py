@@ -458,12 +458,17 @@ def test_lookup_agrees_with_the_reference():
         assert serving_sim.lookup(GRID, table, x) == pytest.approx(lookup(list(GRID), list(table), x), rel=REL)
 
 
-@pytest.mark.parametrize("wl_change, scheduler", [
+#: workloads the analytic tier is checked on against the plain-Python reference: closed
+#: loop and Poisson, continuous and static batching
+REFERENCE_CASES = [
     ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.CONTINUOUS),
     ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.STATIC),
     ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.CONTINUOUS),
     ({"concurrency": 0.0, "rate_per_s": 30.0}, ks.STATIC),
-])
+]
+
+
+@pytest.mark.parametrize("wl_change, scheduler", REFERENCE_CASES)
 def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
     m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
     srv = toy_srv()

@@ -30,7 +30,7 @@ from paraspace.kernels import serving as ks
 from paraspace.spaces import serving as sp
 from paraspace.spaces.errors import CatalogError
 from test_serving import (  # noqa: F401 - fast is a fixture
-    GRID, analytic, fast, lognormal_requests, run_sim, space, toy_model, toy_srv, workload)
+    GRID, REFERENCE_CASES, analytic, fast, lognormal_requests, run_sim, space, toy_model, toy_srv, workload)
 
 REL = 1e-12
 E12 = 1e-12
@@ -179,12 +179,7 @@ def test_no_drafts_is_bit_for_bit_the_tier_without_them(fast):
             assert after[key] == before[key] or (math.isnan(after[key]) and math.isnan(before[key])), key
 
 
-@pytest.mark.parametrize("wl_change, scheduler", [
-    ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.CONTINUOUS),
-    ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.STATIC),
-    ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.CONTINUOUS),
-    ({"concurrency": 0.0, "rate_per_s": 30.0}, ks.STATIC),
-])
+@pytest.mark.parametrize("wl_change, scheduler", REFERENCE_CASES)
 def test_analytic_tier_with_drafts_agrees_with_the_reference(fast, wl_change, scheduler):
     m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
     srv = spec_srv(3.0)
