@@ -201,6 +201,50 @@ def group_tier(size: float, stride: float, tiers) -> int:
     return tiers.shape[0] - 1
 
 
+#: the largest all-reduce an inference engine's custom kernel takes; above it, NCCL (vLLM
+#: ``vllm/distributed/device_communicators/custom_all_reduce.py``: ``max_size = 8192 * 1024``)
+CUSTOM_ALL_REDUCE_MAX_BYTES = 8.0 * 1024.0 * 1024.0
+
+
+@jit
+def one_shot_all_reduce_s(n: float, size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+    """A one-shot all-reduce over directly connected peers: after a barrier every rank
+    reads the whole buffer from each of the n - 1 others through its own link and sums
+    it locally, then a barrier: 2 alpha + (n - 1) S / bw."""
+    return 2.0 * latency_s + (n - 1.0) * size_bytes / bytes_per_s
+
+
+@jit
+def two_shot_all_reduce_s(n: float, size_bytes: float, bytes_per_s: float, latency_s: float) -> float:
+    """A two-shot all-reduce over directly connected peers: each rank reduces its 1/n of
+    the buffer read from the n - 1 others, then reads the n - 1 reduced parts back, a
+    barrier before, between and after: 3 alpha + 2 (n - 1) / n S / bw (the ring's
+    bandwidth term, with 3 latencies instead of 2 (n - 1))."""
+    return 3.0 * latency_s + 2.0 * (n - 1.0) / n * size_bytes / bytes_per_s
+
+
+@jit
+def engine_all_reduce_s(size: float, stride: float, size_bytes: float, tiers) -> float:
+    """The tensor-parallel all-reduce of an inference engine (vLLM, SGLang, TensorRT-LLM).
+
+    A group inside one domain of the innermost tier (GPUs all connected through
+    NVLink / NVSwitch) reduces a buffer of at most ``CUSTOM_ALL_REDUCE_MAX_BYTES``
+    with the engines' own peer-to-peer kernel, one-shot or two-shot, whichever is
+    faster for the message (vLLM ``csrc/custom_all_reduce.cuh``: one stage below
+    256 KiB on 8 GPUs, 512 KiB on up to 4, two stages above; TensorRT-LLM
+    ``AllReduceStrategy`` ONESHOT / TWOSHOT). Decode's all-reduces are tens of
+    kilobytes, where NCCL's ring pays 2 (n - 1) latencies and these kernels 2 or 3.
+    Larger buffers, and groups that leave the innermost tier, go through NCCL
+    (``collective_time_s``)."""
+    if size <= 1.0 or size_bytes <= 0.0:
+        return 0.0
+    if size_bytes > CUSTOM_ALL_REDUCE_MAX_BYTES or members_within(tiers[0].domain_devices, stride, size) < size:
+        return collective_time_s(ALL_REDUCE, size, stride, size_bytes, tiers)
+    bw = link_bytes_per_s(tiers[0], ALL_REDUCE, size_bytes)
+    alpha = tiers[0].latency_s
+    return min(one_shot_all_reduce_s(size, size_bytes, bw, alpha), two_shot_all_reduce_s(size, size_bytes, bw, alpha))
+
+
 ALL_OPS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV, BROADCAST, REDUCE)
 
 

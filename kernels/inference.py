@@ -10,7 +10,9 @@ Layout of one replica
 - Attention and dense MLPs tensor-parallel over ``tp`` ranks (Megatron style:
   two all-reduces of the layer's tokens per layer), layers split evenly over
   ``pp`` stages (``kernels.training.device_layers``), one activation message
-  between neighbouring stages.
+  between neighbouring stages. The TP all-reduces are the serving engines'
+  own peer-to-peer kernels inside an NVLink domain
+  (``kernels.collectives.engine_all_reduce_s``), NCCL beyond it.
 - With ``attention_dp`` (TensorRT-LLM's "attention data parallelism" for MoE
   models) every non-expert weight is replicated on the ``tp`` ranks and each
   rank serves ``b / tp`` of the sequences with all heads: no TP all-reduce, and
@@ -91,12 +93,11 @@ import numpy as np
 from paraspace.kernels import params
 from paraspace.kernels.codes import (
     ALL_GATHER,
-    ALL_REDUCE,
     DISPATCH_ALLTOALL,
     REDUCE_SCATTER,
     SEND_RECV,
 )
-from paraspace.kernels.collectives import collective_time_s
+from paraspace.kernels.collectives import collective_time_s, engine_all_reduce_s
 from paraspace.kernels.jit import jit
 from paraspace.kernels.moe import combine_s, dispatch_s, gathers, grouped_gemm_s
 from paraspace.kernels.routing import moe_imbalance
@@ -375,7 +376,7 @@ def _attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: flo
         common = memory_bound_s(10.0 * tokens * h * ab + 2.0 * tokens * rope_width * ab + cache_write, 5.0, dev)
     total = proj + attn + out + common
     if not dp:
-        total += collective_time_s(ALL_REDUCE, srv.tp, 1.0, tokens * h * ab, tiers)
+        total += engine_all_reduce_s(srv.tp, 1.0, tokens * h * ab, tiers)
     return total
 
 
@@ -393,7 +394,7 @@ def dense_mlp_s(model, dev, tiers, tiles, srv, tokens: float) -> float:
     if dev.kernel_fusion <= 0:  # else the activation runs in the up-projection's epilogue
         t += memory_bound_s((3.0 if gated else 2.0) * tokens * f * srv.act_bytes, 1.0, dev)
     if srv.attention_dp <= 0:
-        t += collective_time_s(ALL_REDUCE, srv.tp, 1.0, tokens * h * srv.act_bytes, tiers)
+        t += engine_all_reduce_s(srv.tp, 1.0, tokens * h * srv.act_bytes, tiers)
     return t
 
 
@@ -474,7 +475,7 @@ def moe_mlp_parts(model, dev, tiers, tiles, srv, tokens: float):
             comm += collective_time_s(ALL_GATHER, etp, 1.0, rows_bytes, tiers)
             comm += collective_time_s(REDUCE_SCATTER, etp, 1.0, rows_bytes, tiers)
     else:  # every rank holds every token: one all-reduce sums the partial expert outputs
-        comm = collective_time_s(ALL_REDUCE, t, 1.0, tokens * h * ab, tiers)
+        comm = engine_all_reduce_s(t, 1.0, tokens * h * ab, tiers)
     return router + experts + local + shared, comm
 
 

@@ -322,3 +322,57 @@ def test_size_curve_and_op_bandwidth():
     assert link_bytes_per_s(tiers[0], ALL_REDUCE, 2 * 2**20) == pytest.approx(100e9 * 0.625, rel=1e-12)
     assert link_bytes_per_s(tiers[0], ALL_GATHER, 1000.0) == pytest.approx(50e9 * 0.25, rel=1e-12)
     assert link_bytes_per_s(tiers[0], ALL_GATHER, 2**30) == pytest.approx(50e9, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- serving engines' custom all-reduce
+
+
+def test_engine_all_reduce_one_shot_by_hand():
+    """A decode step's TP all-reduce, 4 tokens x 8192 x 2 bytes = 65,536 B over 8 ranks
+    of one 400 GB/s, 3 us node: one-shot 2 * 3 us + 7 * 65,536 / 4e11 = 7.14688 us;
+    two-shot 3 * 3 us + 1.75 * 65,536 / 4e11 = 9.28672 us; the kernel takes the
+    faster; NCCL's ring would pay 14 latencies: 42.28672 us."""
+    size = 65_536.0
+    one = 2 * 3e-6 + 7 * size / 4e11
+    assert one == pytest.approx(7.14688e-6, rel=1e-12)
+    assert coll.engine_all_reduce_s(8.0, 1.0, size, NODE) == pytest.approx(one, rel=1e-14)
+    assert coll.collective_time_s(ALL_REDUCE, 8.0, 1.0, size, NODE) == pytest.approx(14 * 3e-6 + 1.75 * size / 4e11,
+                                                                                      rel=1e-14)
+
+
+def test_engine_all_reduce_two_shot_by_hand():
+    """4 MiB over 8 ranks: one-shot 6 us + 7 * 4,194,304 / 4e11 = 79.40032 us, two-shot
+    9 us + 1.75 * 4,194,304 / 4e11 = 27.35008 us: two-shot."""
+    size = 4 * MIB
+    two = 3 * 3e-6 + 1.75 * size / 4e11
+    assert two == pytest.approx(27.35008e-6, rel=1e-12)
+    assert coll.engine_all_reduce_s(8.0, 1.0, size, NODE) == pytest.approx(two, rel=1e-14)
+
+
+@pytest.mark.parametrize(("size", "bytes_", "stride"), [
+    (8.0, 8 * MIB + 1, 1.0),  # above the custom kernel's 8 MiB buffer
+    (16.0, 65_536.0, 1.0),  # leaves the node
+    (4.0, 65_536.0, 4.0),  # 4 ranks 4 apart: only 2 per node
+])
+def test_engine_all_reduce_falls_back_to_nccl(size, bytes_, stride):
+    """Where the engines' kernel does not apply, the all-reduce is NCCL's."""
+    assert coll.engine_all_reduce_s(size, stride, bytes_, NODE) == coll.collective_time_s(
+        ALL_REDUCE, size, stride, bytes_, NODE)
+
+
+@PROPS
+@given(levels=tier_stacks(), size=st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0, 64.0]),
+       nbytes=st.floats(0.0, 64 * MIB))
+def test_engine_all_reduce_never_slower_than_nccl_inside_a_domain(levels, size, nbytes):
+    """Inside one innermost domain (a fully connected NVLink group) the engines' kernel
+    pays at most 3 latencies against the ring's 2 (n - 1) and the ring's bandwidth
+    term at most, so it is never slower than NCCL's ring there (n >= 2); it is 0 for
+    one rank or no bytes and never negative."""
+    tiers = _tiers(*levels)
+    t = coll.engine_all_reduce_s(size, 1.0, nbytes, tiers)
+    assert t >= 0.0
+    if size <= 1.0 or nbytes <= 0.0:
+        assert t == 0.0
+    ring_inside = coll.members_within(tiers[0].domain_devices, 1.0, size) >= size
+    if ring_inside and size >= 2.0:
+        assert t <= coll.collective_time_s(ALL_REDUCE, size, 1.0, nbytes, tiers) * (1 + 1e-12)
