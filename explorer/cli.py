@@ -414,10 +414,13 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
               show_default=True, help="Folder for the journal and the Parquet parts.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar with trials per second and the best feasible step time so far.")
+@click.option("--simulate/--no-simulate", default=None,
+              help="Serving: simulate every runnable trial iteration by iteration (the default; p90 targets "
+                   "checked), or keep the analytic tier's values (much faster; mean targets only).")
 @_guard
 def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler: str, objective: str | None,
               max_mem: float | None, storage: str | None, study_name: str | None, batch: int, seed: int,
-              out_dir: Path, progress: bool) -> None:
+              out_dir: Path, progress: bool, simulate: bool | None) -> None:
     """Search a space (training, or serving: spaces/catalog/serving) with Optuna; resumes the named study if it
     exists."""
     import optuna
@@ -431,9 +434,14 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
     if objective is not None and objective not in kinds:
         raise InputError(f"command line: --objective = {objective}: expected one of {', '.join(kinds)} for a "
                          f"{'serving' if serving else 'training'} space")
+    if simulate is not None and not serving:
+        raise InputError(f"command line: --{'' if simulate else 'no-'}simulate: expected only with a serving space "
+                         f"(a training study evaluates every trial by the event tier)")
+    extra: dict[str, Any] = {}
     if serving:
         from paraspace.explorer.serve_study import run_serving_study
 
+        extra = {"simulate": simulate is not False}
         loaded = serve.load_serving(space)
         label = lambda best: f"best {best:,.4g} tokens/s/GPU"  # noqa: E731
     else:
@@ -453,7 +461,7 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
         run = run_serving_study if serving else run_study
         summary = run(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
                       sampler=sampler, objective=objective or kinds[0], max_mem_gib=max_mem, batch=batch,
-                      timeout_s=timeout_s, seed=seed, on_batch=on_batch)
+                      timeout_s=timeout_s, seed=seed, on_batch=on_batch, **extra)
     click.echo(f"study {summary.study_name}: {summary.n_new} new trials ({summary.n_trials_total} in total) in "
                f"{summary.seconds:.1f} s; metrics in {out_dir / summary.study_name}/")
     if summary.best:

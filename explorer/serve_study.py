@@ -10,7 +10,10 @@ The training study's loop, storage, workers and crash recovery
 * a batch's valid combinations go through the analytic tier and, every one
   that the analytic tier finds runnable, through the iteration-level
   simulation (aggregated engines and whole disaggregated deployments,
-  ``explorer.serve.evaluate_columns``), so p90 SLA targets are checked;
+  ``explorer.serve.evaluate_columns``), so p90 SLA targets are checked; with
+  ``simulate`` off (``paraspace study --no-simulate``) the analytic tier's
+  values stand, its p90s unknown (NaN, not checked), for spaces too big to
+  simulate every trial of (the simulation is ~1,000x the analytic tier's cost);
 * objectives: output tokens per second per GPU, maximised (``throughput``),
   or that and tokens per second per user (``throughput-user``: the two axes
   of ``paraspace pareto`` on a serving file);
@@ -80,8 +83,9 @@ class ServingProblem(Problem):
     """A serving space: throughput per GPU maximised subject to the SLA (module doc)."""
 
     def __init__(self, space: sp.LoadedServing, *, objective: str = "throughput",
-                 max_mem_gib: float | None = None) -> None:
+                 max_mem_gib: float | None = None, simulate: bool = True) -> None:
         self.loaded = space
+        self.simulate = simulate
         self.name = space.spec.name
         self.space = search_space(space)
         self.objective = OBJECTIVE_COLUMNS[objective]
@@ -110,7 +114,7 @@ class ServingProblem(Problem):
         if enc.n_rows == 0:
             return None, enc.columns["row_id"]
         cols = enc.columns
-        metrics = serve.evaluate_columns(self.loaded, cols, self.packed, simulate_top=enc.n_rows)
+        metrics = serve.evaluate_columns(self.loaded, cols, self.packed, simulate_top=enc.n_rows if self.simulate else 0)
         return {**cols, **metrics, "infeasible_reason": metrics["reason"].astype(np.int8)}, cols["row_id"]
 
     def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:
@@ -149,10 +153,13 @@ def run_serving_study(space: sp.LoadedServing, *, n_trials: int, out_dir: Path, 
                       storage: str | None = None, sampler: str = "tpe", objective: str = "throughput",
                       max_mem_gib: float | None = None, batch: int = 64, timeout_s: float | None = None,
                       seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S,
-                      on_batch: Callable[[int, float | None], object] | None = None) -> StudySummary:
+                      on_batch: Callable[[int, float | None], object] | None = None,
+                      simulate: bool = True) -> StudySummary:
     """Run ``n_trials`` more trials of the named study of a serving space (module doc);
-    ``on_batch`` hears the trials done and the best feasible throughput per GPU so far."""
-    return optimise(ServingProblem(space, objective=objective, max_mem_gib=max_mem_gib), n_trials=n_trials,
+    ``on_batch`` hears the trials done and the best feasible throughput per GPU so far;
+    ``simulate`` False keeps every trial at the analytic tier's values (module doc)."""
+    return optimise(ServingProblem(space, objective=objective, max_mem_gib=max_mem_gib, simulate=simulate),
+                    n_trials=n_trials,
                     out_dir=out_dir, study_name=study_name, storage=storage, sampler=sampler, batch=batch,
                     timeout_s=timeout_s, seed=seed, heartbeat_s=heartbeat_s, grace_s=grace_s, on_batch=on_batch)
 

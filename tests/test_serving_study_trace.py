@@ -139,6 +139,41 @@ def test_cli_study_on_a_serving_space_resumes(tmp_path):
     assert all(d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions)
 
 
+def test_study_without_simulation_keeps_the_analytic_values(tmp_path):
+    """``simulate=False``: every told trial's row is the analytic tier's row of its
+    combination (``serve`` with no row simulated), ``simulated`` 0 and its p90s unknown;
+    the grid's best feasible trial is the analytic ranking's best feasible row."""
+    loaded = sp.load_serving(str(toy_space(tmp_path)))
+    n = int(np.prod([len(v) for v in search_space(loaded).values()]))
+    summary = run_serving_study(loaded, n_trials=n, out_dir=tmp_path / "out", sampler="grid", batch=8,
+                                simulate=False)
+    ranked, _ = evaluate_space(loaded, simulate_top=0)
+    feasible = ranked["feasible"] > 0
+    assert summary.best[0]["output_tokens_per_s_per_gpu"] == ranked["output_tokens_per_s_per_gpu"][feasible].max()
+    df = pl.read_parquet(tmp_path / "out" / "toy-serve" / "*.parquet")
+    assert df.height > 0 and df["simulated"].not_().all() and df["ttft_p90_s"].is_nan().all()
+    by_row = {int(r): i for i, r in enumerate(ranked["row_id"])}
+    for row in df.iter_rows(named=True):
+        i = by_row[row["row_id"]]
+        assert row["ttft_s"] == ranked["ttft_s"][i] and row["tpot_s"] == ranked["tpot_s"][i]
+    simulated, _ = evaluate_space(loaded, simulate_top=10**6)  # the simulation does change the values
+    assert not np.array_equal(simulated["ttft_s"], ranked["ttft_s"])
+
+
+def test_cli_no_simulate_is_a_serving_option(tmp_path):
+    """``--no-simulate`` runs a serving study with no simulated row; on a training space it is
+    refused with one line naming the option."""
+    space = toy_space(tmp_path)
+    result = CliRunner().invoke(main, ["study", str(space), "--trials", "24", "--no-simulate", "--out",
+                                       str(tmp_path / "out"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(tmp_path / "out" / "toy-serve" / "*.parquet")
+    assert df.height > 0 and df["simulated"].not_().all()
+    training = CliRunner().invoke(main, ["study", "--trials", "2", "--no-simulate", "--out", str(tmp_path)])
+    assert training.exit_code == 2 and "Traceback" not in training.output
+    assert "--no-simulate: expected only with a serving space" in training.output
+
+
 def test_cli_study_refuses_a_training_objective_on_a_serving_space(tmp_path):
     result = CliRunner().invoke(main, ["study", LLAMA, "--objective", "time", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
