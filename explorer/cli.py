@@ -599,7 +599,7 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
 def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], prefix: Path) -> None:
     from paraspace.explorer import serve
     from paraspace.explorer.serve_timeline import capture
-    from paraspace.results.serving_trace import TRANSFER, write_chrome_trace
+    from paraspace.results.serving_trace import TRANSFER, write_chrome_trace, write_gantt_png
 
     for flag, value in unused.items():
         if value is not None:
@@ -615,8 +615,9 @@ def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], pr
     _announce_compile()
     tl = capture(loaded, strategy)
     path = write_chrome_trace(tl, prefix.with_suffix(".json"))
+    png_path = write_gantt_png(tl, prefix.with_suffix(".png"))
     click.echo(f"{tl.title}\n{int((tl.kind != TRANSFER).sum()):,} iterations on {len(tl.engine_names)} engine(s); "
-               f"wrote {path}")
+               f"wrote {path} and {png_path}")
 
 
 def _finite(value: Any) -> Any:

@@ -115,3 +115,105 @@ def write_chrome_trace(tl: ServingTimeline, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(chrome_trace(tl), allow_nan=False))
     return path
+
+
+#: bar colours by event kind (KIND_NAMES), as the training Gantt colours its kinds
+KIND_COLOURS = {"prefill": "#e8a14c", "decode": "#4c9be8", "mixed": "#7a5cc7", "kv transfer": "#55b36b"}
+
+
+def gantt_rows(tl: ServingTimeline) -> list[tuple[int, bool]]:
+    """The Gantt's rows, top to bottom: (engine, transfers?) for every engine with
+    iterations, followed by its KV transfers' row where it sent any."""
+    rows = []
+    for engine in range(len(tl.engine_names)):
+        mine = tl.engine == engine
+        if (mine & (tl.kind != TRANSFER)).any():
+            rows.append((engine, False))
+        if (mine & (tl.kind == TRANSFER)).any():
+            rows.append((engine, True))
+    return rows
+
+
+#: iterations the zoomed Gantt spans (typical iterations, from the middle of the run)
+ZOOM_ITERATIONS = 40
+
+
+def zoom_window(tl: ServingTimeline) -> tuple[float, float]:
+    """The zoomed Gantt's time window: ``ZOOM_ITERATIONS`` median iterations long,
+    starting at the middle of the run (its steady state, away from the start-up)."""
+    work = tl.kind != TRANSFER
+    if not work.any():
+        return 0.0, 0.0
+    end = float(tl.end_s[work].max())
+    width = ZOOM_ITERATIONS * float(np.median(tl.end_s[work] - tl.start_s[work]))
+    lo = 0.5 * end
+    return lo, min(lo + width, end)
+
+
+def _draw_gantt(ax: Any, tl: ServingTimeline, rows: list[tuple[int, bool]], lo: float, hi: float,
+                edges: bool) -> None:
+    """The events of ``rows`` overlapping [lo, hi] as bars, one ``broken_barh`` call per
+    row and kind (a hundred thousand iterations draw in seconds); ``edges`` outlines each
+    bar so that neighbouring iterations stay apart."""
+    inside = (tl.end_s >= lo) & (tl.start_s <= hi)
+    for y, (engine, transfers) in enumerate(rows):
+        mine = inside & (tl.engine == engine) & ((tl.kind == TRANSFER) if transfers else (tl.kind != TRANSFER))
+        for kind in np.unique(tl.kind[mine]):
+            sel = mine & (tl.kind == kind)
+            bars = list(zip(tl.start_s[sel], tl.end_s[sel] - tl.start_s[sel]))
+            height = (y - 0.15, 0.3) if transfers else (y - 0.4, 0.8)
+            ax.broken_barh(bars, height, facecolors=KIND_COLOURS[KIND_NAMES[int(kind)]],
+                           edgecolor="white" if edges else "none", linewidth=0.4 if edges else 0.0)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{tl.engine_names[e]}{' transfers' if t else ''}" for e, t in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+
+
+def write_gantt_png(tl: ServingTimeline, path: str | Path) -> Path:
+    """A picture of the run, three panels over time in seconds from the first arrival:
+    the Gantt of the whole run, one row per engine (its iterations, coloured prefill /
+    decode / mixed) and, under each prefill replica, a row of the KV transfers it sent
+    (overlapping transfers drawn over each other); the same Gantt zoomed on
+    ``zoom_window`` (every iteration outlined); and each engine's KV cache occupancy
+    (cached tokens at each iteration's high-water mark over the engine's capacity)."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = gantt_rows(tl)
+    height = max(len(rows), 2)
+    fig, (ax, zoom, kv) = plt.subplots(3, 1, figsize=(14, 0.9 * len(rows) + 5.5),
+                                       gridspec_kw={"height_ratios": [height, height, 3]})
+    end = float(tl.end_s.max()) if tl.end_s.size else 0.0
+    _draw_gantt(ax, tl, rows, 0.0, end, edges=False)
+    ax.set_title("\n".join(textwrap.wrap(tl.title, 160)), fontsize=9)
+    kinds = [KIND_NAMES[k] for k in sorted({int(k) for k in np.unique(tl.kind)})]
+    ax.legend(handles=[Patch(color=KIND_COLOURS[k], label=k) for k in kinds], loc="upper right", fontsize=7,
+              ncol=len(kinds))
+    lo, hi = zoom_window(tl)
+    _draw_gantt(zoom, tl, rows, lo, hi, edges=True)
+    if hi > lo:
+        zoom.set_xlim(lo, hi)
+    zoom.set_title(f"zoom: {lo:.4g} s to {hi:.4g} s ({ZOOM_ITERATIONS} typical iterations)", fontsize=8)
+    for engine, name in enumerate(tl.engine_names):
+        sel = (tl.engine == engine) & (tl.kind != TRANSFER)
+        cap = tl.kv_capacity_tokens[engine]
+        if sel.any() and cap > 0:
+            order = np.argsort(tl.start_s[sel], kind="stable")
+            kv.step(tl.start_s[sel][order], tl.kv_tokens[sel][order] / cap, where="post", linewidth=0.8, label=name)
+    kv.set_xlim(ax.get_xlim())
+    kv.set_ylim(0.0, 1.05)
+    kv.set_ylabel("KV cache used", fontsize=8)
+    kv.set_xlabel("time (s)")
+    if len(tl.engine_names) <= 12:
+        kv.legend(loc="upper right", fontsize=7, ncol=min(len(tl.engine_names), 6))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

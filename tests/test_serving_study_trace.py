@@ -195,7 +195,8 @@ def run_trace(tmp_path: Path, space: str, *sets: str) -> dict:
         args += ["--set", item]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert f"wrote {tmp_path / 't.json'}" in result.output
+    assert f"wrote {tmp_path / 't.json'} and {tmp_path / 't.png'}" in result.output
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return json.loads((tmp_path / "t.json").read_text())
 
 
@@ -256,6 +257,44 @@ def test_trace_of_a_disaggregated_deployment(tmp_path):
     for e in by["C"]:
         if e["pid"] in decode_pids and "reserved" in e["args"]:
             assert e["args"]["cached"] <= e["args"]["reserved"]
+
+
+def test_gantt_rows_are_the_engines_and_the_senders_of_transfers(tmp_path):
+    """The PNG's Gantt has a row per engine that iterated and, under each prefill replica
+    of a disaggregated run, one of the transfers it sent; the picture draws every bar:
+    as many rectangles as the timeline has events, each at its start and duration."""
+    from paraspace.explorer.serve_timeline import capture
+    from paraspace.results.serving_trace import TRANSFER, gantt_rows, write_gantt_png
+
+    tl = capture(sp.load_serving(LLAMA), {"mode": "disagg"})
+    rows = gantt_rows(tl)
+    senders = sorted({int(e) for e in tl.engine[tl.kind == TRANSFER]})
+    workers = sorted({int(e) for e in tl.engine[tl.kind != TRANSFER]})
+    assert [e for e, t in rows if t] == senders and [e for e, t in rows if not t] == workers
+    assert len(rows) == len(senders) + len(workers) and len(senders) > 0
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        gantt = fig.axes[0]
+        for collection in gantt.collections:
+            for p in collection.get_paths():
+                xs = p.vertices[:, 0]
+                drawn.append((round(float(xs.min()), 9), round(float(xs.max() - xs.min()), 9)))
+        return real_savefig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = spy
+    try:
+        write_gantt_png(tl, tmp_path / "g.png")
+    finally:
+        plt.Figure.savefig = real_savefig
+    expected = sorted(zip(np.round(tl.start_s, 9), np.round(tl.end_s - tl.start_s, 9)))
+    assert sorted(drawn) == [(float(a), float(b)) for a, b in expected]
 
 
 def test_trace_shows_ep_traffic_of_an_attention_dp_moe_deployment(tmp_path):
