@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from paraspace.results.trace import save_png
+
 US = 1e6
 ITERATIONS_TID = 0
 EP_TID = 1
@@ -211,9 +213,4 @@ def write_gantt_png(tl: ServingTimeline, path: str | Path) -> Path:
     kv.set_xlabel("time (s)")
     if len(tl.engine_names) <= 12:
         kv.legend(loc="upper right", fontsize=7, ncol=min(len(tl.engine_names), 6))
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

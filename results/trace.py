@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,6 +109,14 @@ def write_gantt_png(tl: Timeline, path: str | Path, *, label_micro: bool = True)
     kinds = sorted({tl.kind_names[k] for k in np.unique(tl.kind)})
     ax.legend(handles=[Patch(color=COLOURS.get(k, "#999999"), label=k) for k in kinds], loc="upper right",
               fontsize=7, ncol=len(kinds))
+    return save_png(fig, path)
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    """Lay out a matplotlib figure, write it to ``path`` (its folder made) at the
+    Gantt charts' resolution and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
