@@ -162,12 +162,25 @@ def attention_peak(dev, dtype_bytes: float) -> float:
     return dev.peak_flops_per_s if dtype_bytes <= 1.0 else peak_16bit(dev)
 
 
+#: Backward FLOP rate of a fused attention kernel as a fraction of its forward rate. The
+#: FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608, Figs. 5-6: H100 SXM5, BF16,
+#: head dim 128, sequence 16k, no causal mask) measures forward / backward TFLOP/s of
+#: FlashAttention-2 370 / 322, cuDNN 595 / 516 and FlashAttention-3 648 / 561: 0.870,
+#: 0.867 and 0.866 of the forward rate; FlashAttention-2 on A100 (Dao 2023,
+#: arXiv:2307.08691, section 4.1) reaches up to 73% of peak forward and 63% backward,
+#: 0.86. The backward's dQ accumulation and its extra non-matmul work cost every
+#: generation alike, so one ratio serves them all (``attention_efficiency`` stays the
+#: forward's fraction of peak).
+ATTENTION_BWD_RATE = 0.87
+
+
 @jit
 def attention_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_heads: float, head_dim: float,
                         causal: bool, flash: bool, dev, dtype_bytes: float):
     """FlashAttention-2 style core attention on one device (heads already split by TP).
 
-    FLOP: forward per ``attention_flops``; backward 2.5x forward (it recomputes P).
+    FLOP: forward per ``attention_flops``; backward 2.5x forward (it recomputes P), at
+    ``ATTENTION_BWD_RATE`` of the forward's FLOP rate.
     Traffic with flash: Q, K, V read and O written (O(s) not O(s^2)); backward
     about twice that. Without flash, the s_q x s_kv score matrix is written and
     read back four times (scores, softmax, probabilities for P V) in each direction.
@@ -191,7 +204,7 @@ def attention_qkv_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_
     bw = dev.hbm_bytes_per_s * dev.memory_efficiency
     peak = attention_peak(dev, dtype_bytes) * dev.attention_efficiency
     fwd = max(flops / peak, traffic / bw) + dev.launch_s
-    bwd = max(2.5 * flops / peak, 2.0 * traffic / bw) + 2.0 * dev.launch_s
+    bwd = max(2.5 * flops / (peak * ATTENTION_BWD_RATE), 2.0 * traffic / bw) + 2.0 * dev.launch_s
     return fwd, bwd, flops
 
 
