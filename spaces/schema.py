@@ -170,6 +170,11 @@ class Device(Record):
     attention_efficiency_flash3: Fraction | None = None
     #: achieved / peak HBM bandwidth of memory-bound kernels
     memory_efficiency: Fraction
+    #: the tensor-core clock a power-limited part sustains, as a fraction of the clock
+    #: its datasheet peaks (``peak_TFLOP_per_s``) assume: 1.0 for a part run at the
+    #: datasheet's power. ``peak_flops_per_s`` (every compute time and MFU) scales by it;
+    #: ``peak_TFLOP_per_s`` keeps the datasheet numbers
+    sustained_clock_fraction: Fraction = 1.0
     #: elementwise kernels fused (residual add + norm pairs, rotary embedding inside
     #: attention, the MLP activation in the GEMM epilogue): fewer launches and no
     #: intermediate round trips through HBM
@@ -237,7 +242,8 @@ class Device(Record):
         return self.host_memory_GB_per_s * GB
 
     def peak_flops_per_s(self, dtype: str) -> float:
-        return self.peak_TFLOP_per_s[dtype] * TFLOP
+        """The dense peak of ``dtype`` at the clock the part sustains (``sustained_clock_fraction``)."""
+        return self.peak_TFLOP_per_s[dtype] * TFLOP * self.sustained_clock_fraction
 
     def attention_efficiency_of(self, kernel: str) -> float:
         """Achieved / peak FLOP/s of the attention core run by ``kernel`` (``ATTENTION_KERNELS``)."""

@@ -79,7 +79,8 @@ def test_unfused_attention_reads_and_writes_the_score_matrix(make_device):
     2 (128 + 128)) = 1.37439e11 -> 1.374 ms. Q, O, K, V: 4 x 4096 x 32 x 128 x 2 B
     = 134 MB -> 0.134 ms, so FlashAttention is compute-bound. Unfused adds the
     scores written and read twice: 4 x 32 x 4096^2 x 2 B = 4.295 GB -> 4.295 ms,
-    memory-bound: 4.429 ms forward, twice that backward."""
+    memory-bound: 4.429 ms forward, twice that backward (flash backward: 2.5x the FLOP at
+    0.87 of the forward's rate, 2.5 x 1.374 / 0.87 = 3.949 ms)."""
     dev = make_device(peak_16bit_flops_per_s=100e12)[0]
     flop = 4096.0**2 * 32 * 256
     io = 4 * 4096 * 32 * 128 * 2.0
@@ -87,7 +88,8 @@ def test_unfused_attention_reads_and_writes_the_score_matrix(make_device):
     f_fwd, f_bwd, _ = ops.attention_qkv_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 32.0, 128.0, 128.0, True, True, dev, 2.0)
     u_fwd, u_bwd, _ = ops.attention_qkv_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 32.0, 128.0, 128.0, True, False, dev, 2.0)
     assert f_fwd == pytest.approx(flop / 100e12, rel=1e-12)
-    assert f_bwd == pytest.approx(2.5 * flop / 100e12, rel=1e-12)
+    # backward: 2.5x the FLOP at 0.87 of the forward's rate (ops.ATTENTION_BWD_RATE) = 3.949 ms
+    assert f_bwd == pytest.approx(2.5 * flop / (0.87 * 100e12), rel=1e-12)
     assert u_fwd == pytest.approx((io + scores) / 1e12, rel=1e-12)
     assert u_bwd == pytest.approx(2 * (io + scores) / 1e12, rel=1e-12)
 
@@ -130,6 +132,27 @@ def test_new_hardware_records_match_their_datasheets(name, peaks, hbm_gib, hbm_g
     assert hw.nvlink_generation == nvlink and hw.nics_per_device == 1
     assert hw.links[0].bandwidth_GB_per_s == (900 if nvlink == 5 else 450)
     assert hw.links[-1].bandwidth_GB_per_s == nic_gbps
+
+
+def test_power_capped_h100_runs_at_its_sustained_clock():
+    """The 500 W H100 keeps the datasheet peaks (above) but computes at the clock it
+    sustains: 0.896 of the SXM clock, the 500 W point of a line from the H100 NVL
+    (835.5 TFLOP/s BF16 at 400 W) to the H100 SXM (989.4 at 700 W):
+    835.5 + 153.9 * 100 / 300 = 886.8, / 989.4 = 0.8963. Packed BF16 peak
+    989.4e12 * 0.896 = 886.5024e12 FLOP/s, FP8 1978.9e12 * 0.896 = 1773.0944e12;
+    the 700 W part and the H200 (the same die at 700 W) are not scaled."""
+    from paraspace.explorer.evaluate import pack_hardware
+
+    capped = load_hardware("h100-sxm5-96gb-500w")
+    assert capped.device.sustained_clock_fraction == 0.896
+    assert (835.5 + (989.4 - 835.5) * (500 - 400) / (700 - 400)) / 989.4 == pytest.approx(0.896, abs=5e-4)
+    packed = pack_hardware(capped, "fp8")[0][0]
+    assert packed.peak_flops_per_s == pytest.approx(1773.0944e12, rel=1e-12)
+    assert packed.peak_16bit_flops_per_s == pytest.approx(886.5024e12, rel=1e-12)
+    for name in ("h100-sxm5-80gb", "h200-sxm-141gb"):
+        dev = load_hardware(name).device
+        assert dev.sustained_clock_fraction == 1.0
+        assert pack_hardware(load_hardware(name), "bf16")[0][0].peak_flops_per_s == pytest.approx(989.4e12, rel=1e-12)
 
 
 def test_node_size_is_separate_from_the_nvlink_domain():
