@@ -42,9 +42,53 @@ and the cache does not fill are stepped without visiting each request (the
 same iteration times, in the same order, as the full loop; without drafts:
 with them every step draws each request's acceptances).
 
-Disaggregated deployments (``simulate_disagg_one``) are simulated whole: the
-prefill replicas' iterations, each prompt's KV transfer to a decode engine and
-the decode engines' iterations, as events in time order (its docstring).
+Disaggregated deployments (``simulate_disagg_one``) are simulated whole, two
+stages (DistServe, Zhong et al. OSDI 2024, arXiv:2401.09670):
+
+* ``n_prefill`` prefill replicas (one engine each; tables ``p_g``, ``p_h``,
+  ``p_dp``, ``p_pair`` of the prefill replica, KV capacity ``p_cap``) take
+  prompts from one FIFO queue (arrivals: closed loop of ``clients`` users of
+  the deployment, or Poisson at ``rate`` requests/s). An idle replica starts
+  an iteration of up to ``max_tokens`` prompt tokens: the prompt it had cut
+  first, then prompts from the queue head while its cache holds them, the
+  last one cut (chunked prefill). The iteration costs ``host + p_g(tokens) +
+  p_h(prompts completing) + p_pair x causal pairs (+ p_dp(tokens) with
+  drafts)``; a prompt completing emits the first token.
+* On completion the request is routed to the decode engine with the fewest
+  requests routed to it and not finished (lowest index on ties) and its
+  prompt's cache sent there: ``xfer[r]`` seconds (``kernels.serving.kv_transfer_s``).
+  Transfers run concurrently (each on its own ranks' links).
+* ``n_decode`` decode engines (instances x pp; tables ``d_g``, ``d_h``,
+  ``d_ds``, ``d_kv``, capacity ``d_cap`` per engine) admit, at the start of
+  each iteration and in arrival order of their caches, while they run fewer
+  than ``max_batch`` requests and the request's whole sequence fits beside
+  the others' reservations: in + out + k tokens (TensorRT-LLM's
+  GUARANTEED_NO_EVICT capacity policy: no preemption). The answer streams
+  from the decode engine, so the first token reaches the user when it is
+  admitted: TTFT includes the transfer. Decode-only iterations as the
+  aggregated engine's (``kernels.serving.iteration_s``, k drafts verified
+  and drawn as in ``simulate_one``).
+
+Events at one instant are handled in the order decode iteration ends, prefill
+iteration ends, transfer completions (by time, then request), arrivals, lower
+engine index first; idle engines then start, decode engines before prefill
+replicas. ``S_ITERATIONS`` counts the decode engines' iterations,
+``S_PREFILL_ITERATIONS`` the prefill replicas', ``S_KV_PEAK`` the largest
+high-water mark of one decode engine's cache. Stuck (``S_STUCK``) when a
+prompt exceeds the prefill replica's cache or a request's sequence a decode
+engine's. The prefill side's cache is freed when the prompt completes (the
+transfers' milliseconds in flight are not held against it).
+
+Each run is one loop over iterations (aggregated) or events (disaggregated)
+holding what every step does; the steps that run only when due (arrivals,
+admission, preemption, a fast-forward, a prefill iteration's start and end, a
+transfer's arrival) are kernels of their own, each taking the arrays it reads
+and writes. Numba reference-counts every array a call passes (an atomic
+increment and decrement each, ~8 ns) unless it can prove the pair redundant,
+which it rarely can in a function with loops and calls: a step called every
+iteration with its dozen arrays made a run 2-15x slower, so those steps stay
+in the loop. A run's scalars that the kernels update are two small arrays,
+``counters`` (int64, ``C_*``) and ``acc`` (float64, ``A_*``).
 
 Deterministic: the inputs (lengths, unit gaps) are sampled by the caller from
 a seed; ties are broken by request index. A configuration whose head-of-queue
@@ -187,22 +231,84 @@ def lookup(grid, table, x: float) -> float:
     w = (x - grid[j - 1]) / (grid[j] - grid[j - 1])
     return table[j - 1] + w * (table[j] - table[j - 1])
 
+# --------------------------------------------------------------------------- a run's state
+
+#: ``counters``: the queue's head and length (the FIFO of waiting requests is the ring
+#: buffer ``queue``), requests issued (the next to arrive), the log's cursor, the KV
+#: transfers in flight (the disaggregated run's heap).
+C_HEAD, C_QUEUED, C_ISSUED, C_CURSOR, C_IN_FLIGHT = range(5)
+N_COUNTERS = 5
+#: ``acc``: the clock; the integral over time of the requests in the system, and their
+#: number; requests done; cached tokens held (aggregated) and the high-water mark;
+#: iterations (disaggregated: the decode engines'), those with prompt tokens (the prefill
+#: replicas'); preemptions; (request, decode step) pairs and the tokens they emitted.
+(A_T, A_AREA, A_IN_SYSTEM, A_DONE, A_KV_USED, A_KV_PEAK, A_ITERATIONS, A_PREFILL_ITERATIONS, A_PREEMPTIONS,
+ A_DEC_STEPS, A_DEC_TOKENS) = range(11)
+N_ACC = 11
+
 
 @jit(inline=True)
-def _start_arrivals(clients: int, gaps, rate: float, queue, arr_at) -> int:
-    """The workload's start: a closed loop queues its first ``clients`` requests at 0
-    (returned: how many), a Poisson stream gets every arrival time from its gaps (0)."""
+def _enqueue_next(queue, counters, acc) -> None:
+    """The workload's next request (``C_ISSUED``) joins the back of the queue and the system."""
+    queue[(counters[C_HEAD] + counters[C_QUEUED]) % queue.shape[0]] = counters[C_ISSUED]
+    counters[C_QUEUED] += 1
+    counters[C_ISSUED] += 1
+    acc[A_IN_SYSTEM] += 1.0
+
+
+@jit(inline=True)
+def _dequeue(queue, counters) -> int:
+    """The request at the head of the queue, taken off it."""
+    r = queue[counters[C_HEAD]]
+    counters[C_HEAD] = (counters[C_HEAD] + 1) % queue.shape[0]
+    counters[C_QUEUED] -= 1
+    return r
+
+
+@jit
+def _start_run(clients: int, gaps, rate: float, arr_at, queue, counters, acc) -> None:
+    """A run at 0: a closed loop queues its first ``clients`` requests, a Poisson
+    stream gets every arrival time from its unit gaps."""
     n = arr_at.shape[0]
     if clients > 0:
-        issued = min(clients, n)
-        for r in range(issued):
-            queue[r] = r
-        return issued
-    acc = 0.0
+        for _ in range(min(clients, n)):
+            _enqueue_next(queue, counters, acc)
+        return
+    total = 0.0
     for r in range(n):
-        acc += gaps[r]
-        arr_at[r] = acc / rate
-    return 0
+        total += gaps[r]
+        arr_at[r] = total / rate
+
+
+@jit(inline=True)
+def _finish(r: int, closed: bool, done_at, arr_at, queue, counters, acc) -> None:
+    """Request ``r`` completes now: it leaves the system and, in a closed loop, its
+    user sends the workload's next request."""
+    t = acc[A_T]
+    done_at[r] = t
+    acc[A_DONE] += 1.0
+    acc[A_IN_SYSTEM] -= 1.0
+    if closed and counters[C_ISSUED] < arr_at.shape[0]:
+        arr_at[counters[C_ISSUED]] = t
+        _enqueue_next(queue, counters, acc)
+
+
+@jit(inline=True)
+def _chunk(r: int, budget: float, prior: float, target, done_pre, chunk):
+    """Request ``r``'s prompt chunk in an iteration with ``budget`` tokens left (kept in
+    ``chunk``), ``prior`` prompt tokens before it: (its tokens, its causal pairs, 1 if it
+    completes the prompt else 0)."""
+    c = min(target[r] - done_pre[r], budget)
+    chunk[r] = c
+    return c, c * (prior + 0.5 * c), 1.0 if done_pre[r] + c >= target[r] else 0.0
+
+
+@jit(inline=True)
+def _chunk_done(r: int, target, done_pre, chunk) -> bool:
+    """Request ``r``'s chunk of the iteration that ended is computed; whether its prompt is."""
+    done_pre[r] += chunk[r]
+    chunk[r] = 0.0
+    return done_pre[r] >= target[r]
 
 
 @jit(inline=True)
@@ -217,16 +323,117 @@ def _emitted(seed: int, r: int, gen_r: int, out_r: float, draft: int, acceptance
     return min(1 + accepted, int(out_r) - gen_r)
 
 
-@jit(inline=True)
-def _next_client(t: float, closed: bool, issued: int, arr_at, queue, head: int, count: int) -> int:
-    """A closed loop's finished user sends its next request at ``t`` (queued behind
-    ``count`` others from ``head``): returns 1 if one was issued."""
+# --------------------------------------------------------------------------- the aggregated engine
+
+
+@jit
+def _poisson_arrivals(arr_at, queue, counters, acc) -> None:
+    """A Poisson stream's requests that arrived by now join the queue (their wait
+    since their arrival counted in the area)."""
+    t = acc[A_T]
+    while counters[C_ISSUED] < arr_at.shape[0] and arr_at[counters[C_ISSUED]] <= t:
+        acc[A_AREA] += t - arr_at[counters[C_ISSUED]]
+        _enqueue_next(queue, counters, acc)
+
+
+@jit
+def _admit(n_run: int, max_batch: int, cap: float, in_len, gen, cached, kv, target, done_pre, running, queue,
+           counters, acc) -> int:
+    """Admission in queue order while the engine runs fewer than ``max_batch`` requests
+    and the cache can take the request's prompt plus the tokens it had generated
+    (preempted); the requests running after."""
+    while counters[C_QUEUED] > 0 and n_run < max_batch:
+        r = queue[counters[C_HEAD]]
+        need = in_len[r] + gen[r]
+        if acc[A_KV_USED] + need > cap:
+            break
+        _dequeue(queue, counters)
+        running[n_run] = r
+        n_run += 1
+        acc[A_KV_USED] += need
+        kv[r] = need
+        target[r] = need - cached[r]
+        done_pre[r] = 0.0
+    return n_run
+
+
+@jit
+def _mark_decoding(running, n_run: int, target, done_pre, decoding) -> int:
+    """Flags the running requests whose prompt is done (they decode this iteration); how many."""
+    n_dec = 0
+    for i in range(n_run):
+        r = running[i]
+        decoding[r] = done_pre[r] >= target[r]
+        if decoding[r]:
+            n_dec += 1
+    return n_dec
+
+
+@jit
+def _preempt(running, n_run: int, n_dec: int, q: int, cap: float, kv, decoding, queue, counters, acc):
+    """While the cache cannot grow by ``q`` tokens for each decoding request, the most
+    recently admitted request is preempted (vLLM's recompute: its cache freed, back to
+    the head of the queue); (running, decoding) after, or (0, 0) when the only running
+    request cannot grow its cache (stuck)."""
+    while acc[A_KV_USED] + n_dec * q > cap:
+        if n_run == 1:
+            return 0, 0
+        victim = running[n_run - 1]
+        n_run -= 1
+        acc[A_KV_USED] -= kv[victim]
+        kv[victim] = 0.0
+        if decoding[victim]:
+            n_dec -= 1
+            decoding[victim] = False
+        counters[C_HEAD] = (counters[C_HEAD] - 1) % queue.shape[0]
+        queue[counters[C_HEAD]] = victim
+        counters[C_QUEUED] += 1
+        acc[A_PREEMPTIONS] += 1.0
+    return n_run, n_dec
+
+
+@jit
+def _fast_forward(ahead: float, kv_read: float, running, n_run: int, gen, kv, arr_at, closed: bool, host: float,
+                  grid, rows_s, head_s, kv_coef: float, pair_coef: float, log, counters, acc) -> int:
+    """Steps ``ahead`` decode-only iterations at most (every running request decoding, no
+    drafts, ``kv_read`` cached tokens read by the first) in which nothing but the KV
+    lengths change: none completes, none arrives, the cache does not fill; the same
+    iteration times (host, layers and head at n_run rows), in the same order, as the full
+    loop. How many (0: an arrival is due: the full iteration instead)."""
+    kv_used = acc[A_KV_USED]
+    base = host + lookup(grid, rows_s, float(n_run)) + lookup(grid, head_s, float(n_run))
     n = arr_at.shape[0]
-    if not closed or issued >= n:
-        return 0
-    arr_at[issued] = t
-    queue[(head + count) % n] = issued
-    return 1
+    issued = counters[C_ISSUED]
+    cursor = counters[C_CURSOR]
+    t = acc[A_T]
+    area = acc[A_AREA]
+    kv_peak = acc[A_KV_PEAK]
+    n_sys = acc[A_IN_SYSTEM]
+    steps = 0
+    while steps < ahead:
+        if not closed and issued < n and arr_at[issued] <= t:
+            break  # an arrival to enqueue: back to the full iteration
+        dt = base + kv_coef * kv_read + pair_coef * 0.0
+        cursor = _record(log, cursor, 0, LOG_DECODE, t, t + dt, float(n_run), float(n_run), 0.0, kv_used + n_run,
+                         0.0, -1, -1)
+        t += dt
+        area += n_sys * dt
+        kv_read += n_run
+        kv_peak = max(kv_peak, kv_used + n_run)
+        kv_used += n_run
+        steps += 1
+    counters[C_CURSOR] = cursor
+    acc[A_T] = t
+    acc[A_AREA] = area
+    acc[A_KV_PEAK] = kv_peak
+    acc[A_KV_USED] = kv_used
+    acc[A_ITERATIONS] += steps
+    acc[A_DEC_STEPS] += steps * n_run
+    acc[A_DEC_TOKENS] += steps * n_run
+    for i in range(n_run):
+        gen[running[i]] += steps
+        kv[running[i]] += steps
+    return steps
 
 
 @jit
@@ -234,70 +441,33 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                  scheduler: int, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float, grid,
                  g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log) -> None:
     """Simulate one engine (module doc) and fill ``res`` (``SIM_OUTPUTS``); each
-    iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows."""
+    iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows. What every
+    iteration does stays in this loop, the steps that run when due are called (module doc)."""
     n = in_len.shape[0]
-    arr_at = np.zeros(n)
-    first_at = np.full(n, -1.0)
-    done_at = np.zeros(n)
-    gen = np.zeros(n, np.int64)
-    kv = np.zeros(n)  # cached tokens held
-    target = np.zeros(n)  # prompt tokens to compute since admission
-    done_pre = np.zeros(n)
-    chunk = np.zeros(n)
-    decoding = np.zeros(n, np.bool_)
-    cached = np.zeros(n)  # prefix-cache tokens of the prompt
-    for r in range(n):
-        cached[r] = np.floor(in_len[r] * hit)
-    queue = np.zeros(n, np.int64)  # ring buffer
-    head = 0
-    count = 0
-    running = np.zeros(n, np.int64)
+    arr_at, first_at, done_at, kv, target, done_pre, chunk = _request_arrays(n)
+    gen = np.zeros(n, np.int64)  # tokens generated
+    decoding = np.zeros(n, np.bool_)  # decodes this iteration
+    cached = np.floor(in_len * hit)  # prefix-cache tokens of the prompt
+    queue, counters, acc = np.zeros(n, np.int64), np.zeros(N_COUNTERS, np.int64), np.zeros(N_ACC)
+    _start_run(clients, gaps, rate, arr_at, queue, counters, acc)
+    running = np.zeros(n, np.int64)  # in admission order
     n_run = 0
     closed = clients > 0
-    issued = _start_arrivals(clients, gaps, rate, queue, arr_at)
-    count = issued
-    t = 0.0
-    area = 0.0
-    n_sys = count
-    n_done = 0
-    kv_used = 0.0
-    kv_peak = 0.0
-    iterations = 0
-    prefill_iterations = 0
-    cursor = 0
-    preemptions = 0
-    stuck = False
     static = scheduler == STATIC
     q = draft + 1  # positions a decoding request verifies per iteration
-    dec_steps = 0.0  # (request, decode iteration) pairs
-    dec_tokens = 0.0  # tokens they emitted
-    while n_done < n:
-        if not closed:
-            while issued < n and arr_at[issued] <= t:
-                queue[(head + count) % n] = issued
-                count += 1
-                area += t - arr_at[issued]
-                n_sys += 1
-                issued += 1
-        if not static or n_run == 0:
-            while count > 0 and n_run < max_batch:
-                r = queue[head]
-                need = in_len[r] + gen[r]
-                if kv_used + need > cap:
-                    break
-                head = (head + 1) % n
-                count -= 1
-                running[n_run] = r
-                n_run += 1
-                kv_used += need
-                kv[r] = need
-                target[r] = need - cached[r]
-                done_pre[r] = 0.0
+    stuck = False
+    while acc[A_DONE] < n:
+        t = acc[A_T]
+        if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] <= t:
+            _poisson_arrivals(arr_at, queue, counters, acc)
+        if (not static or n_run == 0) and counters[C_QUEUED] > 0 and n_run < max_batch:
+            n_run = _admit(n_run, max_batch, cap, in_len, gen, cached, kv, target, done_pre, running, queue, counters,
+                           acc)
         if n_run == 0:
-            if count > 0 or closed or issued >= n:
-                stuck = True
+            if counters[C_QUEUED] > 0 or closed or counters[C_ISSUED] >= n:
+                stuck = True  # the head of the queue does not fit an empty engine
                 break
-            t = arr_at[issued]  # idle until the next arrival
+            acc[A_T] = arr_at[counters[C_ISSUED]]  # idle until the next arrival
             continue
         n_dec = 0
         for i in range(n_run):
@@ -305,57 +475,23 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
             decoding[r] = done_pre[r] >= target[r]
             if decoding[r]:
                 n_dec += 1
-        while kv_used + n_dec * q > cap:  # preempt the latest admitted (recompute later)
-            if n_run == 1:
-                stuck = True
+        if acc[A_KV_USED] + n_dec * q > cap:
+            n_run, n_dec = _preempt(running, n_run, n_dec, q, cap, kv, decoding, queue, counters, acc)
+            if n_run == 0:
+                stuck = True  # the only running request cannot grow its cache
                 break
-            victim = running[n_run - 1]
-            n_run -= 1
-            kv_used -= kv[victim]
-            kv[victim] = 0.0
-            if decoding[victim]:
-                n_dec -= 1
-                decoding[victim] = False
-            head = (head - 1) % n
-            queue[head] = victim
-            count += 1
-            preemptions += 1
-        if stuck:
-            break
-        # decode only (no drafts to draw): fast-forward the iterations in which nothing but the KV lengths change
-        if n_dec == n_run and draft == 0:
+        if n_dec == n_run and draft == 0:  # decode only: fast-forward while nothing but the KV lengths change
             ahead = np.inf
             kv_read = 0.0
             for i in range(n_run):
                 r = running[i]
                 ahead = min(ahead, out_len[r] - gen[r] - 1.0)  # none of them completes
                 kv_read += kv[r] + 1.0
-            ahead = min(ahead, np.floor((cap - kv_used) / n_dec))  # the cache grows n_dec a step
-            if ahead >= 2.0:
-                base = host + lookup(grid, g_row, float(n_dec)) + lookup(grid, h_row, float(n_dec))
-                steps = 0
-                while steps < ahead:
-                    if not closed and issued < n and arr_at[issued] <= t:
-                        break  # an arrival to enqueue: back to the full iteration
-                    dt = base + kv_coef * kv_read + pair_coef * 0.0
-                    cursor = _record(log, cursor, 0, LOG_DECODE, t, t + dt, float(n_dec), float(n_dec), 0.0, kv_used + n_dec,
-                                     0.0, -1, -1)
-                    t += dt
-                    area += n_sys * dt
-                    kv_read += n_dec
-                    kv_peak = max(kv_peak, kv_used + n_dec)
-                    kv_used += n_dec
-                    steps += 1
-                if steps > 0:
-                    iterations += steps
-                    dec_steps += steps * n_dec
-                    dec_tokens += steps * n_dec
-                    for i in range(n_run):
-                        r = running[i]
-                        gen[r] += steps
-                        kv[r] += steps
-                    continue
-        budget = np.inf if static else max_tokens - n_dec * q
+            ahead = min(ahead, np.floor((cap - acc[A_KV_USED]) / n_dec))  # the cache does not fill
+            if ahead >= 2.0 and _fast_forward(ahead, kv_read, running, n_run, gen, kv, arr_at, closed, host, grid,
+                                              g_row, h_row, kv_coef, pair_coef, log, counters, acc) > 0:
+                continue
+        budget = np.inf if static else max_tokens - n_dec * q  # prompt chunks in admission order
         tokens = 0.0
         rows = 0.0
         kv_read = 0.0
@@ -368,28 +504,29 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 rows += q
                 kv_read += kv[r] + q
             elif budget > 0.0:
-                c = min(target[r] - done_pre[r], budget)
-                prior = kv[r] - target[r] + done_pre[r]
-                pairs += c * (prior + 0.5 * c)
+                c, pair, completes = _chunk(r, budget, kv[r] - target[r] + done_pre[r], target, done_pre, chunk)
+                pairs += pair
                 tokens += c
                 prompt += c
                 budget -= c
-                chunk[r] = c
-                if done_pre[r] + c >= target[r]:
-                    rows += 1.0
+                rows += completes
         dt = host + lookup(grid, g_row, tokens) + lookup(grid, h_row, rows) + kv_coef * kv_read + pair_coef * pairs
         if draft > 0:
             dt += lookup(grid, dp_row, prompt) + lookup(grid, ds_row, float(n_dec))
+        t = acc[A_T]
         kind = LOG_DECODE if prompt <= 0.0 else (LOG_PREFILL if n_dec == 0 else LOG_MIXED)
-        cursor = _record(log, cursor, 0, kind, t, t + dt, tokens, float(n_run), prompt, kv_used + n_dec * q, 0.0, -1,
-                         -1)
+        high = acc[A_KV_USED] + n_dec * q
+        counters[C_CURSOR] = _record(log, counters[C_CURSOR], 0, kind, t, t + dt, tokens, float(n_run), prompt, high,
+                                     0.0, -1, -1)
         t += dt
-        area += n_sys * dt
-        iterations += 1
+        acc[A_T] = t
+        acc[A_AREA] += acc[A_IN_SYSTEM] * dt
+        acc[A_ITERATIONS] += 1.0
         if prompt > 0.0:
-            prefill_iterations += 1
-        kv_peak = max(kv_peak, kv_used + n_dec * q)
-        keep = 0
+            acc[A_PREFILL_ITERATIONS] += 1.0
+        acc[A_KV_PEAK] = max(acc[A_KV_PEAK], high)
+        keep = 0  # the iteration's end: decode steps emit, chunks are computed, finished requests leave
+        kv_used, dec_steps, dec_tokens = acc[A_KV_USED], acc[A_DEC_STEPS], acc[A_DEC_TOKENS]  # (in registers)
         for i in range(n_run):
             r = running[i]
             if decoding[r]:
@@ -399,48 +536,46 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 kv_used += m
                 dec_steps += 1.0
                 dec_tokens += m
-            elif chunk[r] > 0.0:
-                done_pre[r] += chunk[r]
-                chunk[r] = 0.0
-                if done_pre[r] >= target[r]:
-                    gen[r] += 1
-                    if first_at[r] < 0.0:
-                        first_at[r] = t
+            elif chunk[r] > 0.0 and _chunk_done(r, target, done_pre, chunk):
+                gen[r] += 1  # the first token
+                if first_at[r] < 0.0:
+                    first_at[r] = t
             if gen[r] >= out_len[r]:
-                done_at[r] = t
                 kv_used -= kv[r]
                 kv[r] = 0.0
-                n_done += 1
-                n_sys -= 1
-                k = _next_client(t, closed, issued, arr_at, queue, head, count)
-                count += k
-                n_sys += k
-                issued += k
+                _finish(r, closed, done_at, arr_at, queue, counters, acc)
             else:
                 running[keep] = r
                 keep += 1
+        acc[A_KV_USED], acc[A_DEC_STEPS], acc[A_DEC_TOKENS] = kv_used, dec_steps, dec_tokens
         n_run = keep
-    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, t, area, iterations, prefill_iterations,
-               preemptions, kv_peak, dec_steps, dec_tokens)
+    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc)
 
 
 @jit
-def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: bool, t: float, area: float,
-               iterations: float, prefill_iterations: float, preemptions: float, kv_peak: float, dec_steps: float,
-               dec_tokens: float) -> None:
-    """``res`` (``SIM_OUTPUTS``) from a run's per-request instants (module doc)."""
+def _request_arrays(n: int):
+    """Per-request arrays at a run's start: arrival, first-token (-1: none yet) and
+    completion instants; cached tokens held; prompt tokens to compute (the aggregated
+    engine's since admission), computed, and in the iteration under way."""
+    return np.zeros(n), np.full(n, -1.0), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+
+
+@jit
+def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: bool, acc) -> None:
+    """``res`` (``SIM_OUTPUTS``) from a run's per-request instants and its ``acc`` (module doc)."""
+    t = acc[A_T]
     n = arr_at.shape[0]
     for k in range(N_SIM):
         res[k] = np.nan
-    res[S_ITERATIONS] = iterations
-    res[S_PREFILL_ITERATIONS] = prefill_iterations
-    res[S_PREEMPTIONS] = preemptions
-    res[S_KV_PEAK] = kv_peak
+    res[S_ITERATIONS] = acc[A_ITERATIONS]
+    res[S_PREFILL_ITERATIONS] = acc[A_PREFILL_ITERATIONS]
+    res[S_PREEMPTIONS] = acc[A_PREEMPTIONS]
+    res[S_KV_PEAK] = acc[A_KV_PEAK]
     res[S_STUCK] = 1.0 if stuck else 0.0
     if stuck:
         return
-    if dec_steps > 0.0:
-        res[S_TOKENS_PER_STEP] = dec_tokens / dec_steps
+    if acc[A_DEC_STEPS] > 0.0:
+        res[S_TOKENS_PER_STEP] = acc[A_DEC_TOKENS] / acc[A_DEC_STEPS]
     ttft = first_at - arr_at
     e2e = done_at - arr_at
     multi = out_len > 1
@@ -480,7 +615,7 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
         tokens_served += out_len[r]
     res[S_SUSTAINED_RPS] = served / (stop - start)
     res[S_OTPS] = tokens_served / (stop - start)
-    res[S_CONCURRENCY] = area / t
+    res[S_CONCURRENCY] = acc[A_AREA] / t
 
 
 @jit(parallel=True)
@@ -545,314 +680,302 @@ def _heap_pop(heap, size: int, key) -> int:
     return size
 
 
+#: Columns of a disaggregated run's per-decode-engine integers (``dec``, int64, engine d at
+#: row d): the head and tail of its queue of transferred requests (a list through
+#: ``link``; -1: empty), the requests it runs (``d_run[d, :n]``), the requests routed to
+#: it and not finished; and of its floats (``dec_kv``): cached tokens held, tokens
+#: reserved by the requests it admitted.
+DEC_HEAD, DEC_TAIL, DEC_N, DEC_ROUTED = range(4)
+DEC_USED, DEC_RESERVED = range(2)
+#: Columns of the prefill replicas' integers (``pre``): the first and last request of
+#: its iteration under way (a list through ``link``), the prompt it cut (-1: none).
+PRE_FIRST, PRE_LAST, PRE_CARRY = range(3)
+#: The events of a disaggregated run, in their order at one instant.
+EV_DECODE_END, EV_PREFILL_END, EV_TRANSFER, EV_ARRIVAL = range(4)
+
+
+@jit
+def _admit_decode(d: int, max_batch: int, d_cap: float, draft: int, closed: bool, in_len, out_len, dec, dec_kv,
+                  d_run, link, first_at, gen, kv, reserve, done_at, arr_at, queue, counters, acc) -> None:
+    """Decode engine ``d`` admits from its queue, in arrival order of the caches, while it
+    runs fewer than ``max_batch`` requests and the request's whole sequence (in + out + k
+    tokens) fits beside the others' reservations. The first token reaches the user at
+    admission; a request whose first token was its last finishes there."""
+    t = acc[A_T]
+    while dec[d, DEC_HEAD] >= 0 and dec[d, DEC_N] < max_batch:
+        r = dec[d, DEC_HEAD]
+        need = in_len[r] + out_len[r] + draft
+        if dec_kv[d, DEC_RESERVED] + need > d_cap:
+            break
+        dec[d, DEC_HEAD] = link[r]
+        if dec[d, DEC_HEAD] < 0:
+            dec[d, DEC_TAIL] = -1
+        link[r] = -1
+        first_at[r] = t
+        if gen[r] >= out_len[r]:  # the first token was the last
+            dec[d, DEC_ROUTED] -= 1
+            _finish(r, closed, done_at, arr_at, queue, counters, acc)
+            continue
+        d_run[d, dec[d, DEC_N]] = r
+        dec[d, DEC_N] += 1
+        dec_kv[d, DEC_RESERVED] += need
+        reserve[r] = need
+        dec_kv[d, DEC_USED] += kv[r]
+
+
+@jit
+def _gather_prompts(p: int, max_tokens: float, p_cap: float, in_len, pre, link, cached, target, done_pre, chunk,
+                    queue, counters):
+    """Prefill replica ``p``'s next iteration: up to ``max_tokens`` prompt tokens, the
+    prompt it had cut first, then prompts from the queue head while its cache holds
+    them, the last one cut (chunked prefill), listed from ``pre[p, PRE_FIRST]``.
+    (tokens, prompts completing, causal pairs, cache held, stuck: a prompt larger than
+    the cache)."""
+    budget = max_tokens
+    tokens = 0.0
+    rows = 0.0
+    pairs = 0.0
+    held = 0.0
+    while budget > 0.0:
+        r = pre[p, PRE_CARRY]
+        if r >= 0:
+            pre[p, PRE_CARRY] = -1
+        elif counters[C_QUEUED] > 0:
+            r = queue[counters[C_HEAD]]
+            if in_len[r] > p_cap:
+                return tokens, rows, pairs, held, True
+            if held + in_len[r] > p_cap:
+                break
+            _dequeue(queue, counters)
+        else:
+            break
+        c, pair, completes = _chunk(r, budget, cached[r] + done_pre[r], target, done_pre, chunk)
+        pairs += pair
+        tokens += c
+        budget -= c
+        held += in_len[r]
+        rows += completes
+        if pre[p, PRE_FIRST] < 0:
+            pre[p, PRE_FIRST] = r
+        else:
+            link[pre[p, PRE_LAST]] = r
+        pre[p, PRE_LAST] = r
+    return tokens, rows, pairs, held, False
+
+
+@jit
+def _start_prefill_replicas(max_tokens: float, p_cap: float, draft: int, in_len, p_end, pre, link, cached, target,
+                            done_pre, chunk, queue, counters, acc, host: float, grid, p_g, p_h, p_dp,
+                            p_pair: float, log) -> bool:
+    """Every idle prefill replica (``p_end`` inf) with a prompt it cut or a queue to
+    take from starts an iteration (``_gather_prompts``; its cost off the prefill tables,
+    the draft modules over its prompt tokens); True when stuck."""
+    t = acc[A_T]
+    for p in range(p_end.shape[0]):
+        if p_end[p] < np.inf or (pre[p, PRE_CARRY] < 0 and counters[C_QUEUED] == 0):
+            continue
+        tokens, rows, pairs, held, stuck = _gather_prompts(p, max_tokens, p_cap, in_len, pre, link, cached, target,
+                                                           done_pre, chunk, queue, counters)
+        if stuck:
+            return True
+        if tokens <= 0.0:
+            continue
+        dt = host + lookup(grid, p_g, tokens) + lookup(grid, p_h, rows) + p_pair * pairs  # kernels.serving.iteration_s
+        if draft > 0:
+            dt += lookup(grid, p_dp, tokens)
+        counters[C_CURSOR] = _record(log, counters[C_CURSOR], p, LOG_PREFILL, t, t + dt, tokens, rows, tokens, held,
+                                     0.0, -1, -1)
+        p_end[p] = t + dt
+        acc[A_PREFILL_ITERATIONS] += 1.0
+    return False
+
+
+@jit(inline=True)
+def _route(dec) -> int:
+    """The decode engine with the fewest requests routed to it and not finished (lowest index on ties)."""
+    best = 0
+    for d in range(1, dec.shape[0]):
+        if dec[d, DEC_ROUTED] < dec[best, DEC_ROUTED]:
+            best = d
+    return best
+
+
+@jit
+def _end_prefill_iteration(p: int, in_len, xfer, p_end, pre, dec, link, target, done_pre, chunk, gen, kv, dest,
+                           ready_at, heap, counters, acc, log) -> None:
+    """Prefill replica ``p``'s iteration ends: its chunks are computed; a prompt completed
+    emits the first token and its cache leaves for the decode engine ``_route`` picks
+    (``xfer[r]`` s, logged from ``p`` to engine P + d); a prompt cut stays with ``p``."""
+    t = acc[A_T]
+    n_prefill = p_end.shape[0]
+    p_end[p] = np.inf
+    r = pre[p, PRE_FIRST]
+    pre[p, PRE_FIRST] = -1
+    pre[p, PRE_LAST] = -1
+    while r >= 0:
+        nxt = link[r]
+        link[r] = -1
+        if _chunk_done(r, target, done_pre, chunk):
+            gen[r] = 1
+            kv[r] = in_len[r]
+            best = _route(dec)
+            dec[best, DEC_ROUTED] += 1
+            dest[r] = best
+            ready_at[r] = t + xfer[r]
+            counters[C_IN_FLIGHT] = _heap_push(heap, counters[C_IN_FLIGHT], ready_at, r)
+            counters[C_CURSOR] = _record(log, counters[C_CURSOR], p, LOG_TRANSFER, t, ready_at[r], in_len[r], 1.0, 0.0,
+                                         0.0, 0.0, n_prefill + best, r)
+        else:
+            pre[p, PRE_CARRY] = r
+        r = nxt
+
+
+@jit(inline=True)
+def _transfer_arrives(dec, link, dest, ready_at, heap, counters) -> None:
+    """The earliest KV transfer in flight completes: its request joins its decode engine's queue."""
+    r = heap[0]
+    counters[C_IN_FLIGHT] = _heap_pop(heap, counters[C_IN_FLIGHT], ready_at)
+    d = dest[r]
+    if dec[d, DEC_TAIL] < 0:
+        dec[d, DEC_HEAD] = r
+    else:
+        link[dec[d, DEC_TAIL]] = r
+    dec[d, DEC_TAIL] = r
+
+
+@jit
+def _engines(n_prefill: int, n_decode: int, max_batch: int):
+    """The engines of a disaggregated run at its start, all idle (end inf): the prefill
+    replicas' iteration ends and integers (``PRE_*``, -1: none), the decode engines'
+    iteration ends, integers (``DEC_*``; empty queues) and floats (``DEC_USED``,
+    ``DEC_RESERVED``), and their running requests (``d_run[d, :n]``)."""
+    dec = np.zeros((n_decode, 4), np.int64)
+    for d in range(n_decode):
+        dec[d, DEC_HEAD] = -1
+        dec[d, DEC_TAIL] = -1
+    return (np.full(n_prefill, np.inf), np.full((n_prefill, 3), -1, np.int64), np.full(n_decode, np.inf), dec,
+            np.zeros((n_decode, 2)), np.zeros((n_decode, max(max_batch, 1)), np.int64))
+
+
 @jit
 def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_prefill: int, n_decode: int,
                         max_batch: int, max_tokens: float, p_cap: float, d_cap: float, host: float, hit: float, grid,
                         p_g, p_h, p_pair: float, p_dp, d_g, d_h, d_kv: float, d_ds, xfer, draft: int,
                         acceptance: float, seed: int, res, log) -> None:
-    """Simulate a whole disaggregated deployment and fill ``res`` (``SIM_OUTPUTS``);
-    every iteration and KV transfer is written to ``log`` while it has rows.
-
-    Two stages (issue 15; DistServe, Zhong et al. OSDI 2024, arXiv:2401.09670):
-
-    * ``n_prefill`` prefill replicas (one engine each; tables ``p_g``, ``p_h``,
-      ``p_dp``, ``p_pair`` of the prefill replica, KV capacity ``p_cap``) take
-      prompts from one FIFO queue (arrivals: closed loop of ``clients`` users of
-      the deployment, or Poisson at ``rate`` requests/s). An idle replica starts
-      an iteration of up to ``max_tokens`` prompt tokens: the prompt it had cut
-      first, then prompts from the queue head while its cache holds them, the
-      last one cut (chunked prefill). The iteration costs ``host + p_g(tokens) +
-      p_h(prompts completing) + p_pair x causal pairs (+ p_dp(tokens) with
-      drafts)``; a prompt completing emits the first token.
-    * On completion the request is routed to the decode engine with the fewest
-      requests routed to it and not finished (lowest index on ties) and its
-      prompt's cache sent there: ``xfer[r]`` seconds (``kernels.serving.kv_transfer_s``).
-      Transfers run concurrently (each on its own ranks' links).
-    * ``n_decode`` decode engines (instances x pp; tables ``d_g``, ``d_h``,
-      ``d_ds``, ``d_kv``, capacity ``d_cap`` per engine) admit, at the start of
-      each iteration and in arrival order of their caches, while they run fewer
-      than ``max_batch`` requests and the request's whole sequence fits beside
-      the others' reservations: in + out + k tokens (TensorRT-LLM's
-      GUARANTEED_NO_EVICT capacity policy: no preemption). The answer streams
-      from the decode engine, so the first token reaches the user when it is
-      admitted: TTFT includes the transfer. Decode-only iterations as the
-      aggregated engine's (``kernels.serving.iteration_s``, k drafts verified
-      and drawn as in ``simulate_one``).
-
-    Events at one instant are handled in the order decode iteration ends,
-    prefill iteration ends, transfer completions (by time, then request),
-    arrivals, lower engine index first; idle engines then start, decode engines
-    before prefill replicas. ``S_ITERATIONS`` counts the decode engines'
-    iterations, ``S_PREFILL_ITERATIONS`` the prefill replicas', ``S_KV_PEAK``
-    the largest high-water mark of one decode engine's cache. Stuck (``S_STUCK``)
-    when a prompt exceeds the prefill replica's cache or a request's sequence a
-    decode engine's. The prefill side's cache is freed when the prompt
-    completes (the transfers' milliseconds in flight are not held against it).
-    """
+    """Simulate a whole disaggregated deployment (module doc) and fill ``res`` (``SIM_OUTPUTS``);
+    every iteration and KV transfer is written to ``log`` while it has rows."""
     n = in_len.shape[0]
-    P = n_prefill
-    D = n_decode
-    q = draft + 1
-    arr_at = np.zeros(n)
-    first_at = np.full(n, -1.0)
-    done_at = np.zeros(n)
-    ready_at = np.zeros(n)
+    arr_at, first_at, done_at, kv, target, done_pre, chunk = _request_arrays(n)
     gen = np.zeros(n, np.int64)
-    kv = np.zeros(n)
-    reserve = np.zeros(n)
-    target = np.zeros(n)
-    done_pre = np.zeros(n)
-    chunk = np.zeros(n)
-    dest = np.zeros(n, np.int64)
-    link = np.full(n, -1, np.int64)  # next member of a prefill iteration, or next in a decode engine's queue
-    cached = np.zeros(n)
+    cached = np.floor(in_len * hit)
     for r in range(n):
-        cached[r] = np.floor(in_len[r] * hit)
         target[r] = in_len[r] - cached[r]
-    queue = np.zeros(n, np.int64)  # the prefill FIFO (ring buffer)
-    head = 0
-    count = 0
-    p_busy = np.zeros(P, np.bool_)
-    p_end = np.zeros(P)
-    p_first = np.full(P, -1, np.int64)
-    p_last = np.full(P, -1, np.int64)
-    carry = np.full(P, -1, np.int64)  # the prompt a replica cut at its last iteration
-    d_busy = np.zeros(D, np.bool_)
-    d_end = np.zeros(D)
-    d_head = np.full(D, -1, np.int64)
-    d_tail = np.full(D, -1, np.int64)
-    d_run = np.zeros((D, max(max_batch, 1)), np.int64)
-    d_n = np.zeros(D, np.int64)
-    d_used = np.zeros(D)  # cached tokens held
-    d_res = np.zeros(D)  # tokens reserved by the admitted requests
-    d_routed = np.zeros(D, np.int64)
-    heap = np.zeros(n, np.int64)  # transfers in flight, by ready_at
-    n_heap = 0
+    ready_at, reserve, dest = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)  # transfer done, decode cache, engine
+    link = np.full(n, -1, np.int64)  # next member of a prefill iteration, or next in a decode engine's queue
+    queue, counters, acc = np.zeros(n, np.int64), np.zeros(N_COUNTERS, np.int64), np.zeros(N_ACC)
+    _start_run(clients, gaps, rate, arr_at, queue, counters, acc)
+    p_end, pre, d_end, dec, dec_kv, d_run = _engines(n_prefill, n_decode, max_batch)
+    heap = np.zeros(n, np.int64)  # the KV transfers in flight (C_IN_FLIGHT of them), by (ready_at, request)
+    q = draft + 1
     closed = clients > 0
-    issued = _start_arrivals(clients, gaps, rate, queue, arr_at)
-    count = issued
-    n_sys = count
-    t = 0.0
-    area = 0.0
-    n_done = 0
-    d_iters = 0
-    p_iters = 0
-    cursor = 0
-    kv_peak = 0.0
-    dec_steps = 0.0
-    dec_tokens = 0.0
     stuck = False
     start_engines = True
-    while n_done < n:
-        if start_engines:
-            for d in range(D):  # decode first: an admission that completes a request can queue a prompt
-                if d_busy[d]:
+    while acc[A_DONE] < n:
+        t = acc[A_T]
+        if start_engines:  # idle engines start, decode first
+            for d in range(n_decode):
+                r = dec[d, DEC_HEAD]
+                if d_end[d] < np.inf or r < 0 and dec[d, DEC_N] == 0:
                     continue
-                while d_head[d] >= 0 and d_n[d] < max_batch:
-                    r = d_head[d]
-                    need = in_len[r] + out_len[r] + draft
-                    if d_res[d] + need > d_cap:
-                        break
-                    d_head[d] = link[r]
-                    if d_head[d] < 0:
-                        d_tail[d] = -1
-                    link[r] = -1
-                    first_at[r] = t
-                    if gen[r] >= out_len[r]:  # the first token was the last
-                        done_at[r] = t
-                        d_routed[d] -= 1
-                        n_done += 1
-                        n_sys -= 1
-                        k = _next_client(t, closed, issued, arr_at, queue, head, count)
-                        count += k
-                        n_sys += k
-                        issued += k
-                        continue
-                    d_run[d, d_n[d]] = r
-                    d_n[d] += 1
-                    d_res[d] += need
-                    reserve[r] = need
-                    d_used[d] += kv[r]
-                if d_n[d] == 0:
-                    if d_head[d] >= 0:  # its next request cannot fit an empty engine
-                        stuck = True
+                if (r >= 0 and dec[d, DEC_N] < max_batch
+                        and dec_kv[d, DEC_RESERVED] + in_len[r] + out_len[r] + draft <= d_cap):  # one to admit
+                    _admit_decode(d, max_batch, d_cap, draft, closed, in_len, out_len, dec, dec_kv, d_run, link,
+                                  first_at, gen, kv, reserve, done_at, arr_at, queue, counters, acc)
+                n_run = dec[d, DEC_N]
+                if n_run == 0:
+                    stuck = dec[d, DEC_HEAD] >= 0  # its next request does not fit the empty engine
+                    if stuck:
                         break
                     continue
                 kv_read = 0.0
-                for i in range(d_n[d]):
+                for i in range(n_run):
                     kv_read += kv[d_run[d, i]] + q
-                rows = float(d_n[d] * q)
+                rows = float(n_run * q)
                 dt = host + lookup(grid, d_g, rows) + lookup(grid, d_h, rows) + d_kv * kv_read
                 if draft > 0:
-                    dt += lookup(grid, d_ds, float(d_n[d]))
-                high = d_used[d] + d_n[d] * q
-                kv_peak = max(kv_peak, high)
-                cursor = _record(log, cursor, P + d, LOG_DECODE, t, t + dt, rows, float(d_n[d]), 0.0, high, d_res[d],
-                                 -1, -1)
-                d_busy[d] = True
+                    dt += lookup(grid, d_ds, float(n_run))
+                high = dec_kv[d, DEC_USED] + n_run * q
+                acc[A_KV_PEAK] = max(acc[A_KV_PEAK], high)
+                counters[C_CURSOR] = _record(log, counters[C_CURSOR], n_prefill + d, LOG_DECODE, t, t + dt, rows,
+                                             float(n_run), 0.0, high, dec_kv[d, DEC_RESERVED], -1, -1)
                 d_end[d] = t + dt
-                d_iters += 1
+                acc[A_ITERATIONS] += 1.0
             if stuck:
                 break
-            for p in range(P):
-                if p_busy[p] or (carry[p] < 0 and count == 0):
-                    continue
-                budget = max_tokens
-                tokens = 0.0
-                rows = 0.0
-                pairs = 0.0
-                held = 0.0
-                while budget > 0.0:
-                    r = carry[p]
-                    if r >= 0:
-                        carry[p] = -1
-                    elif count > 0:
-                        r = queue[head]
-                        if in_len[r] > p_cap:
-                            stuck = True
-                            break
-                        if held + in_len[r] > p_cap:
-                            break
-                        head = (head + 1) % n
-                        count -= 1
-                    else:
-                        break
-                    c = min(target[r] - done_pre[r], budget)
-                    prior = cached[r] + done_pre[r]
-                    pairs += c * (prior + 0.5 * c)
-                    tokens += c
-                    budget -= c
-                    held += in_len[r]
-                    chunk[r] = c
-                    if done_pre[r] + c >= target[r]:
-                        rows += 1.0
-                    if p_first[p] < 0:
-                        p_first[p] = r
-                    else:
-                        link[p_last[p]] = r
-                    p_last[p] = r
-                if stuck:
+            for p in range(n_prefill):
+                if p_end[p] == np.inf and (pre[p, PRE_CARRY] >= 0 or counters[C_QUEUED] > 0):  # one can start
+                    stuck = _start_prefill_replicas(max_tokens, p_cap, draft, in_len, p_end, pre, link, cached, target,
+                                                    done_pre, chunk, queue, counters, acc, host, grid, p_g, p_h, p_dp,
+                                                    p_pair, log)
                     break
-                if tokens <= 0.0:
-                    continue
-                dt = host + lookup(grid, p_g, tokens) + lookup(grid, p_h, rows) + p_pair * pairs
-                if draft > 0:
-                    dt += lookup(grid, p_dp, tokens)
-                cursor = _record(log, cursor, p, LOG_PREFILL, t, t + dt, tokens, rows, tokens, held, 0.0, -1, -1)
-                p_busy[p] = True
-                p_end[p] = t + dt
-                p_iters += 1
             if stuck:
                 break
-        # the next event (module order: decode ends, prefill ends, transfers, arrivals)
-        te = np.inf
-        kind = -1
-        who = -1
-        for d in range(D):
-            if d_busy[d] and d_end[d] < te:
-                te = d_end[d]
-                kind = 0
-                who = d
-        for p in range(P):
-            if p_busy[p] and p_end[p] < te:
-                te = p_end[p]
-                kind = 1
-                who = p
-        if n_heap > 0 and ready_at[heap[0]] < te:
-            te = ready_at[heap[0]]
-            kind = 2
-            who = heap[0]
-        if not closed and issued < n and arr_at[issued] < te:
-            te = arr_at[issued]
-            kind = 3
-            who = issued
+        te, kind, who = np.inf, -1, -1  # the next event (module doc: decode ends, prefill ends, transfers, arrivals)
+        for d in range(n_decode):
+            if d_end[d] < te:
+                te, kind, who = d_end[d], EV_DECODE_END, d
+        for p in range(n_prefill):
+            if p_end[p] < te:
+                te, kind, who = p_end[p], EV_PREFILL_END, p
+        if counters[C_IN_FLIGHT] > 0 and ready_at[heap[0]] < te:
+            te, kind, who = ready_at[heap[0]], EV_TRANSFER, heap[0]
+        if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] < te:
+            te, kind, who = arr_at[counters[C_ISSUED]], EV_ARRIVAL, counters[C_ISSUED]
         if kind < 0:  # nothing in flight and requests left: no engine can take them
             stuck = True
             break
-        area += n_sys * (te - t)
-        t = te
-        if kind == 0:
+        acc[A_AREA] += acc[A_IN_SYSTEM] * (te - t)
+        acc[A_T] = te
+        if kind == EV_DECODE_END:  # its requests emit their tokens; finished ones leave with their reservation
             d = who
-            d_busy[d] = False
+            d_end[d] = np.inf
             keep = 0
-            for i in range(d_n[d]):
+            used, dec_steps, dec_tokens = dec_kv[d, DEC_USED], acc[A_DEC_STEPS], acc[A_DEC_TOKENS]  # (in registers)
+            for i in range(dec[d, DEC_N]):
                 r = d_run[d, i]
                 m = _emitted(seed, r, gen[r], out_len[r], draft, acceptance)
                 gen[r] += m
                 kv[r] += m
-                d_used[d] += m
+                used += m
                 dec_steps += 1.0
                 dec_tokens += m
                 if gen[r] >= out_len[r]:
-                    done_at[r] = t
-                    d_used[d] -= kv[r]
-                    d_res[d] -= reserve[r]
-                    d_routed[d] -= 1
-                    n_done += 1
-                    n_sys -= 1
-                    k = _next_client(t, closed, issued, arr_at, queue, head, count)
-                    count += k
-                    n_sys += k
-                    issued += k
+                    used -= kv[r]
+                    dec_kv[d, DEC_RESERVED] -= reserve[r]
+                    dec[d, DEC_ROUTED] -= 1
+                    _finish(r, closed, done_at, arr_at, queue, counters, acc)
                 else:
                     d_run[d, keep] = r
                     keep += 1
-            d_n[d] = keep
-        elif kind == 1:
-            p = who
-            p_busy[p] = False
-            r = p_first[p]
-            p_first[p] = -1
-            p_last[p] = -1
-            while r >= 0:
-                nxt = link[r]
-                link[r] = -1
-                done_pre[r] += chunk[r]
-                chunk[r] = 0.0
-                if done_pre[r] >= target[r]:
-                    gen[r] = 1
-                    kv[r] = in_len[r]
-                    best = 0
-                    for d in range(1, D):
-                        if d_routed[d] < d_routed[best]:
-                            best = d
-                    d_routed[best] += 1
-                    dest[r] = best
-                    ready_at[r] = t + xfer[r]
-                    n_heap = _heap_push(heap, n_heap, ready_at, r)
-                    cursor = _record(log, cursor, p, LOG_TRANSFER, t, ready_at[r], in_len[r], 1.0, 0.0, 0.0, 0.0,
-                                     P + best, r)
-                else:
-                    carry[p] = r
-                r = nxt
-        elif kind == 2:
-            r = who
-            n_heap = _heap_pop(heap, n_heap, ready_at)
-            d = dest[r]
-            if d_tail[d] < 0:
-                d_head[d] = r
-            else:
-                link[d_tail[d]] = r
-            d_tail[d] = r
+            dec_kv[d, DEC_USED], acc[A_DEC_STEPS], acc[A_DEC_TOKENS] = used, dec_steps, dec_tokens
+            dec[d, DEC_N] = keep
+        elif kind == EV_PREFILL_END:
+            _end_prefill_iteration(who, in_len, xfer, p_end, pre, dec, link, target, done_pre, chunk, gen, kv, dest,
+                                   ready_at, heap, counters, acc, log)
+        elif kind == EV_TRANSFER:
+            _transfer_arrives(dec, link, dest, ready_at, heap, counters)
         else:
-            queue[(head + count) % n] = issued
-            count += 1
-            n_sys += 1
-            issued += 1
-        # another event at this instant: handle it before any engine starts
-        start_engines = True
-        for d in range(D):
-            if d_busy[d] and d_end[d] <= t:
-                start_engines = False
-        for p in range(P):
-            if p_busy[p] and p_end[p] <= t:
-                start_engines = False
-        if n_heap > 0 and ready_at[heap[0]] <= t:
+            _enqueue_next(queue, counters, acc)
+        start_engines = True  # unless another event is due now: handled before any engine starts
+        for d in range(n_decode):
+            start_engines = start_engines and d_end[d] > te
+        for p in range(n_prefill):
+            start_engines = start_engines and p_end[p] > te
+        if counters[C_IN_FLIGHT] > 0 and ready_at[heap[0]] <= te:
             start_engines = False
-        if not closed and issued < n and arr_at[issued] <= t:
+        if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] <= te:
             start_engines = False
-    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, t, area, d_iters, p_iters, 0.0, kv_peak,
-               dec_steps, dec_tokens)
+    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc)
 
 
 @jit(parallel=True)
