@@ -918,7 +918,7 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
                                                     done_pre, chunk, queue, counters, acc, host, grid, p_g, p_h, p_dp,
                                                     p_pair, log)
                     break
-            if stuck:
+            if stuck or acc[A_DONE] >= n:  # (or the last request finished at its admission)
                 break
         te, kind, who = np.inf, -1, -1  # the next event (module doc: decode ends, prefill ends, transfers, arrivals)
         for d in range(n_decode):
