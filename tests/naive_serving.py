@@ -13,6 +13,7 @@ probability ``acceptance``; the simulation draws them with ``unit_draw``."""
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
@@ -260,3 +261,206 @@ def percentile(ordered: list[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])
+
+
+def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float], *, clients: int, rate: float,
+                    n_prefill: int, n_decode: int, max_batch: int, max_tokens: float, p_cap: float, d_cap: float,
+                    host: float, hit: float, grid: list[float], p_g: list[float], p_h: list[float], p_pair: float,
+                    p_dp: list[float], d_g: list[float], d_h: list[float], d_kv: float, d_ds: list[float],
+                    xfer: list[float], draft: int = 0, acceptance: float = 0.0, seed: int = 0) -> dict[str, float]:
+    """A disaggregated deployment's run (kernels.serving_sim module doc): prefill replicas
+    taking prompts from one FIFO, each completed prompt's cache sent to the least-loaded
+    decode engine, decode engines admitting whole sequences into their reservation.
+    Events at one instant: decode ends, prefill ends, transfers, arrivals (lower index
+    first); idle engines start once none is left at that instant, decode engines first.
+    Returns ``{"stuck": 1}`` when a request can never be served."""
+    n = len(in_len)
+    q = draft + 1
+    closed = clients > 0
+    cached = [math.floor(x * hit) for x in in_len]
+    target = [in_len[r] - cached[r] for r in range(n)]
+    arrive = [0.0] * n
+    if not closed:
+        acc = 0.0
+        for r in range(n):
+            acc += gaps[r]
+            arrive[r] = acc / rate
+    first: list[float | None] = [None] * n
+    done: list[float | None] = [None] * n
+    gen = [0] * n
+    kv = [0.0] * n
+    computed = [0.0] * n
+    reserve = [0.0] * n
+    dest = [0] * n
+    queue: deque[int] = deque()
+    issued = min(clients, n) if closed else 0
+    queue.extend(range(issued))
+    prefill = [{"end": None, "members": [], "carry": None} for _ in range(n_prefill)]
+    decode = [{"end": None, "waiting": deque(), "running": [], "used": 0.0, "reserved": 0.0, "routed": 0}
+              for _ in range(n_decode)]
+    transfers: list[tuple[float, int]] = []  # (ready, request), a heap
+    t = area = peak = 0.0
+    in_system = len(queue)
+    finished = iterations = prefill_iterations = step_count = step_tokens = 0
+
+    def finish(r: int) -> None:
+        nonlocal finished, in_system, issued
+        done[r] = t
+        finished += 1
+        in_system -= 1
+        if closed and issued < n:
+            arrive[issued] = t
+            queue.append(issued)
+            in_system += 1
+            issued += 1
+
+    def start_decode(engine: dict) -> bool:
+        """Admission, then an iteration of the running requests; False if the engine can never admit its next."""
+        nonlocal iterations, peak
+        waiting, running = engine["waiting"], engine["running"]
+        while waiting and len(running) < max_batch:
+            r = waiting[0]
+            need = in_len[r] + out_len[r] + draft
+            if engine["reserved"] + need > d_cap:
+                break
+            waiting.popleft()
+            first[r] = t
+            if gen[r] >= out_len[r]:
+                engine["routed"] -= 1
+                finish(r)
+                continue
+            running.append(r)
+            engine["reserved"] += need
+            reserve[r] = need
+            engine["used"] += kv[r]
+        if not running:
+            return not waiting
+        rows = float(len(running) * q)
+        kv_read = 0.0
+        for r in running:
+            kv_read += kv[r] + q
+        dt = host + lookup(grid, d_g, rows) + lookup(grid, d_h, rows) + d_kv * kv_read
+        if draft:
+            dt += lookup(grid, d_ds, len(running))
+        peak = max(peak, engine["used"] + len(running) * q)
+        engine["end"] = t + dt
+        iterations += 1
+        return True
+
+    def start_prefill(replica: dict) -> bool:
+        """An iteration of up to max_tokens prompt tokens (the cut prompt first, the last one cut);
+        False if the queue's head does not fit the replica's cache."""
+        nonlocal prefill_iterations
+        budget = max_tokens
+        tokens = rows = pairs = held = 0.0
+        members = []
+        while budget > 0:
+            if replica["carry"] is not None:
+                r, replica["carry"] = replica["carry"], None
+            elif queue:
+                r = queue[0]
+                if in_len[r] > p_cap:
+                    return False
+                if held + in_len[r] > p_cap:
+                    break
+                queue.popleft()
+            else:
+                break
+            c = min(target[r] - computed[r], budget)
+            pairs += c * (cached[r] + computed[r] + c / 2)
+            tokens += c
+            budget -= c
+            held += in_len[r]
+            members.append((r, c))
+            if computed[r] + c >= target[r]:
+                rows += 1
+        if tokens > 0:
+            dt = host + lookup(grid, p_g, tokens) + lookup(grid, p_h, rows) + p_pair * pairs
+            if draft:
+                dt += lookup(grid, p_dp, tokens)
+            replica["end"] = t + dt
+            replica["members"] = members
+            prefill_iterations += 1
+        return True
+
+    def due() -> list[tuple[float, int, int]]:
+        """The events pending as (time, kind, who), in their order at one instant."""
+        events = [(e["end"], 0, d) for d, e in enumerate(decode) if e["end"] is not None]
+        events += [(e["end"], 1, p) for p, e in enumerate(prefill) if e["end"] is not None]
+        if transfers:
+            events.append((transfers[0][0], 2, transfers[0][1]))
+        if not closed and issued < n:
+            events.append((arrive[issued], 3, issued))
+        return events
+
+    start = True
+    while finished < n:
+        if start:
+            for engine in decode:
+                if engine["end"] is None and not start_decode(engine):
+                    return {"stuck": 1}
+            for replica in prefill:
+                if replica["end"] is None and (replica["carry"] is not None or queue) and not start_prefill(replica):
+                    return {"stuck": 1}
+            if finished == n:
+                break
+        events = due()
+        if not events:
+            return {"stuck": 1}
+        te, kind, who = min(events, key=lambda e: (e[0], e[1]))  # ties: the kinds' order, then the listing's
+        area += in_system * (te - t)
+        t = te
+        if kind == 0:
+            engine = decode[who]
+            engine["end"] = None
+            still = []
+            for r in engine["running"]:
+                accepted = 0
+                while accepted < draft and unit_draw(seed, r, gen[r], accepted) < acceptance:
+                    accepted += 1
+                m = min(1 + accepted, int(out_len[r]) - gen[r]) if draft else 1
+                gen[r] += m
+                kv[r] += m
+                engine["used"] += m
+                step_count += 1
+                step_tokens += m
+                if gen[r] >= out_len[r]:
+                    engine["used"] -= kv[r]
+                    engine["reserved"] -= reserve[r]
+                    engine["routed"] -= 1
+                    finish(r)
+                else:
+                    still.append(r)
+            engine["running"] = still
+        elif kind == 1:
+            replica = prefill[who]
+            replica["end"] = None
+            for r, c in replica["members"]:
+                computed[r] += c
+                if computed[r] >= target[r]:
+                    gen[r] = 1
+                    kv[r] = in_len[r]
+                    best = min(range(n_decode), key=lambda d: (decode[d]["routed"], d))
+                    decode[best]["routed"] += 1
+                    dest[r] = best
+                    heapq.heappush(transfers, (t + xfer[r], r))
+                else:
+                    replica["carry"] = r
+            replica["members"] = []
+        elif kind == 2:
+            _, r = heapq.heappop(transfers)
+            decode[dest[r]]["waiting"].append(r)
+        else:
+            queue.append(issued)
+            in_system += 1
+            issued += 1
+        start = all(e[0] > t for e in due())
+    ttft = sorted(first[r] - arrive[r] for r in range(n))
+    multi = [r for r in range(n) if out_len[r] > 1]
+    tpot = sorted((done[r] - first[r]) / (out_len[r] - 1) for r in multi)
+    e2e = sorted(done[r] - arrive[r] for r in range(n))
+    return {"stuck": 0, "ttft_s": sum(ttft) / n, "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+            "tpot_s": sum(tpot) / len(tpot) if tpot else 0.0, "tpot_p90_s": percentile(tpot, 90) if tpot else 0.0,
+            "e2e_latency_s": sum(e2e) / n, "e2e_p90_s": percentile(e2e, 90), "makespan_s": t, "concurrency": area / t,
+            "requests_per_s": n / t, "iterations": iterations, "prefill_iterations": prefill_iterations,
+            "kv_peak_tokens": peak, "tokens_per_step": step_tokens / step_count if step_count else math.nan}
