@@ -80,14 +80,16 @@ engine's. The prefill side's cache is freed when the prompt completes (the
 transfers' milliseconds in flight are not held against it).
 
 Each run is one loop over iterations (aggregated) or events (disaggregated)
-holding what every step does; the steps that run only when due (arrivals,
-admission, preemption, a fast-forward, a prefill iteration's start and end, a
-transfer's arrival) are kernels of their own, each taking the arrays it reads
-and writes. Numba reference-counts every array a call passes (an atomic
-increment and decrement each, ~8 ns) unless it can prove the pair redundant,
-which it rarely can in a function with loops and calls: a step called every
-iteration with its dozen arrays made a run 2-15x slower, so those steps stay
-in the loop. A run's scalars that the kernels update are two small arrays,
+holding what every step does; the steps that run only when due (Poisson
+arrivals, preemption, a fast-forward, a decode engine's admission, a prefill
+iteration's start and end, a transfer's arrival, a request's completion) are
+kernels of their own, each taking the arrays it reads and writes. Numba
+reference-counts every array a call passes (an atomic increment and decrement
+each, some 8 ns) unless it can prove the pair redundant, which it rarely can in a
+function with loops and calls: with every step a kernel (the run's state in named
+tuples, or explicit arrays) a run was 2-35x slower, and even the aggregated
+admission, once a request, cost the bench's 1000-request runs 30%; so those steps
+stay in the loop. The run's scalars that the kernels update are two small arrays,
 ``counters`` (int64, ``C_*``) and ``acc`` (float64, ``A_*``).
 
 Deterministic: the inputs (lengths, unit gaps) are sampled by the caller from
@@ -326,7 +328,7 @@ def _emitted(seed: int, r: int, gen_r: int, out_r: float, draft: int, acceptance
 # --------------------------------------------------------------------------- the aggregated engine
 
 
-@jit
+@jit(inline=True)
 def _poisson_arrivals(arr_at, queue, counters, acc) -> None:
     """A Poisson stream's requests that arrived by now join the queue (their wait
     since their arrival counted in the area)."""
@@ -334,27 +336,6 @@ def _poisson_arrivals(arr_at, queue, counters, acc) -> None:
     while counters[C_ISSUED] < arr_at.shape[0] and arr_at[counters[C_ISSUED]] <= t:
         acc[A_AREA] += t - arr_at[counters[C_ISSUED]]
         _enqueue_next(queue, counters, acc)
-
-
-@jit
-def _admit(n_run: int, max_batch: int, cap: float, in_len, gen, cached, kv, target, done_pre, running, queue,
-           counters, acc) -> int:
-    """Admission in queue order while the engine runs fewer than ``max_batch`` requests
-    and the cache can take the request's prompt plus the tokens it had generated
-    (preempted); the requests running after."""
-    while counters[C_QUEUED] > 0 and n_run < max_batch:
-        r = queue[counters[C_HEAD]]
-        need = in_len[r] + gen[r]
-        if acc[A_KV_USED] + need > cap:
-            break
-        _dequeue(queue, counters)
-        running[n_run] = r
-        n_run += 1
-        acc[A_KV_USED] += need
-        kv[r] = need
-        target[r] = need - cached[r]
-        done_pre[r] = 0.0
-    return n_run
 
 
 @jit
@@ -369,7 +350,7 @@ def _mark_decoding(running, n_run: int, target, done_pre, decoding) -> int:
     return n_dec
 
 
-@jit
+@jit(inline=True)
 def _preempt(running, n_run: int, n_dec: int, q: int, cap: float, kv, decoding, queue, counters, acc):
     """While the cache cannot grow by ``q`` tokens for each decoding request, the most
     recently admitted request is preempted (vLLM's recompute: its cache freed, back to
@@ -393,17 +374,14 @@ def _preempt(running, n_run: int, n_dec: int, q: int, cap: float, kv, decoding, 
 
 
 @jit
-def _fast_forward(ahead: float, kv_read: float, running, n_run: int, gen, kv, arr_at, closed: bool, host: float,
-                  grid, rows_s, head_s, kv_coef: float, pair_coef: float, log, counters, acc) -> int:
+def _fast_forward(ahead: float, kv_read: float, base: float, kv_coef: float, pair_coef: float, next_at: float, running,
+                  n_run: int, gen, kv, log, counters, acc) -> int:
     """Steps ``ahead`` decode-only iterations at most (every running request decoding, no
-    drafts, ``kv_read`` cached tokens read by the first) in which nothing but the KV
-    lengths change: none completes, none arrives, the cache does not fill; the same
-    iteration times (host, layers and head at n_run rows), in the same order, as the full
-    loop. How many (0: an arrival is due: the full iteration instead)."""
+    drafts; ``kv_read`` cached tokens read by the first, ``base`` seconds of host, layers
+    and head at n_run rows) in which nothing but the KV lengths change: none completes,
+    none arrives (the next at ``next_at``), the cache does not fill; the same iteration
+    times, in the same order, as the full loop. How many (0: an arrival is due)."""
     kv_used = acc[A_KV_USED]
-    base = host + lookup(grid, rows_s, float(n_run)) + lookup(grid, head_s, float(n_run))
-    n = arr_at.shape[0]
-    issued = counters[C_ISSUED]
     cursor = counters[C_CURSOR]
     t = acc[A_T]
     area = acc[A_AREA]
@@ -411,7 +389,7 @@ def _fast_forward(ahead: float, kv_read: float, running, n_run: int, gen, kv, ar
     n_sys = acc[A_IN_SYSTEM]
     steps = 0
     while steps < ahead:
-        if not closed and issued < n and arr_at[issued] <= t:
+        if next_at <= t:
             break  # an arrival to enqueue: back to the full iteration
         dt = base + kv_coef * kv_read + pair_coef * 0.0
         cursor = _record(log, cursor, 0, LOG_DECODE, t, t + dt, float(n_run), float(n_run), 0.0, kv_used + n_run,
@@ -441,8 +419,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                  scheduler: int, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float, grid,
                  g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log) -> None:
     """Simulate one engine (module doc) and fill ``res`` (``SIM_OUTPUTS``); each
-    iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows. What every
-    iteration does stays in this loop, the steps that run when due are called (module doc)."""
+    iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows (module doc: its split)."""
     n = in_len.shape[0]
     arr_at, first_at, done_at, kv, target, done_pre, chunk = _request_arrays(n)
     gen = np.zeros(n, np.int64)  # tokens generated
@@ -460,9 +437,19 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         t = acc[A_T]
         if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] <= t:
             _poisson_arrivals(arr_at, queue, counters, acc)
-        if (not static or n_run == 0) and counters[C_QUEUED] > 0 and n_run < max_batch:
-            n_run = _admit(n_run, max_batch, cap, in_len, gen, cached, kv, target, done_pre, running, queue, counters,
-                           acc)
+        admitting = not static or n_run == 0  # in queue order, while the batch and the cache have room
+        while admitting and counters[C_QUEUED] > 0 and n_run < max_batch:
+            r = queue[counters[C_HEAD]]
+            need = in_len[r] + gen[r]  # (a preempted request's generated tokens too)
+            if acc[A_KV_USED] + need > cap:
+                break
+            _dequeue(queue, counters)
+            running[n_run] = r
+            n_run += 1
+            acc[A_KV_USED] += need
+            kv[r] = need
+            target[r] = need - cached[r]
+            done_pre[r] = 0.0
         if n_run == 0:
             if counters[C_QUEUED] > 0 or closed or counters[C_ISSUED] >= n:
                 stuck = True  # the head of the queue does not fit an empty engine
@@ -481,22 +468,19 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 stuck = True  # the only running request cannot grow its cache
                 break
         if n_dec == n_run and draft == 0:  # decode only: fast-forward while nothing but the KV lengths change
-            ahead = np.inf
-            kv_read = 0.0
+            ahead, kv_read = np.inf, 0.0
             for i in range(n_run):
                 r = running[i]
                 ahead = min(ahead, out_len[r] - gen[r] - 1.0)  # none of them completes
                 kv_read += kv[r] + 1.0
             ahead = min(ahead, np.floor((cap - acc[A_KV_USED]) / n_dec))  # the cache does not fill
-            if ahead >= 2.0 and _fast_forward(ahead, kv_read, running, n_run, gen, kv, arr_at, closed, host, grid,
-                                              g_row, h_row, kv_coef, pair_coef, log, counters, acc) > 0:
+            next_at = arr_at[counters[C_ISSUED]] if not closed and counters[C_ISSUED] < n else np.inf
+            if ahead >= 2.0 and _fast_forward(ahead, kv_read, host + lookup(grid, g_row, float(n_run))
+                                              + lookup(grid, h_row, float(n_run)), kv_coef, pair_coef, next_at,
+                                              running, n_run, gen, kv, log, counters, acc) > 0:
                 continue
         budget = np.inf if static else max_tokens - n_dec * q  # prompt chunks in admission order
-        tokens = 0.0
-        rows = 0.0
-        kv_read = 0.0
-        pairs = 0.0
-        prompt = 0.0
+        tokens = rows = kv_read = pairs = prompt = 0.0
         for i in range(n_run):
             r = running[i]
             if decoding[r]:
@@ -513,7 +497,6 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         dt = host + lookup(grid, g_row, tokens) + lookup(grid, h_row, rows) + kv_coef * kv_read + pair_coef * pairs
         if draft > 0:
             dt += lookup(grid, dp_row, prompt) + lookup(grid, ds_row, float(n_dec))
-        t = acc[A_T]
         kind = LOG_DECODE if prompt <= 0.0 else (LOG_PREFILL if n_dec == 0 else LOG_MIXED)
         high = acc[A_KV_USED] + n_dec * q
         counters[C_CURSOR] = _record(log, counters[C_CURSOR], 0, kind, t, t + dt, tokens, float(n_run), prompt, high,
