@@ -12,8 +12,12 @@ tests/naive_serving.py on the same inputs:
   so the ratio measures the orchestration, not the operator kernels;
 - simulation: M configurations of R requests each (closed loop, continuous
   batching, lognormal lengths), one parallel kernel call after the cost tables
-  are built (timed apart); the reference simulates K configurations.
-Both print the largest relative disagreement with the reference.
+  are built (timed apart); the reference simulates K configurations;
+- disaggregated simulation: the space's disaggregated candidates (their prefill and decode
+  replicas' cost tables and KV transfer times) tiled to M deployments of R requests each
+  (closed loop of 16 users, lognormal lengths), one parallel kernel call; the reference
+  (``simulate_disagg``) simulates K deployments.
+Each prints the largest relative disagreement with the reference.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from naive_serving import simulate as naive_simulate, steady_state  # noqa: E402
+from naive_serving import simulate as naive_simulate, simulate_disagg as naive_disagg, steady_state  # noqa: E402
 from paraspace.explorer import serve  # noqa: E402
 from paraspace.kernels import serving as ks  # noqa: E402
 from paraspace.kernels import serving_sim  # noqa: E402
@@ -126,6 +130,55 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
           f"{ref_s:.3f} s = {rate_r:,.2f} configurations/s; ratio {rate_k / rate_r:,.0f}x; TTFT agrees to {worst:.1e}")
 
 
+def bench_disagg_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None:
+    cols = serve.encode(space).columns
+    packed = serve.pack_serving(space)
+    srv = serve.serving_records(space, cols)
+    prefill = serve.serving_records(space, cols, prefill=True)
+    metrics = serve.analytic(packed, srv, cols, prefill)
+    fits = np.flatnonzero(np.isin(metrics["reason"], [ks.OK, ks.SLA_TTFT, ks.SLA_TPOT]) & (cols["mode"] == ks.DISAGG))
+    rows = np.resize(fits, n_configs)
+    rng = np.random.default_rng(0)
+    in_len = np.maximum(np.rint(rng.lognormal(np.log(2048) - 0.08, 0.4, n_requests)), 1.0)
+    out_len = np.maximum(np.rint(rng.lognormal(np.log(256) - 0.08, 0.4, n_requests)), 1.0)
+    gaps = rng.exponential(1.0, n_requests)
+    dtype = cols["dtype"][rows]
+    g, h, _, ds, kv_coef, _, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
+                                                  srv[rows].view(np.recarray), dtype, serve.GRID)
+    psrv = prefill[rows].view(np.recarray)
+    pg, ph, pdp, _, _, p_pair, p_cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles, psrv, dtype,
+                                                      serve.GRID)
+    xfer = serving_sim.transfer_times(packed.model, packed.tiers, psrv, in_len, float(space.spec.devices))
+    acceptance = float(packed.workload[0].acceptance_rate)
+    seed = serve.draw_seed(space)
+    n_prefill = cols["prefill_instances"][rows].astype(float)
+    n_decode = metrics["engines"][rows].astype(float)
+    args = (in_len, out_len, gaps, np.full(n_configs, 16.0), np.zeros(n_configs), n_prefill, n_decode,
+            cols["max_batch"][rows].astype(float), cols["max_tokens"][rows].astype(float), p_cap, cap, 2e-4, 0.0,
+            serve.GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer, cols["draft_tokens"][rows], acceptance, seed)
+    serving_sim.simulate_disagg_rows(*(a[:1] if isinstance(a, np.ndarray) and a.shape[0] == n_configs else a
+                                       for a in args))  # compile / load the cache
+    began = time.perf_counter()
+    sim = serving_sim.simulate_disagg_rows(*args)
+    sim_s = time.perf_counter() - began
+    began = time.perf_counter()
+    refs = [naive_disagg(list(in_len), list(out_len), list(gaps), clients=16, rate=0.0, n_prefill=int(n_prefill[j]),
+                         n_decode=int(n_decode[j]), max_batch=int(cols["max_batch"][r]),
+                         max_tokens=float(cols["max_tokens"][r]), p_cap=float(p_cap[j]), d_cap=float(cap[j]), host=2e-4,
+                         hit=0.0, grid=list(serve.GRID), p_g=list(pg[j]), p_h=list(ph[j]), p_pair=float(p_pair[j]),
+                         p_dp=list(pdp[j]), d_g=list(g[j]), d_h=list(h[j]), d_kv=float(kv_coef[j]), d_ds=list(ds[j]),
+                         xfer=list(xfer[j]), draft=int(cols["draft_tokens"][r]), acceptance=acceptance, seed=seed)
+            for j, r in enumerate(rows[:n_ref])]
+    ref_s = time.perf_counter() - began
+    worst = max(abs(sim[j, serving_sim.S_TTFT] / r["ttft_s"] - 1.0) for j, r in enumerate(refs))
+    rate_k = n_configs / sim_s
+    rate_r = n_ref / ref_s
+    print(f"disaggregated simulation: {n_configs} deployments x {n_requests} requests in {sim_s:.3f} s = "
+          f"{rate_k:,.0f} configurations/s ({sim[:, serving_sim.S_ITERATIONS].sum() / sim_s:,.0f} decode iterations/s); "
+          f"reference {n_ref} in {ref_s:.3f} s = {rate_r:,.2f} configurations/s; ratio {rate_k / rate_r:,.0f}x; "
+          f"TTFT agrees to {worst:.1e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=200_000, help="analytic candidates")
@@ -136,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     space = load_serving(SPACE)
     bench_analytic(space, args.rows, max(args.reference, 1) * 50)
     bench_simulation(space, args.configs, args.requests, args.reference)
+    bench_disagg_simulation(space, args.configs, args.requests, args.reference)
 
 
 if __name__ == "__main__":
