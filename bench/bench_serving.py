@@ -86,6 +86,15 @@ def bench_analytic(space, n_rows: int, n_ref: int) -> None:
           f"TTFT/TPOT agree to {worst:.1e}")
 
 
+def timed(kernel, args: tuple, n_configs: int) -> tuple[np.ndarray, float]:
+    """``kernel(*args)`` and its seconds, after a call on the first configuration
+    (per-configuration arrays cut to one row) has compiled it or loaded its cache."""
+    kernel(*(a[:1] if isinstance(a, np.ndarray) and a.shape[0] == n_configs else a for a in args))
+    began = time.perf_counter()
+    out = kernel(*args)
+    return out, time.perf_counter() - began
+
+
 def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None:
     cols = serve.encode(space).columns
     packed = serve.pack_serving(space)
@@ -108,11 +117,7 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
     args = (in_len, out_len, gaps, clients, rate, cols["max_batch"][rows].astype(float),
             cols["max_tokens"][rows].astype(float), cols["scheduler"][rows], cap, 2e-4, kv_coef, pair_coef, 0.0,
             serve.GRID, g, h, cols["draft_tokens"][rows], acceptance, seed, dp, ds)
-    serving_sim.simulate_rows(*(a[:1] if isinstance(a, np.ndarray) and a.shape[0] == n_configs else a
-                                for a in args))  # compile / load the cache
-    began = time.perf_counter()
-    sim = serving_sim.simulate_rows(*args)
-    sim_s = time.perf_counter() - began
+    sim, sim_s = timed(serving_sim.simulate_rows, args, n_configs)
     began = time.perf_counter()
     refs = [naive_simulate(list(in_len), list(out_len), list(gaps), clients=8, rate=0.0,
                            max_batch=int(cols["max_batch"][r]), max_tokens=float(cols["max_tokens"][r]),
@@ -156,11 +161,7 @@ def bench_disagg_simulation(space, n_configs: int, n_requests: int, n_ref: int) 
     args = (in_len, out_len, gaps, np.full(n_configs, 16.0), np.zeros(n_configs), n_prefill, n_decode,
             cols["max_batch"][rows].astype(float), cols["max_tokens"][rows].astype(float), p_cap, cap, 2e-4, 0.0,
             serve.GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer, cols["draft_tokens"][rows], acceptance, seed)
-    serving_sim.simulate_disagg_rows(*(a[:1] if isinstance(a, np.ndarray) and a.shape[0] == n_configs else a
-                                       for a in args))  # compile / load the cache
-    began = time.perf_counter()
-    sim = serving_sim.simulate_disagg_rows(*args)
-    sim_s = time.perf_counter() - began
+    sim, sim_s = timed(serving_sim.simulate_disagg_rows, args, n_configs)
     began = time.perf_counter()
     refs = [naive_disagg(list(in_len), list(out_len), list(gaps), clients=16, rate=0.0, n_prefill=int(n_prefill[j]),
                          n_decode=int(n_decode[j]), max_batch=int(cols["max_batch"][r]),

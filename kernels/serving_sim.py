@@ -338,18 +338,6 @@ def _poisson_arrivals(arr_at, queue, counters, acc) -> None:
         _enqueue_next(queue, counters, acc)
 
 
-@jit
-def _mark_decoding(running, n_run: int, target, done_pre, decoding) -> int:
-    """Flags the running requests whose prompt is done (they decode this iteration); how many."""
-    n_dec = 0
-    for i in range(n_run):
-        r = running[i]
-        decoding[r] = done_pre[r] >= target[r]
-        if decoding[r]:
-            n_dec += 1
-    return n_dec
-
-
 @jit(inline=True)
 def _preempt(running, n_run: int, n_dec: int, q: int, cap: float, kv, decoding, queue, counters, acc):
     """While the cache cannot grow by ``q`` tokens for each decoding request, the most

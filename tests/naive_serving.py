@@ -128,6 +128,44 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
             "requests_per_s": rps * engines, "output_tokens_per_s_per_gpu": rps * engines * output_len / devices}
 
 
+class Front:
+    """The workload's side of a run: each request's arrival and completion instants,
+    the FIFO of requests waiting, and how many were issued, are in the system and
+    have finished. A closed loop of ``clients`` users starts with that many queued
+    and sends the next request when one finishes; a Poisson stream arrives at the
+    unit ``gaps`` over ``rate``."""
+
+    def __init__(self, n: int, gaps: list[float], clients: int, rate: float) -> None:
+        self.n = n
+        self.closed = clients > 0
+        self.arrive = [0.0] * n
+        self.done: list[float | None] = [None] * n
+        if not self.closed:
+            acc = 0.0
+            for r in range(n):
+                acc += gaps[r]
+                self.arrive[r] = acc / rate
+        self.issued = min(clients, n) if self.closed else 0
+        self.queue: deque[int] = deque(range(self.issued))
+        self.in_system = self.issued
+        self.finished = 0
+
+    def arrival(self) -> None:
+        """The next request of a Poisson stream joins the queue."""
+        self.queue.append(self.issued)
+        self.in_system += 1
+        self.issued += 1
+
+    def finish(self, r: int, t: float) -> None:
+        """Request ``r`` completes at ``t``; in a closed loop its user sends the next."""
+        self.done[r] = t
+        self.finished += 1
+        self.in_system -= 1
+        if self.closed and self.issued < self.n:
+            self.arrive[self.issued] = t
+            self.arrival()
+
+
 def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, clients: int, rate: float,
              max_batch: int, max_tokens: float, static: bool, cap: float, host: float, kv_coef: float,
              pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float], draft: int = 0,
@@ -137,36 +175,22 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
     n = len(in_len)
     q = draft + 1
     step_count = step_tokens = 0
-    closed = clients > 0
+    front = Front(n, gaps, clients, rate)
+    closed, arrive, done, queue = front.closed, front.arrive, front.done, front.queue
     cached = [math.floor(x * hit) for x in in_len]
-    arrive = [0.0] * n
-    if not closed:
-        acc = 0.0
-        for r in range(n):
-            acc += gaps[r]
-            arrive[r] = acc / rate
     first = [None] * n
-    done = [None] * n
     gen = [0] * n
     kv = [0.0] * n
     target = [0.0] * n
     computed = [0.0] * n
-    queue: deque[int] = deque()
     running: list[int] = []
-    issued = 0
-    if closed:
-        issued = min(clients, n)
-        queue.extend(range(issued))
     t = area = kv_used = 0.0
-    in_system = len(queue)
-    finished = preemptions = 0
-    while finished < n:
+    preemptions = 0
+    while front.finished < n:
         if not closed:
-            while issued < n and arrive[issued] <= t:
-                queue.append(issued)
-                area += t - arrive[issued]
-                in_system += 1
-                issued += 1
+            while front.issued < n and arrive[front.issued] <= t:
+                area += t - arrive[front.issued]
+                front.arrival()
         if not static or not running:
             while queue and len(running) < max_batch:
                 r = queue[0]
@@ -180,8 +204,8 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                 target[r] = need - cached[r]
                 computed[r] = 0.0
         if not running:
-            assert not queue and not closed and issued < n, "stuck"
-            t = arrive[issued]
+            assert not queue and not closed and front.issued < n, "stuck"
+            t = arrive[front.issued]
             continue
         decoding = {r for r in running if computed[r] >= target[r]}
         while kv_used + len(decoding) * q > cap:
@@ -213,7 +237,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
         if draft:
             dt += lookup(grid, dp, prompt) + lookup(grid, ds, len(decoding))
         t += dt
-        area += in_system * dt
+        area += front.in_system * dt
         still = []
         for r in running:
             if r in decoding:
@@ -233,16 +257,9 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                     if first[r] is None:
                         first[r] = t
             if gen[r] >= out_len[r]:
-                done[r] = t
                 kv_used -= kv[r]
                 kv[r] = 0.0
-                finished += 1
-                in_system -= 1
-                if closed and issued < n:
-                    arrive[issued] = t
-                    queue.append(issued)
-                    in_system += 1
-                    issued += 1
+                front.finish(r, t)
             else:
                 still.append(r)
         running = still
@@ -276,43 +293,22 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
     Returns ``{"stuck": 1}`` when a request can never be served."""
     n = len(in_len)
     q = draft + 1
-    closed = clients > 0
+    front = Front(n, gaps, clients, rate)
+    closed, arrive, done, queue = front.closed, front.arrive, front.done, front.queue
     cached = [math.floor(x * hit) for x in in_len]
     target = [in_len[r] - cached[r] for r in range(n)]
-    arrive = [0.0] * n
-    if not closed:
-        acc = 0.0
-        for r in range(n):
-            acc += gaps[r]
-            arrive[r] = acc / rate
     first: list[float | None] = [None] * n
-    done: list[float | None] = [None] * n
     gen = [0] * n
     kv = [0.0] * n
     computed = [0.0] * n
     reserve = [0.0] * n
     dest = [0] * n
-    queue: deque[int] = deque()
-    issued = min(clients, n) if closed else 0
-    queue.extend(range(issued))
     prefill = [{"end": None, "members": [], "carry": None} for _ in range(n_prefill)]
     decode = [{"end": None, "waiting": deque(), "running": [], "used": 0.0, "reserved": 0.0, "routed": 0}
               for _ in range(n_decode)]
     transfers: list[tuple[float, int]] = []  # (ready, request), a heap
     t = area = peak = 0.0
-    in_system = len(queue)
-    finished = iterations = prefill_iterations = step_count = step_tokens = 0
-
-    def finish(r: int) -> None:
-        nonlocal finished, in_system, issued
-        done[r] = t
-        finished += 1
-        in_system -= 1
-        if closed and issued < n:
-            arrive[issued] = t
-            queue.append(issued)
-            in_system += 1
-            issued += 1
+    iterations = prefill_iterations = step_count = step_tokens = 0
 
     def start_decode(engine: dict) -> bool:
         """Admission, then an iteration of the running requests; False if the engine can never admit its next."""
@@ -327,7 +323,7 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
             first[r] = t
             if gen[r] >= out_len[r]:
                 engine["routed"] -= 1
-                finish(r)
+                front.finish(r, t)
                 continue
             running.append(r)
             engine["reserved"] += need
@@ -389,12 +385,12 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
         events += [(e["end"], 1, p) for p, e in enumerate(prefill) if e["end"] is not None]
         if transfers:
             events.append((transfers[0][0], 2, transfers[0][1]))
-        if not closed and issued < n:
-            events.append((arrive[issued], 3, issued))
+        if not closed and front.issued < n:
+            events.append((arrive[front.issued], 3, front.issued))
         return events
 
     start = True
-    while finished < n:
+    while front.finished < n:
         if start:
             for engine in decode:
                 if engine["end"] is None and not start_decode(engine):
@@ -402,13 +398,13 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
             for replica in prefill:
                 if replica["end"] is None and (replica["carry"] is not None or queue) and not start_prefill(replica):
                     return {"stuck": 1}
-            if finished == n:
+            if front.finished == n:
                 break
         events = due()
         if not events:
             return {"stuck": 1}
         te, kind, who = min(events, key=lambda e: (e[0], e[1]))  # ties: the kinds' order, then the listing's
-        area += in_system * (te - t)
+        area += front.in_system * (te - t)
         t = te
         if kind == 0:
             engine = decode[who]
@@ -428,7 +424,7 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
                     engine["used"] -= kv[r]
                     engine["reserved"] -= reserve[r]
                     engine["routed"] -= 1
-                    finish(r)
+                    front.finish(r, t)
                 else:
                     still.append(r)
             engine["running"] = still
@@ -451,9 +447,7 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
             _, r = heapq.heappop(transfers)
             decode[dest[r]]["waiting"].append(r)
         else:
-            queue.append(issued)
-            in_system += 1
-            issued += 1
+            front.arrival()
         start = all(e[0] > t for e in due())
     ttft = sorted(first[r] - arrive[r] for r in range(n))
     multi = [r for r in range(n) if out_len[r] > 1]
