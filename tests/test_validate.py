@@ -291,10 +291,20 @@ def test_measured_memory_from_notes_and_its_error_by_hand():
                                            "mean_signed": pytest.approx(-0.05, rel=1e-12)}
 
 
+#: measured peak memory (torchtitan, KempnerForge notes) against mem_peak_bytes: 42.8%
+#: at the second version of training.csv, mean signed -23.6% (issue 14's target is 10%);
+#: committed so that it only moves down. What limits it: torchtitan logs the caching
+#: allocator's reserved peak and KempnerForge its allocated peak in GiB; KempnerForge
+#: keeps bf16 weights and optimizer states and skips the gradient reduce between
+#: micro-batches; torchtitan's per-op selective recompute saves less than `selective`.
+MEMORY_MAPE_THRESHOLD = 0.428
+
+
 def test_training_file_reports_ranking_and_memory(training_results):
     stats = validate.summary(training_results)
     assert stats["ranking"]["pairs"] >= 10
     assert stats["memory"]["n"] >= 40
+    assert stats["memory"]["mape"] <= MEMORY_MAPE_THRESHOLD, stats["memory"]
 
 
 #: leave-one-source-out MAPE of the ok training rows (explorer.loso), the headline
