@@ -490,12 +490,33 @@ SERVING_HOST_US = 200.0
 SERVING_REQUESTS = 1000
 
 
+#: the engine's token budget over max_batch + input_len, in tokens: the closed-loop rows
+#: (AIConfigurator's measured deployments) carry no max_num_tokens column, and AIConfigurator
+#: generated their engines' configuration with "agg max_num_tokens = max_batch_size + isl +
+#: 1500" (ai-dynamo/aiconfigurator ``generator/rule_plugin/benchmark/trtllm.rule`` and
+#: ``vllm.rule``); the budget decides how many prompts an iteration takes, hence TTFT
+SERVING_TOKEN_SLACK = 1500
+#: the engine family (the framework column's first word) -> its scheduler: vLLM V1 always
+#: chunks prefills (docs.vllm.ai, configuration/optimization, "Chunked Prefill"); SGLang
+#: chunks by default (``--chunked-prefill-size``); TensorRT-LLM schedules whole prompts
+#: unless ``enable_chunked_prefill`` is set (off in its LLM API and in AIConfigurator's
+#: ``extra_engine_args.1.0.0rc3.yaml.j2``). An engine not listed: chunked.
+ENGINE_SCHEDULER = {"vllm": "continuous", "sglang": "continuous", "trtllm": "continuous-unchunked"}
+
+
+def engine_scheduler(framework: str) -> str:
+    """The serving scheduler of a row's engine (``ENGINE_SCHEDULER``)."""
+    words = framework.lower().split()
+    return ENGINE_SCHEDULER.get(words[0] if words else "", "continuous")
+
+
 def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     """A closed-loop serving point (AIConfigurator's measured deployments): the row as
     a one-candidate serving space (``spaces.serving``) whose workload is the row's
     fixed lengths at its concurrency, evaluated by the analytic tier and simulated
     iteration by iteration (``explorer.serve.evaluate_space``); TTFT and TPOT are
-    the simulated requests' means."""
+    the simulated requests' means. The engine's scheduler and token budget are
+    its framework's (``engine_scheduler``, ``SERVING_TOKEN_SLACK``)."""
     from paraspace.explorer.serve import evaluate_space
     from paraspace.spaces.serving import LoadedServing, ServingSpec, check_serving
 
@@ -518,6 +539,9 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     redundant = 0
     if model.moe is not None and ep > 1:  # an ep that does not divide the experts: redundant copies
         redundant = row_expert_slots(model.moe.experts, ep) - model.moe.experts
+    # batch and token budget are per attention-DP rank; an engine of tp ranks runs tp of them
+    batch_per_rank = batch or ints["concurrency"]
+    ranks = ints["tp"] if attention_dp else 1
     raw = {
         "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
         "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
@@ -526,8 +550,9 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
         "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
                        "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row.get("kv_dtype") or dtype],
                        "redundant_experts": [redundant],
-                       # batch is per attention-DP rank; an engine of tp ranks runs tp of them
-                       "max_batch": [(batch or ints["concurrency"]) * (ints["tp"] if attention_dp else 1)]},
+                       "max_batch": [batch_per_rank * ranks],
+                       "max_tokens": [(batch_per_rank + ints["input_len"] + SERVING_TOKEN_SLACK) * ranks],
+                       "scheduler": [engine_scheduler(row.get("framework") or "")]},
     }
     spec = validate(ServingSpec, raw, where)
     space = LoadedServing(spec=spec, model=model, hardware=hardware, source=where, raw=raw)

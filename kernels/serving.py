@@ -46,7 +46,8 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
 - Closed loop, c users per engine, batch B = min(c, max_batch, B_kv): requests
   run in waves (exact for equal lengths when a wave's prompts fit one
   iteration's budget): the prefill of B prompts in ceil(B * in / max_tokens)
-  iterations (static: one), then out - 1 decode iterations at batch B whose KV
+  iterations (static: one; unchunked: ceil(B / floor(max_tokens / in))
+  iterations of whole prompts), then out - 1 decode iterations at batch B whose KV
   reads are in + j, j = 1 .. out - 1. period = prefill + decode; throughput B *
   out / period; by Little's law e2e = c * period / B; TTFT = e2e - decode;
   TPOT = decode / (out - 1).
@@ -55,7 +56,8 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   lambda t pairs) with B = lambda (out - 1) t / E decoding requests (fixed
   point; unstable when it diverges or B exceeds the batch or KV limit or the
   tokens exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E;
-  TTFT = t (1/2 + ceil(in / (max_tokens - B q))).
+  TTFT = t (1/2 + ceil(in / (max_tokens - B q))) (unchunked: t (1/2 + 1), the
+  prompt whole in one iteration).
 - Poisson, static: waves of the B requests that arrived during the last one, B
   = lambda period(B) (fixed point); TTFT = period / 2 + prefill.
 
@@ -133,6 +135,7 @@ from paraspace.kernels.training import device_layers, layer_params, moe_layer_pa
 # spaces.serving.Scheduler
 STATIC = 0
 CONTINUOUS = 1
+UNCHUNKED = 2
 
 # spaces.serving.Mode
 AGG = 0
@@ -147,6 +150,7 @@ SLA_TTFT = 4
 SLA_TTFT_P90 = 5
 SLA_TPOT = 6
 SLA_TPOT_P90 = 7
+PROMPT_TOO_LONG = 8
 
 #: The workload and engine scalars every row shares.
 SERVING_WORKLOAD = np.dtype(
@@ -154,6 +158,7 @@ SERVING_WORKLOAD = np.dtype(
         ("input_len", np.float64),  # mean prompt tokens
         ("output_len", np.float64),  # mean generated tokens (the first comes from the prefill iteration)
         ("longest_seq_len", np.float64),  # the longest request (prompt + output) the workload sends
+        ("longest_prompt_len", np.float64),  # the most prompt tokens a request computes (beside its prefix-cache hit)
         ("prefix_hit_rate", np.float64),  # share of a prompt found in the prefix cache
         ("concurrency", np.float64),  # closed-loop users of the deployment (0: Poisson)
         ("rate_per_s", np.float64),  # Poisson requests/s of the deployment (0: closed loop)
@@ -428,9 +433,10 @@ def prompt_pairs(input_len: float, hit: float) -> float:
 
 @jit
 def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_coef: float, b: float,
-           max_tokens: float, static: bool):
+           max_tokens: float, scheduler: int):
     """(prefill, decode) seconds of a wave of ``b`` requests: the prompts in
-    ceil(b in_new / max_tokens) iterations (one when static), then (out - 1) / E
+    ceil(b in_new / max_tokens) iterations (one when static; unchunked: whole
+    prompts, floor(max_tokens / in_new) of them, at least one, per iteration), then (out - 1) / E
     decode iterations at batch b, each verifying q = k + 1 positions per
     sequence and drafting k, with KV reads in + q + (j - 1) E (``decode_reads``;
     in + j without drafts)."""
@@ -439,8 +445,12 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     q = srv.draft_tokens + 1.0
     e_tok = expected_tokens(wl.acceptance_rate, srv.draft_tokens)
     prompt = b * inl * (1.0 - wl.prefix_hit_rate)
-    chunks = 1.0 if static else max(math.ceil(prompt / max_tokens), 1.0)
-    last = prompt - (chunks - 1.0) * max_tokens
+    full = max_tokens  # prompt tokens of every iteration but the last
+    if scheduler == UNCHUNKED:
+        new = inl * (1.0 - wl.prefix_hit_rate)
+        full = max(math.floor(max_tokens / new), 1.0) * new if new > 0.0 else max_tokens
+    chunks = 1.0 if scheduler == STATIC else max(math.ceil(prompt / full), 1.0)
+    last = prompt - (chunks - 1.0) * full
     decode = 0.0
     head = -1.0
     if nd > 0.0 and b * q > 0.0:
@@ -451,11 +461,11 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
         head = head_rows_s(model, dev, tiers, tiles, srv, b)
     pre = chunks * host + rows_s(model, dev, tiers, tiles, srv, last) + head
     if chunks > 1.0:
-        pre += (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, max_tokens)
+        pre += (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, full)
     pre += pair_coef * b * prompt_pairs(inl, wl.prefix_hit_rate)
     pre += draft_prompt_s(model, dev, tiers, tiles, srv, last)
     if chunks > 1.0:
-        pre += (chunks - 1.0) * draft_prompt_s(model, dev, tiers, tiles, srv, max_tokens)
+        pre += (chunks - 1.0) * draft_prompt_s(model, dev, tiers, tiles, srv, full)
     dec = 0.0
     if nd > 0.0:
         step = host + decode + draft_steps_s(model, dev, tiers, tiles, srv, b)
@@ -518,6 +528,9 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     if bmax < 1.0 or cap / pp < wl.longest_seq_len:  # the longest request could never be admitted
         out[O_REASON] = KV_TOO_SMALL
         return
+    if scheduler == UNCHUNKED and wl.longest_prompt_len > max_tokens:  # a whole prompt never fits an iteration
+        out[O_REASON] = PROMPT_TOO_LONG
+        return
     out[O_REASON] = OK
     if memory_only:
         return
@@ -529,7 +542,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     if wl.concurrency > 0.0:
         c = clients_per_engine(wl.concurrency, engines)
         b = min(c, bmax)
-        pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, static)
+        pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, scheduler)
         period = pre + dec
         e2e = c * period / b
         ttft = e2e - dec
@@ -545,7 +558,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
             pre = 0.0
             dec = 0.0
             for _ in range(FIXED_POINT_ITERATIONS):
-                pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, True)
+                pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, STATIC)
                 nb = max(lam * (pre + dec), 1.0)
                 if nb > bmax:
                     break
@@ -575,7 +588,10 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
                 t = nt
             b = lam * nd * t / e_tok
             room = max_tokens - b * q
-            pre = t * math.ceil(new / room) if room > 0.0 else np.inf
+            if room <= 0.0:
+                pre = np.inf
+            else:  # chunks of the room each iteration leaves; unchunked: the whole prompt in one
+                pre = t if scheduler == UNCHUNKED else t * math.ceil(new / room)
             ttft = 0.5 * t + pre
             tpot = t / e_tok
             dec = nd * tpot

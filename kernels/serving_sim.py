@@ -19,7 +19,9 @@ exponential gaps over the engine's rate). Every iteration, at time t:
    freed and it goes back to the head of the queue, to re-prefill prompt and
    generated tokens);
 4. the rest of ``max_tokens`` (static: no limit) goes to prompt chunks, in
-   admission order;
+   admission order; the unchunked scheduler (TensorRT-LLM without
+   ``enable_chunked_prefill``) takes whole prompts only and stops at the first
+   that does not fit the rest;
 5. the iteration takes ``host + rows(tokens) + head(rows) + kv * kv_read + pair
    * pairs`` (``kernels.serving.iteration_s``, with ``rows`` and ``head`` read off
    per-configuration tables over token counts, linear in between), plus with
@@ -117,10 +119,7 @@ from numba import prange
 
 from paraspace.kernels.inference import moe_mlp_s
 from paraspace.kernels.jit import jit
-from paraspace.kernels.serving import kv_transfer_s
-
-# spaces.serving.Scheduler (as kernels.serving)
-STATIC = 0
+from paraspace.kernels.serving import STATIC, UNCHUNKED, kv_transfer_s
 
 #: Output columns of ``simulate_rows``, in order.
 SIM_OUTPUTS = (
@@ -468,6 +467,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                                               running, n_run, gen, kv, log, counters, acc) > 0:
                 continue
         budget = np.inf if static else max_tokens - n_dec * q  # prompt chunks in admission order
+        whole = scheduler == UNCHUNKED
         tokens = rows = kv_read = pairs = prompt = 0.0
         for i in range(n_run):
             r = running[i]
@@ -476,12 +476,18 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 rows += q
                 kv_read += kv[r] + q
             elif budget > 0.0:
+                if whole and target[r] - done_pre[r] > budget:
+                    budget = 0.0  # in order: the first prompt that does not fit ends the prompts
+                    continue
                 c, pair, completes = _chunk(r, budget, kv[r] - target[r] + done_pre[r], target, done_pre, chunk)
                 pairs += pair
                 tokens += c
                 prompt += c
                 budget -= c
                 rows += completes
+        if tokens <= 0.0:
+            stuck = True  # unchunked: nothing decodes and the first prompt exceeds max_tokens
+            break
         dt = host + lookup(grid, g_row, tokens) + lookup(grid, h_row, rows) + kv_coef * kv_read + pair_coef * pairs
         if draft > 0:
             dt += lookup(grid, dp_row, prompt) + lookup(grid, ds_row, float(n_dec))

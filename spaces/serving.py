@@ -116,6 +116,9 @@ class Scheduler(IntEnum):
 
     STATIC = 0  #: a batch is admitted only when the previous one has finished (whole prompts, no chunking)
     CONTINUOUS = 1  #: requests join and leave every iteration; prompts chunked under max_tokens
+    #: continuous batching, prompts whole: an iteration takes the prompts (in order) that fit
+    #: the rest of max_tokens; TensorRT-LLM's default (``enable_chunked_prefill`` false)
+    CONTINUOUS_UNCHUNKED = 2
 
 
 class Mode(IntEnum):
@@ -140,7 +143,8 @@ class ServingReason(IntEnum):
     STATIC_TOKENS = 8  #: static batching has no token budget: only the first max_tokens value is kept
     AGG_PREFILL_GROUP = 9  #: aggregated: the prefill group's dimensions are unused, only their first values kept
     DISAGG_BUDGET = 10  #: disaggregated: the prefill replicas leave no whole decode replica
-    DISAGG_STATIC = 11  #: disaggregated decode replicas batch continuously: the static scheduler is not kept
+    #: disaggregated decode replicas batch continuously and prefill replicas chunk: only "continuous" is kept
+    DISAGG_STATIC = 11
     #: redundant experts without an EP group to balance (dense model or ep = 1), or more slots than ep copies of each
     REDUNDANT_EXPERTS = 12
     TBO_SHAPE = 13  #: two-batch overlap without attention DP and ep > 1: no all-to-all to hide
@@ -159,12 +163,13 @@ REASON_TEXT: dict[ServingReason, str] = {
     ServingReason.EP_DENSE: "ep>1 or attention_dp on a dense model",
     ServingReason.EP_SHAPE: "ep does not divide tp and the expert slots (experts + redundant), or tp/ep the expert FFN",
     ServingReason.ATTENTION_DP_TP1: "attention_dp with tp=1 (same as without)",
-    ServingReason.TOKEN_BUDGET: "continuous: max_tokens < max_batch * (draft_tokens + 1)",
+    ServingReason.TOKEN_BUDGET: "continuous (chunked or not): max_tokens < max_batch * (draft_tokens + 1)",
     ServingReason.STATIC_TOKENS: "static: no token budget, only the first max_tokens kept",
     ServingReason.AGG_PREFILL_GROUP: "agg: the prefill_* dimensions are unused, only their first values kept",
     ServingReason.DISAGG_BUDGET: "disagg: devices - prefill_instances*prefill_tp not a multiple of tp*pp (or 0), "
                                  "or prefill_tp does not divide heads (ffn) under TP attention",
-    ServingReason.DISAGG_STATIC: "disagg with the static scheduler (decode replicas batch continuously)",
+    ServingReason.DISAGG_STATIC: "disagg with a scheduler other than continuous (decode replicas batch "
+                                 "continuously, prefill replicas chunk)",
     ServingReason.REDUNDANT_EXPERTS: "redundant_experts > 0 with a dense model or ep=1, or slots > experts*ep",
     ServingReason.TBO_SHAPE: "tbo without attention_dp and ep>1 (no all-to-all to overlap)",
     ServingReason.DISPATCH_UNUSED: "dispatch / prefill_dispatch unused (no attention_dp or ep=1): first value kept",
@@ -186,6 +191,7 @@ class Feasible(IntEnum):
     SLA_TTFT_P90 = 5
     SLA_TPOT = 6
     SLA_TPOT_P90 = 7
+    PROMPT_TOO_LONG = 8  #: continuous-unchunked: the longest prompt exceeds max_tokens (it is never scheduled)
 
 
 FEASIBLE_TEXT: dict[Feasible, str] = {
@@ -193,6 +199,7 @@ FEASIBLE_TEXT: dict[Feasible, str] = {
     Feasible.WEIGHTS_OOM: "the weights and the framework overhead do not fit a device's HBM",
     Feasible.KV_TOO_SMALL: "a request does not fit the replica's KV cache",
     Feasible.OVERLOADED: "the request rate exceeds what the engines sustain (the queue grows without bound)",
+    Feasible.PROMPT_TOO_LONG: "continuous-unchunked: the longest prompt exceeds max_tokens",
     Feasible.SLA_TTFT: "misses the mean TTFT target (sla.ttft_s)",
     Feasible.SLA_TTFT_P90: "misses the 90th-percentile TTFT target (sla.ttft_p90_s)",
     Feasible.SLA_TPOT: "misses the mean TPOT target (sla.tpot_s)",
@@ -340,7 +347,7 @@ class ServingDimensions(Record):
     max_batch: tuple[PositiveInt, ...] = (256,)
     #: tokens per iteration (decode tokens plus prefill chunks): the chunked-prefill budget
     max_tokens: tuple[PositiveInt, ...] = (8192,)
-    scheduler: tuple[Literal["static", "continuous"], ...] = ("continuous",)
+    scheduler: tuple[Literal["static", "continuous", "continuous-unchunked"], ...] = ("continuous",)
     #: aggregated replicas, or prefill and decode replicas apart
     mode: tuple[Literal["agg", "disagg"], ...] = ("agg",)
     #: disaggregated: tensor-parallel size of a prefill replica
@@ -526,7 +533,7 @@ def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
             out[name] = np.asarray([int(parse(Dtype, v)) for v in raw], np.int8)
         elif name in ("scheduler", "mode"):
             enum = Scheduler if name == "scheduler" else Mode
-            out[name] = np.asarray([int(enum[v.upper()]) for v in raw], np.int8)
+            out[name] = np.asarray([int(enum[v.upper().replace("-", "_")]) for v in raw], np.int8)
         elif name in ("dispatch", "prefill_dispatch"):
             out[name] = np.asarray([int(parse(Dispatch, v)) for v in raw], np.int8)
         elif name in BOOL_DIMENSIONS:
@@ -569,6 +576,7 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
     slots = experts + c["redundant_experts"].astype(np.int64)
     redundant = c["redundant_experts"] > 0
     continuous = c["scheduler"] == Scheduler.CONTINUOUS
+    static = c["scheduler"] == Scheduler.STATIC
     disagg = c["mode"] == Mode.DISAGG
     ptp = c["prefill_tp"].astype(np.int64)
     pep = c["prefill_ep"].astype(np.int64)
@@ -591,9 +599,9 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
         ServingReason.EP_SHAPE: (tp % safe_ep != 0) | (slots % safe_ep != 0)
         | (~dense & (expert_ffn % np.maximum(tp // safe_ep, 1) != 0)),
         ServingReason.ATTENTION_DP_TP1: adp & (tp == 1),
-        ServingReason.TOKEN_BUDGET: continuous & (c["max_tokens"].astype(np.int64)
+        ServingReason.TOKEN_BUDGET: ~static & (c["max_tokens"].astype(np.int64)
                                                   < c["max_batch"].astype(np.int64) * (c["draft_tokens"] + 1)),
-        ServingReason.STATIC_TOKENS: ~continuous & (c["max_tokens"] != values["max_tokens"][0]),
+        ServingReason.STATIC_TOKENS: static & (c["max_tokens"] != values["max_tokens"][0]),
         ServingReason.AGG_PREFILL_GROUP: ~disagg & prefill_group,
         ServingReason.DISAGG_BUDGET: disagg & ((left < tp * pp) | (left % (tp * pp) != 0)
                                                | (~padp & ((model.heads % ptp != 0)

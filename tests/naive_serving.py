@@ -18,6 +18,9 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+#: spaces.serving.Scheduler's codes: static batches; continuous with chunked prompts; continuous, whole prompts
+STATIC, CONTINUOUS, UNCHUNKED = 0, 1, 2
+
 
 def lookup(grid: list[float], table: list[float], x: float) -> float:
     """Linear interpolation on an ascending grid, extrapolated past the ends, 0 at x <= 0."""
@@ -54,7 +57,7 @@ def unit_draw(seed: int, request: int, position: int, draft: int) -> float:
 
 def steady_state(rows: Callable[[float], float], head: Callable[[float], float], kv_coef: float, pair_coef: float,
                  cap_tokens: float, *, input_len: float, output_len: float, hit: float, concurrency: float,
-                 rate: float, host: float, max_batch: float, max_tokens: float, static: bool, engines: float,
+                 rate: float, host: float, max_batch: float, max_tokens: float, scheduler: int, engines: float,
                  devices: float, draft: int = 0, acceptance: float = 0.0,
                  draft_prompt: Callable[[float], float] = lambda t: 0.0,
                  draft_steps: Callable[[float], float] = lambda b: 0.0) -> dict[str, float]:
@@ -66,13 +69,16 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
     e_tok = expected_tokens(acceptance, draft)
     steps = nd / e_tok  # decode iterations a request
     b_max = min(max_batch, math.floor(cap_tokens / (input_len + output_len)))
+    static = scheduler == STATIC
 
-    def wave(b: float, wave_static: bool) -> tuple[float, float]:
+    def wave(b: float, wave_scheduler: int) -> tuple[float, float]:
         prompt = b * new
-        chunks = 1 if wave_static else max(math.ceil(prompt / max_tokens), 1)
-        last = prompt - (chunks - 1) * max_tokens
-        pre = chunks * host + (chunks - 1) * rows(max_tokens) + rows(last) + head(b)
-        pre += pair_coef * b * pairs_one + (chunks - 1) * draft_prompt(max_tokens) + draft_prompt(last)
+        # prompt tokens of each full iteration: the budget, or (unchunked) the whole prompts it holds
+        full = max(math.floor(max_tokens / new), 1) * new if wave_scheduler == UNCHUNKED else max_tokens
+        chunks = 1 if wave_scheduler == STATIC else max(math.ceil(prompt / full), 1)
+        last = prompt - (chunks - 1) * full
+        pre = chunks * host + (chunks - 1) * rows(full) + rows(last) + head(b)
+        pre += pair_coef * b * pairs_one + (chunks - 1) * draft_prompt(full) + draft_prompt(last)
         dec = 0.0
         if nd > 0:  # step j = 1 .. steps reads input_len + q + (j - 1) e_tok cached tokens
             reads = steps * input_len + steps * q + e_tok * steps * (steps - 1) / 2
@@ -82,7 +88,7 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
     if concurrency > 0:
         c = max(math.floor(concurrency / engines + 0.5), 1)
         b = min(c, b_max)
-        pre, dec = wave(b, static)
+        pre, dec = wave(b, scheduler)
         period = pre + dec
         e2e = c * period / b
         ttft = e2e - dec
@@ -92,7 +98,7 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         lam = rate / engines
         b, stable = 1.0, False
         for _ in range(200):
-            pre, dec = wave(b, True)
+            pre, dec = wave(b, STATIC)
             nb = max(lam * (pre + dec), 1.0)
             if nb > b_max:
                 break
@@ -119,7 +125,7 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
                 break
             t = nt
         b = lam * steps * t
-        ttft = t / 2 + t * math.ceil(new / (max_tokens - b * q))
+        ttft = t / 2 + t * (1 if scheduler == UNCHUNKED else math.ceil(new / (max_tokens - b * q)))
         dec = steps * t
         e2e = ttft + dec
         rps = lam
@@ -167,11 +173,12 @@ class Front:
 
 
 def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, clients: int, rate: float,
-             max_batch: int, max_tokens: float, static: bool, cap: float, host: float, kv_coef: float,
+             max_batch: int, max_tokens: float, scheduler: int, cap: float, host: float, kv_coef: float,
              pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float], draft: int = 0,
              acceptance: float = 0.0, seed: int = 0, dp: list[float] | None = None,
              ds: list[float] | None = None) -> dict[str, float]:
-    """One engine's continuous- or static-batching run (kernels.serving_sim module doc)."""
+    """One engine's continuous- (chunked or not) or static-batching run (kernels.serving_sim module doc)."""
+    static = scheduler == STATIC
     n = len(in_len)
     q = draft + 1
     step_count = step_tokens = 0
@@ -225,6 +232,9 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                 rows += q
                 kv_read += kv[r] + q
             elif budget > 0:
+                if scheduler == UNCHUNKED and target[r] - computed[r] > budget:
+                    budget = 0  # whole prompts in order: the first that does not fit ends them
+                    continue
                 c = min(target[r] - computed[r], budget)
                 pairs += c * (kv[r] - target[r] + computed[r] + c / 2)
                 tokens += c
@@ -233,6 +243,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                 chunks[r] = c
                 if computed[r] + c >= target[r]:
                     rows += 1
+        assert tokens > 0, "stuck"  # unchunked: no decodes and the first prompt exceeds max_tokens
         dt = host + lookup(grid, g, tokens) + lookup(grid, h, rows) + kv_coef * kv_read + pair_coef * pairs
         if draft:
             dt += lookup(grid, dp, prompt) + lookup(grid, ds, len(decoding))

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+import naive_serving
 from naive_serving import lookup, simulate as naive_simulate, steady_state
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack_hardware, pack_model
@@ -50,7 +51,7 @@ def toy_srv(**overrides: float) -> np.ndarray:
 
 
 def workload(**overrides: float) -> np.ndarray:
-    values = dict(input_len=512.0, output_len=16.0, longest_seq_len=0.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
+    values = dict(input_len=512.0, output_len=16.0, longest_seq_len=0.0, longest_prompt_len=0.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
                   devices=1.0, host_s=0.0, kv_fraction=0.9, acceptance_rate=0.0, sla_ttft_s=0.0, sla_ttft_p90_s=0.0, sla_tpot_s=0.0,
                   sla_tpot_p90_s=0.0)
     values.update(overrides)
@@ -101,9 +102,12 @@ def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_ba
 
 
 def test_kernel_codes_mirror_the_enums():
-    assert (ks.STATIC, ks.CONTINUOUS) == (sp.Scheduler.STATIC, sp.Scheduler.CONTINUOUS)
+    assert (ks.STATIC, ks.CONTINUOUS, ks.UNCHUNKED) == (sp.Scheduler.STATIC, sp.Scheduler.CONTINUOUS,
+                                                         sp.Scheduler.CONTINUOUS_UNCHUNKED)
+    assert (naive_serving.STATIC, naive_serving.CONTINUOUS, naive_serving.UNCHUNKED) == (
+        ks.STATIC, ks.CONTINUOUS, ks.UNCHUNKED)
     assert (ks.AGG, ks.DISAGG) == (sp.Mode.AGG, sp.Mode.DISAGG)
-    assert serving_sim.STATIC == sp.Scheduler.STATIC
+    assert (serving_sim.STATIC, serving_sim.UNCHUNKED) == (ks.STATIC, ks.UNCHUNKED)
     codes = {name: getattr(ks, name) for name in sp.Feasible.__members__}
     assert codes == {m.name: int(m) for m in sp.Feasible}
 
@@ -352,7 +356,7 @@ def test_one_token_outputs_have_no_time_per_output_token(fast):
     assert sim["ttft_s"] == pytest.approx(closed["ttft_s"], rel=REL) and sim["ttft_s"] > 0.0
 
 
-@pytest.mark.parametrize("scheduler", [ks.CONTINUOUS, ks.STATIC])
+@pytest.mark.parametrize("scheduler", [ks.CONTINUOUS, ks.STATIC, ks.UNCHUNKED])
 def test_saturated_closed_loop_equals_the_waves(fast, scheduler):
     """16 users, batch 8, 64-token prompts (8 x 64 = 512 tokens: one prefill iteration),
     16 output tokens, 64 requests: the engine runs 8 identical waves; each request after the
@@ -416,6 +420,42 @@ def test_preemption_frees_the_cache_and_every_request_finishes(fast):
     assert sim["kv_peak_tokens"] <= 3000
 
 
+@pytest.mark.parametrize("scheduler", [ks.CONTINUOUS, ks.UNCHUNKED])
+def test_prompts_per_iteration_by_hand(fast, scheduler):
+    """Three users send 100-token prompts of one output token each under a budget of 250
+    tokens, no host time. Chunked: iteration 1 computes prompts 1 and 2 and 50 tokens of 3
+    (250 tokens; causal pairs 100 x 50 + 100 x 50 + 50 x 25 = 11,250; two prompts complete),
+    iteration 2 the other 50 (pairs 50 x (50 + 25) = 3,750; one completes). Unchunked:
+    prompt 3 does not fit the 50 tokens left, so iteration 1 computes prompts 1 and 2
+    (200 tokens, 10,000 pairs) and iteration 2 prompt 3 whole (100 tokens, 5,000 pairs).
+    Every first token is its request's end: TTFT = e2e, the mean of (t1, t1, t1 + t2)."""
+    sim, (g, h, _, pair_coef, _, _, _) = run_sim(fast, toy_srv(), [100.0] * 3, [1.0] * 3, clients=3,
+                                                 max_tokens=250.0, scheduler=scheduler)
+    cost = lambda tokens, rows, pairs: (serving_sim.lookup(GRID, g, tokens) + serving_sim.lookup(GRID, h, rows)
+                                        + pair_coef * pairs)
+    if scheduler == ks.UNCHUNKED:
+        t1, t2 = cost(200.0, 2.0, 10_000.0), cost(100.0, 1.0, 5_000.0)
+    else:
+        t1, t2 = cost(250.0, 2.0, 11_250.0), cost(50.0, 1.0, 3_750.0)
+    assert sim["iterations"] == 2
+    assert sim["ttft_s"] == pytest.approx((3.0 * t1 + t2) / 3.0, rel=REL)
+    assert sim["makespan_s"] == pytest.approx(t1 + t2, rel=REL)
+
+
+def test_unchunked_prompt_over_the_budget_is_stuck_in_the_simulation_and_explained_by_the_tier(fast):
+    """Whole prompts only: a 600-token prompt never fits a 512-token iteration. The
+    simulation stops (stuck, NaN latencies) instead of spinning; the analytic tier marks
+    the candidate prompt-too-long; chunked, the same prompt takes two iterations."""
+    sim, _ = run_sim(fast, toy_srv(), [600.0], [4.0], clients=1, max_tokens=512.0, scheduler=ks.UNCHUNKED)
+    assert sim["stuck"] == 1 and math.isnan(sim["ttft_s"])
+    chunked, _ = run_sim(fast, toy_srv(), [600.0], [4.0], clients=1, max_tokens=512.0, scheduler=ks.CONTINUOUS)
+    assert chunked["stuck"] == 0 and chunked["iterations"] == 2 + 3
+    wl = workload(input_len=600.0, longest_prompt_len=600.0, concurrency=1.0)
+    assert analytic(fast, toy_srv(), wl, max_batch=8.0, max_tokens=512.0, scheduler=ks.UNCHUNKED)["reason"] \
+        == ks.PROMPT_TOO_LONG
+    assert analytic(fast, toy_srv(), wl, max_batch=8.0, max_tokens=512.0, scheduler=ks.CONTINUOUS)["reason"] == ks.OK
+
+
 def test_a_request_larger_than_the_cache_is_stuck_not_a_hang(fast):
     sim, _ = run_sim(fast, toy_srv(), [512.0], [16.0], clients=1, cap=100.0)
     assert sim["stuck"] == 1 and math.isnan(sim["ttft_s"])
@@ -437,6 +477,8 @@ def test_simulation_is_deterministic(fast):
     dict(clients=0, rate=350.0, cap=None, scheduler=ks.CONTINUOUS, max_tokens=512.0),
     dict(clients=0, rate=350.0, cap=None, scheduler=ks.STATIC, max_tokens=512.0),
     dict(clients=12, rate=0.0, cap=2500.0, scheduler=ks.CONTINUOUS, max_tokens=1024.0),
+    dict(clients=16, rate=0.0, cap=None, scheduler=ks.UNCHUNKED, max_tokens=2600.0),
+    dict(clients=0, rate=350.0, cap=2500.0, scheduler=ks.UNCHUNKED, max_tokens=2600.0),
 ])
 def test_simulation_agrees_with_the_reference(fast, case):
     in_len, out_len, gaps = lognormal_requests(150, seed=3)
@@ -444,7 +486,7 @@ def test_simulation_agrees_with_the_reference(fast, case):
         fast, toy_srv(), in_len, out_len, gaps, clients=case["clients"], rate=case["rate"], max_batch=16.0,
         max_tokens=case["max_tokens"], scheduler=case["scheduler"], host=2e-5, hit=0.25, cap=case["cap"])
     ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=case["clients"], rate=case["rate"],
-                         max_batch=16, max_tokens=case["max_tokens"], static=case["scheduler"] == ks.STATIC,
+                         max_batch=16, max_tokens=case["max_tokens"], scheduler=case["scheduler"],
                          cap=float(cap), host=2e-5, kv_coef=float(kv_coef), pair_coef=float(pair_coef), hit=0.25,
                          grid=list(GRID), g=list(g), h=list(h))
     for key in ("ttft_s", "ttft_p50_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "e2e_latency_s", "makespan_s",
@@ -465,6 +507,8 @@ REFERENCE_CASES = [
     ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.STATIC),
     ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.CONTINUOUS),
     ({"concurrency": 0.0, "rate_per_s": 30.0}, ks.STATIC),
+    ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.UNCHUNKED),
+    ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.UNCHUNKED),
 ]
 
 
@@ -479,7 +523,7 @@ def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
                        ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), ks.pair_s(m, d, srv[0]),
                        ks.kv_capacity_tokens(m, d, srv[0]), input_len=wl.input_len[0], output_len=wl.output_len[0],
                        hit=wl.prefix_hit_rate[0], concurrency=wl.concurrency[0], rate=wl.rate_per_s[0],
-                       host=1e-4, max_batch=32.0, max_tokens=2048.0, static=scheduler == ks.STATIC, engines=2.0,
+                       host=1e-4, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, engines=2.0,
                        devices=1.0)
     assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
     for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s", "output_tokens_per_s_per_gpu"):

@@ -284,7 +284,7 @@ BAD_INPUT = [
     ({"workload.output_len": "long"}, (), "workload.output_len", "'long'", ""),
     ({"dimensions.tp": [1, 1]}, (), "dimensions.tp", "[1, 1]", "distinct values"),
     ({"dimensions.kv_dtype": ["fp8", "fp8"]}, (), "dimensions.kv_dtype", "['fp8', 'fp8']", "distinct values"),
-    ({"dimensions.scheduler": ["fifo"]}, (), "dimensions.scheduler.0", "'fifo'", "'static' or 'continuous'"),
+    ({"dimensions.scheduler": ["fifo"]}, (), "dimensions.scheduler.0", "'fifo'", "'static', 'continuous' or 'continuous-unchunked'"),
     ({"dimensions.dtype": ["fp7"]}, (), "dimensions.dtype", "'fp7'", "one of ['bf16', 'fp16', 'fp4', 'fp8', 'int8']"),
     ({"model": "llama9"}, (), "model", "'llama9'", "a model TOML path or one of ['deepseek-v2'"),
     ({"hardware": "h999"}, (), "hardware", "'h999'", "a hardware TOML path or one of ['a100-sxm4-40gb'"),

@@ -191,7 +191,7 @@ def test_analytic_tier_with_drafts_agrees_with_the_reference(fast, wl_change, sc
                        ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s), ks.kv_capacity_tokens(m, d, s),
                        input_len=wl.input_len[0], output_len=wl.output_len[0], hit=wl.prefix_hit_rate[0],
                        concurrency=wl.concurrency[0], rate=wl.rate_per_s[0], host=1e-4, max_batch=32.0,
-                       max_tokens=2048.0, static=scheduler == ks.STATIC, engines=2.0, devices=1.0, draft=3,
+                       max_tokens=2048.0, scheduler=scheduler, engines=2.0, devices=1.0, draft=3,
                        acceptance=0.7, draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, t),
                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b))
     assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
@@ -286,7 +286,7 @@ def test_simulation_with_drafts_agrees_with_the_reference(fast, case):
         max_tokens=case["max_tokens"], scheduler=case["scheduler"], host=2e-5, hit=0.25, cap=case["cap"],
         acceptance=0.6, seed=5)
     ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=case["clients"], rate=case["rate"],
-                         max_batch=16, max_tokens=case["max_tokens"], static=case["scheduler"] == ks.STATIC,
+                         max_batch=16, max_tokens=case["max_tokens"], scheduler=case["scheduler"],
                          cap=float(cap), host=2e-5, kv_coef=float(kv_coef), pair_coef=float(pair_coef), hit=0.25,
                          grid=list(GRID), g=list(g), h=list(h), draft=2, acceptance=0.6, seed=5, dp=list(dp),
                          ds=list(ds))

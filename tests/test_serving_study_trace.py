@@ -61,7 +61,8 @@ def test_search_space_and_row_ids_are_the_serving_spaces():
     loaded = sp.load_serving(LLAMA)
     space = search_space(loaded)
     assert space["tp"] == [1, 2, 4, 8] and space["mode"] == ["agg", "disagg"]
-    assert space["kv_dtype"] == ["fp8", "bf16"] and space["scheduler"] == ["continuous", "static"]
+    assert space["kv_dtype"] == ["fp8", "bf16"]
+    assert space["scheduler"] == ["continuous", "continuous-unchunked", "static"]
     assert "dtype" not in space and "ep" not in space  # one value each
     problem = ServingProblem(loaded)
     cols = sp.encode(loaded).columns

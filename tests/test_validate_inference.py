@@ -230,8 +230,13 @@ def test_rows_with_redundant_experts_are_predicted(published):
 
 #: leave-one-source-out MAPE of every `ok` inference row (235: AIConfigurator's closed-loop
 #: TTFT/TPOT through the serving simulation, TensorRT-LLM throughput, FasterTransformer
-#: latencies, SGLang's isolated EP phases); measured 24.6%, only moves down
-INFERENCE_LOSO_OK_THRESHOLD = 0.247
+#: latencies, SGLang's isolated EP phases); measured 24.6%, then 22.8% with each engine's
+#: scheduler and AIConfigurator's token budget (``validate.engine_scheduler``); only moves down
+INFERENCE_LOSO_OK_THRESHOLD = 0.229
+#: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.0% (target 10%);
+#: TTFT 49.6% (target 20%; TensorRT-LLM's measured TTFTs look like lock-step waves of
+#: prompts, the steady-state simulation staggers them: under-predicted by about half)
+CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.091, "ttft_s": 0.497}
 #: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
 #: all over-predicted (the fastest dispatch / TBO layout is the prediction)
 PHASE_OK_THRESHOLD = 0.349
@@ -246,6 +251,36 @@ def test_published_inference_loso_equals_in_sample(published):
     assert stats["ok"]["n"] == 235 and stats["ok"]["mape"] <= INFERENCE_LOSO_OK_THRESHOLD, stats["ok"]
     phases = validate.summary([r for r in published if r.metric in validate.PHASE_METRICS.values()])
     assert phases["ok"]["n"] == 3 and phases["ok"]["mape"] <= PHASE_OK_THRESHOLD, phases["ok"]
+    for metric, threshold in CLOSED_LOOP_OK_THRESHOLDS.items():
+        closed = validate.summary([r for r in published if r.metric == metric])["ok"]
+        assert closed["n"] == 83 and closed["mape"] <= threshold, (metric, closed)
+
+
+def test_engine_scheduler_and_token_budget_of_a_closed_loop_row(monkeypatch):
+    """The row's engine picks the scheduler (TensorRT-LLM whole prompts, vLLM and SGLang
+    chunked, anything else chunked) and the budget is AIConfigurator's max_batch + isl +
+    1500: batch 16, isl 1024 -> 16 + 1,024 + 1,500 = 2,540 tokens."""
+    assert validate.engine_scheduler("trtllm 1.0.0rc3") == "continuous-unchunked"
+    assert validate.engine_scheduler("vllm (version not recorded)") == "continuous"
+    assert validate.engine_scheduler("SGLang 0.5.1") == "continuous"
+    assert validate.engine_scheduler("") == validate.engine_scheduler("some engine") == "continuous"
+    seen = []
+    real = validate.validate
+
+    def spy(kind, raw, where):
+        seen.append(raw)
+        return real(kind, raw, where)
+
+    monkeypatch.setattr(validate, "validate", spy)
+    row = {"id": "r", "source": "s", "quality": "ok", "model": "m", "layers": "4", "hidden": "1024", "heads": "8",
+           "kv_heads": "8", "head_dim": "128", "ffn": "4096", "vocab": "32000", "glu": "1", "gpu": "h100-sxm5-80gb",
+           "n_gpus": "4", "gpus_per_node": "8", "framework": "trtllm 1.0.0rc3", "mode": "agg", "tp": "4", "pp": "1",
+           "ep": "1", "attention_dp": "0", "batch": "16", "dtype": "bf16", "concurrency": "16", "input_len": "1024",
+           "output_len": "8", "metric": "tpot_s", "value": "0.01"}
+    result = validate.predict_serving(row, "inline.csv")
+    dims = seen[-1]["dimensions"]
+    assert result.status == "ok" and (dims["scheduler"], dims["max_tokens"], dims["max_batch"]) == (
+        ["continuous-unchunked"], [2540], [16])
 
 
 # --------------------------------------------------------------------------- any file of the schema
