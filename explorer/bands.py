@@ -11,8 +11,15 @@ they exercise, from the finest class to the coarsest:
 4. all rows.
 
 A prediction takes the finest class holding at least ``MIN_RESIDUALS``
-residuals, and its band is [t exp(q10), t exp(q90)] of that class's residuals:
-``step_time_lo_s`` and ``step_time_hi_s``. The band table is data, written by
+residuals, and its band is [t exp(lo), t exp(hi)] of that class's residuals:
+``step_time_lo_s`` and ``step_time_hi_s``. lo and hi are the split-conformal
+order statistics of the class's n sorted residuals (Lei, G'Sell, Rinaldo,
+Tibshirani, Wasserman, "Distribution-free predictive inference for regression",
+JASA 2018, section 2.2): the floor((n + 1) 0.1)-th smallest and the
+ceil((n + 1) 0.9)-th smallest, so that a new residual exchangeable with the
+class's falls between them with probability at least 80% for any n (plain
+sample quantiles promise that only as n grows; with a dozen residuals they
+undercover). The band table is data, written by
 ``tools/validation_report.py`` into ``spaces/catalog/bands/training.toml`` with
 its provenance; nothing in it is keyed to a source, model or row.
 
@@ -32,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-#: the band's quantiles of log(measured / predicted)
+#: the band's tails of log(measured / predicted): 10% below, 10% above (an 80% band)
 QUANTILES = (0.10, 0.90)
 #: fewest residuals a class needs before it gives a band of its own
 MIN_RESIDUALS = 12
@@ -72,15 +79,25 @@ def class_keys(traits: RowTraits) -> tuple[str, ...]:
     return (f"{kind}/{traits.family}/{pipe}/{scale}", f"{kind}/{traits.family}", kind, "all")
 
 
+def conformal_bounds(residuals: list[float] | np.ndarray) -> tuple[float, float]:
+    """The split-conformal (lo, hi) of ``residuals`` (module doc): of the n sorted, the
+    floor((n + 1) q10)-th and the ceil((n + 1) q90)-th (1-based), clipped to 1 .. n."""
+    xs = np.sort(np.asarray(residuals, float))
+    n = xs.size
+    lo = min(max(math.floor((n + 1) * QUANTILES[0]), 1), n)
+    hi = min(max(math.ceil((n + 1) * QUANTILES[1]), 1), n)
+    return float(xs[lo - 1]), float(xs[hi - 1])
+
+
 def fit(residuals: np.ndarray, traits: list[RowTraits]) -> dict[str, tuple[float, float, int]]:
-    """Per class with at least ``MIN_RESIDUALS`` residuals: (q10, q90, n)."""
+    """Per class with at least ``MIN_RESIDUALS`` residuals: (lo, hi, n), ``conformal_bounds``."""
     groups: dict[str, list[float]] = {}
     for r, t in zip(residuals, traits):
         if math.isfinite(r):
             for key in class_keys(t):
                 groups.setdefault(key, []).append(float(r))
-    return {k: (float(np.quantile(v, QUANTILES[0])), float(np.quantile(v, QUANTILES[1])), len(v))
-            for k, v in sorted(groups.items()) if len(v) >= MIN_RESIDUALS or k == "all"}
+    return {k: (*conformal_bounds(v), len(v)) for k, v in sorted(groups.items())
+            if len(v) >= MIN_RESIDUALS or k == "all"}
 
 
 def band(table: dict[str, tuple[float, float, int]], traits: RowTraits, seconds: float) -> tuple[float, float]:
@@ -128,7 +145,7 @@ def coverage(residuals: np.ndarray, traits: list[RowTraits], sources: np.ndarray
 
 
 def load(path: Path = TABLE) -> dict[str, tuple[float, float, int]]:
-    """The committed band table (class -> (q10, q90, n))."""
+    """The committed band table (class -> (lo, hi, n), stored as q10 / q90)."""
     with path.open("rb") as fh:
         data = tomllib.load(fh)
     return {k: (float(v["q10"]), float(v["q90"]), int(v["n"])) for k, v in data["classes"].items()}
@@ -144,4 +161,5 @@ def to_toml(table: dict[str, tuple[float, float, int]], provenance: str) -> str:
     return header + body
 
 
-__all__ = ["RowTraits", "band", "band_factors", "committed", "class_keys", "coverage", "family_of", "fit", "load", "to_toml", "traits_of_row"]
+__all__ = ["RowTraits", "band", "band_factors", "committed", "class_keys", "conformal_bounds", "coverage", "family_of", "fit",
+           "load", "to_toml", "traits_of_row"]

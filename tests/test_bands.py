@@ -19,31 +19,32 @@ def test_classes_run_from_finest_to_all():
 
 
 def test_a_class_needs_enough_residuals_and_the_band_falls_back():
-    """21 dense residuals -0.10, -0.09, ..., +0.10: q10 = -0.08, q90 = +0.08 (numpy's
-    linear quantile: position 0.1 x 20 = 2). 3 MoE residuals are too few for a class
-    of their own: an MoE row takes the "all" class of 24 residuals."""
+    """21 dense residuals -0.10, -0.09, ..., +0.10: the split-conformal bounds are the
+    floor(22 x 0.1) = 2nd smallest, -0.09, and the ceil(22 x 0.9) = ceil(19.8) = 20th,
+    +0.09. 3 MoE residuals are too few for a class of their own: an MoE row takes the
+    "all" class of 24 residuals (floor(2.5) = 2nd: -0.09; ceil(22.5) = 23rd: +0.6)."""
     dense = np.round(np.arange(-0.10, 0.1001, 0.01), 10)
     res = np.concatenate([dense, [0.5, 0.6, 0.7]])
     traits = [DENSE] * 21 + [MOE] * 3
     table = bands.fit(res, traits)
-    assert table["dense"] == (pytest.approx(-0.08, abs=1e-12), pytest.approx(0.08, abs=1e-12), 21)
-    assert "moe" not in table and table["all"][2] == 24
+    assert table["dense"] == (pytest.approx(-0.09, abs=1e-12), pytest.approx(0.09, abs=1e-12), 21)
+    assert "moe" not in table and table["all"] == (pytest.approx(-0.09, abs=1e-12), pytest.approx(0.6), 24)
     lo, hi = bands.band(table, DENSE, 2.0)
-    assert (lo, hi) == (pytest.approx(2.0 * math.exp(-0.08), rel=1e-12), pytest.approx(2.0 * math.exp(0.08), rel=1e-12))
+    assert (lo, hi) == (pytest.approx(2.0 * math.exp(-0.09), rel=1e-12), pytest.approx(2.0 * math.exp(0.09), rel=1e-12))
     lo, hi = bands.band(table, MOE, 1.0)
     assert (math.log(lo), math.log(hi)) == (pytest.approx(table["all"][0]), pytest.approx(table["all"][1]))
 
 
 def test_coverage_is_measured_on_sources_left_out():
     """Two sources of 20 residuals: A's spread -0.05..+0.05, B's -0.5..+0.5. B's
-    band is fitted on A only (about +-0.04): 2 of B's 20 inside. A's band from
-    B alone (about +-0.4) covers all of A. 22 of 40 = 55%."""
+    band is fitted on A only (its 2nd and 19th of 20, about +-0.045): 2 of B's 20
+    inside. A's band from B alone (about +-0.45) covers all of A. 22 of 40 = 55%."""
     a = np.linspace(-0.05, 0.05, 20)
     b = np.linspace(-0.5, 0.5, 20)
     res = np.concatenate([a, b])
     sources = np.array(["A"] * 20 + ["B"] * 20)
     cov = bands.coverage(res, [DENSE] * 40, sources)
-    lo_a, hi_a = np.quantile(a, bands.QUANTILES)
+    lo_a, hi_a = np.sort(a)[1], np.sort(a)[18]  # floor(21 x 0.1) = 2nd, ceil(21 x 0.9) = 19th
     expected_b = int(np.sum((b >= lo_a) & (b <= hi_a)))
     assert expected_b == 2
     assert cov == {"n": 40, "coverage": pytest.approx((20 + expected_b) / 40, rel=1e-12)}
@@ -84,3 +85,24 @@ def test_every_evaluated_row_carries_its_class_band():
         np.testing.assert_allclose(out["step_time_lo_s"][rows], out["step_time_s"][rows] * math.exp(lo), rtol=1e-15)
         np.testing.assert_allclose(out["step_time_hi_s"][rows], out["step_time_s"][rows] * math.exp(hi), rtol=1e-15)
     assert np.all(out["step_time_lo_s"] < out["step_time_s"]) and np.all(out["step_time_s"] < out["step_time_hi_s"])
+
+
+@pytest.mark.parametrize("n", [12, 30, 229])
+def test_conformal_bounds_cover_at_least_80_percent_of_exchangeable_draws(n):
+    """The split-conformal guarantee, checked by simulation: with n residuals drawn
+    from one distribution, a new draw falls inside (lo, hi) with probability at least
+    0.8: the new draw's rank R among the n + 1 is uniform, and it lies between the
+    k_lo-th and k_hi-th of the n old ones when k_lo < R <= k_hi, so exactly
+    (k_hi - k_lo) / (n + 1): n = 12: (12 - 1) / 13 = 84.6%; n = 30: (28 - 3) / 31 = 80.6%;
+    n = 229: (207 - 23) / 230 = 80.0%."""
+    rng = np.random.default_rng(n)
+    inside = 0
+    trials = 4000
+    for _ in range(trials):
+        xs = rng.standard_normal(n + 1)
+        lo, hi = bands.conformal_bounds(xs[:n])
+        inside += lo <= xs[n] <= hi
+    k_lo, k_hi = math.floor((n + 1) * 0.1), min(math.ceil((n + 1) * 0.9), n)
+    exact = (k_hi - k_lo) / (n + 1)
+    assert exact >= 0.8
+    assert inside / trials == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / trials))

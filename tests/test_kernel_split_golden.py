@@ -30,15 +30,16 @@ CATALOG = Path(__file__).resolve().parents[1] / "spaces" / "catalog" / "spaces"
 #: re-recorded when fused attention's backward took 0.87 of its forward FLOP rate
 #: (kernels.ops.ATTENTION_BWD_RATE), and again when the uncertainty-band table
 #: (spaces/catalog/bands/training.toml: step_time_lo_s / step_time_hi_s) was refitted
-#: from the new leave-one-source-out residuals by tools/validation_report.py
+#: from the new leave-one-source-out residuals by tools/validation_report.py, and when its
+#: bounds became split-conformal order statistics (explorer.bands.conformal_bounds)
 EXPECTED: dict[str, str] = {
-    "deepseek-v3-br166": "83732e3816fc31555fdb7b8b9737f820bffe491ef84c5113c00d385d941dd174",
-    "deepseek-v3-h800": "d18b056c8f372e99704cc48a156696e85d45277cf682a03192bbf63f4a76f5b5",
-    "gpt3-175b-a100-1024": "cb77e9dd4ab6e259113bb765e0ca44fce5d53589e3730e9d2824b78e067891c8",
-    "gpt3-175b-a100-40gb-256": "d2d875d5a71bdaf832349474eb921c4589203d159e365ef1a9d45fc0eddcae25",
-    "llama3-405b-h100-256": "53351597c6c38000442980f756d4ea31ab139c5764b672cccde57dc1dde590ab",
-    "llama3-70b-h100-1024": "6e3fce598dfd8841030cfd58a8ff60f6f06d6f420fbd218f9bbc5e695bc1c53e",
-    "llama3-8b-h100-64": "4faed8a38aea121c76b2ffaff7207278f10d51b07181c5de914d9d64cbfdd93b",
+    "deepseek-v3-br166": "ebbfb2900274a2fd115d81cf96d463debdc065a85369128fad5b3ed082d52f4e",
+    "deepseek-v3-h800": "3b1f9cc60f5ac8f4e53a166dbf3fb7e7c0cd8afce303a4df748e92d4c0d84d51",
+    "gpt3-175b-a100-1024": "d0d1ca6216c9246529b0e397e1356228c7d3ecab8de4fee101e02502bb8eb4c9",
+    "gpt3-175b-a100-40gb-256": "934820719d6dff720782a60f5ef7e08da5359d990e90d6fe14ec864f4d1225d7",
+    "llama3-405b-h100-256": "177ef9f3dbc9b5315021ca153390cd385df1f8dd199362663e4ca9d1bc6ba089",
+    "llama3-70b-h100-1024": "5e8bcc2f5eb7f0ef725edc50809139c6aa9de5a4e07eee13792a8295182ccf0f",
+    "llama3-8b-h100-64": "0c37a44e57255aa207b2e05c4e205ede2b480df607497b3378fab7cad347d60f",
 }
 
 

@@ -67,7 +67,7 @@ def main() -> None:
     cov = bands.coverage(residuals, traits, sources)
     bands.TABLE.parent.mkdir(parents=True, exist_ok=True)
     bands.TABLE.write_text(bands.to_toml(table, (
-        "80% bands of predicted training step times (explorer/bands.py): quantiles 10% and 90% of\n"
+        "80% bands of predicted training step times (explorer/bands.py): split-conformal 10% and 90% bounds of\n"
         "log(measured / predicted) over the leave-one-source-out predictions of the ok rows of\n"
         f"shared/validation/training.csv ({len(use)} rows), per class of what a row exercises.\n"
         f"Coverage on sources left out of the band fit: {100 * cov['coverage']:.1f}% of {cov['n']} rows.\n"
