@@ -140,6 +140,19 @@ def leave_one_source_out(family: np.ndarray, seconds: np.ndarray, measured: np.n
     return out
 
 
+def knob_priors() -> dict[int, tuple[int, ...]]:
+    """Per family (``fit_published.FAMILIES`` order), the FINE grid point of its knobs
+    before fitting, ``fit_published``'s start: the profile's GEMM knob, and for FA1
+    ``fit_published.flash1_prior`` of its FA2 efficiency (the tie-break of ``fit_index``
+    where no fit row exercises FA1)."""
+    priors = {}
+    for i, name in enumerate(fit_published.FAMILIES):
+        device = validate.load_hardware(fit_published.FAMILIES[name][0]).device
+        start = (device.gemm_max_efficiency, fit_published.flash1_prior(device.attention_efficiency))
+        priors[i] = tuple(int(np.argmin(np.abs(np.array(FINE[k]) - v))) for k, v in zip(KNOBS, start))
+    return priors
+
+
 def run(path: str, results: list[validate.RowResult], workers: int = 2, on_job: Any = None) -> list[float | None]:
     """LOSO step time of every training row of ``path`` (None where the row has no
     prediction); ``results`` are ``validate.run``'s, in the file's order; ``on_job``
@@ -151,13 +164,8 @@ def run(path: str, results: list[validate.RowResult], workers: int = 2, on_job: 
     sources = np.array([results[i].source for i in keep])
     fit_rows = np.array([results[i].status == "ok" and results[i].quality == "ok" and not rows[i].get("n_experts")
                          and surf.family[j] >= 0 for j, i in enumerate(keep)])
-    priors = {}
-    for i, name in enumerate(fit_published.FAMILIES):
-        device = validate.load_hardware(fit_published.FAMILIES[name][0]).device
-        # before fitting: the profile's GEMM knob, and for FA1 the FA2 value (fit_published's start)
-        start = (device.gemm_max_efficiency, device.attention_efficiency)
-        priors[i] = tuple(int(np.argmin(np.abs(np.array(FINE[k]) - v))) for k, v in zip(KNOBS, start))
-    held = leave_one_source_out(surf.family, surf.seconds, measured, sources, fit_rows, priors)
+    held = leave_one_source_out(surf.family, surf.seconds, measured, sources, fit_rows, knob_priors())
+
     out: list[float | None] = [None] * len(results)
     for j, i in enumerate(keep):
         out[i] = None if np.isnan(held[j]) else float(held[j])

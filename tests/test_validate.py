@@ -312,8 +312,10 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: of training.csv (in sample 10.0%). MosaicML held out 14.5% (its FA1 knob falls
 #: back to the FA2 value without its own rows), torchtitan on the 500 W H100 29.8%.
 #: 13.4% once the 500 W H100 computes at its sustained clock (0.896) and attention's
-#: backward at 0.87 of its forward rate (torchtitan 22.3%, MosaicML 13.4%).
-LOSO_MAPE_OK_THRESHOLD = 0.135
+#: backward at 0.87 of its forward rate (torchtitan 22.3%, MosaicML 13.4%). 11.5% once
+#: an FA1 knob no fit row identifies starts from half the FA2 value (the FlashAttention-2
+#: paper's speed-up; fit_published.flash1_prior) instead of the FA2 value: MosaicML 10.4%.
+LOSO_MAPE_OK_THRESHOLD = 0.115
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
