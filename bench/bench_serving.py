@@ -55,7 +55,8 @@ def reference_row(packed, srv, cols, i: int) -> dict[str, float]:
                         ks.kv_capacity_tokens(m, d, s) / s.pp, input_len=wl.input_len, output_len=wl.output_len,
                         hit=wl.prefix_hit_rate, concurrency=wl.concurrency, rate=wl.rate_per_s, host=wl.host_s,
                         max_batch=float(cols["max_batch"][i]), max_tokens=float(cols["max_tokens"][i]),
-                        scheduler=int(cols["scheduler"][i]), engines=float(cols["instances"][i] * s.pp),
+                        scheduler=int(cols["scheduler"][i]), overlap=bool(cols["overlap_scheduler"][i]),
+                        engines=float(cols["instances"][i] * s.pp),
                         devices=wl.devices, draft=int(s.draft_tokens), acceptance=wl.acceptance_rate,
                         draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, t),
                         draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b))
@@ -118,13 +119,15 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
     seed = serve.draw_seed(space)
     rate = np.zeros(n_configs)
     args = (in_len, out_len, gaps, clients, rate, cols["max_batch"][rows].astype(float),
-            cols["max_tokens"][rows].astype(float), cols["scheduler"][rows], cap, 2e-4, kv_coef, pair_coef, 0.0,
+            cols["max_tokens"][rows].astype(float), cols["scheduler"][rows], cols["overlap_scheduler"][rows], cap, 2e-4,
+            kv_coef, pair_coef, 0.0,
             serve.GRID, g, h, cols["draft_tokens"][rows], acceptance, seed, dp, ds)
     sim, sim_s = timed(serving_sim.simulate_rows, args, n_configs)
     began = time.perf_counter()
     refs = [naive_simulate(list(in_len), list(out_len), list(gaps), clients=8, rate=0.0,
                            max_batch=int(cols["max_batch"][r]), max_tokens=float(cols["max_tokens"][r]),
-                           scheduler=int(cols["scheduler"][r]), cap=float(cap[j]), host=2e-4,
+                           scheduler=int(cols["scheduler"][r]), overlap=bool(cols["overlap_scheduler"][r]),
+                           cap=float(cap[j]), host=2e-4,
                            kv_coef=float(kv_coef[j]), pair_coef=float(pair_coef[j]), hit=0.0, grid=list(serve.GRID),
                            g=list(g[j]), h=list(h[j]), draft=int(cols["draft_tokens"][r]), acceptance=acceptance,
                            seed=seed, dp=list(dp[j]), ds=list(ds[j])) for j, r in enumerate(rows[:n_ref])]

@@ -225,17 +225,25 @@ def _printed(renderable: Table | str, width: int) -> str:
 
 def frame_text(frame: pl.DataFrame, width: int | None = None) -> str:
     """Any small frame (``compare``'s columns side by side, a study's best trials) as a
-    plain table at the terminal's width: every column, long cells folded rather than
-    the table running past the edge."""
+    plain table at the terminal's width: every header whole, long cells folded rather
+    than the table running past the edge. Where the headers alone are wider than the
+    terminal the frame is printed expanded instead (psql's ``\\x``): one block per row,
+    a line per column, name then value, so that no header is folded mid-word."""
     width = width or terminal_width()
     if frame.is_empty():
         return "(no rows)"
-    table = Table(box=_BOX, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
-    for column in frame.columns:
-        table.add_column(column, justify="right" if frame.schema[column].is_numeric() else "left", overflow="fold")
-    for i in range(frame.height):
-        table.add_row(*(_cell(frame, column, i) for column in frame.columns))
-    return _printed(table, width)
+    if sum(len(column) + 2 for column in frame.columns) - 2 <= width:
+        table = Table(box=_BOX, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0), collapse_padding=True)
+        for column in frame.columns:
+            table.add_column(column, justify="right" if frame.schema[column].is_numeric() else "left",
+                             overflow="fold", min_width=len(column))
+        for i in range(frame.height):
+            table.add_row(*(_cell(frame, column, i) for column in frame.columns))
+        return _printed(table, width)
+    name_width = max(len(column) for column in frame.columns)
+    blocks = [f"-[ {i + 1} ]-\n" + "\n".join(f"{column:<{name_width}}  {_cell(frame, column, i)}"
+                                            for column in frame.columns) for i in range(frame.height)]
+    return "\n".join(blocks)
 
 
 def table_text(frame: pl.DataFrame, *, columns: Sequence[str] | None = None, wide: bool = False,

@@ -167,8 +167,9 @@ def replica_runs(srv: np.ndarray, dtype: np.ndarray) -> np.ndarray:
 def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
              prefill: np.ndarray) -> dict[str, np.ndarray]:
     out = ks.analytic_rows(packed.model, packed.devs, packed.tiers, packed.tiles, srv, prefill, cols["dtype"],
-                           cols["mode"], cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["instances"],
-                           cols["prefill_instances"], packed.workload, replica_runs(srv, cols["dtype"]))
+                           cols["mode"], cols["max_batch"], cols["max_tokens"], cols["scheduler"],
+                           cols["overlap_scheduler"], cols["instances"], cols["prefill_instances"], packed.workload,
+                           replica_runs(srv, cols["dtype"]))
     return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(ks.OUTPUTS)}
 
 
@@ -238,8 +239,9 @@ def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, pre
         clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
             np.floor(wl.concurrency / engines + 0.5), 1.0)
         rate = np.zeros(rows.size) if wl.rate_per_s is None else wl.rate_per_s / engines
-        args = (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, pick["scheduler"], cap, host, kv_coef,
-                pair_coef, wl.prefix_hit_rate, GRID, g, h, pick["draft_tokens"], acceptance, draw_seed(space), dp, ds)
+        args = (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, pick["scheduler"],
+                pick["overlap_scheduler"], cap, host, kv_coef, pair_coef, wl.prefix_hit_rate, GRID, g, h,
+                pick["draft_tokens"], acceptance, draw_seed(space), dp, ds)
         return SimInputs(False, args, engines)
     psrv = prefill[rows].view(np.recarray)
     pg, ph, pdp, _, _, p_pair, p_cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles, psrv,

@@ -95,11 +95,11 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
             for d in range(D))
         caps = (float(p_cap[0]),) * P + (float(d_cap[0]),) * D
     else:
-        (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, cap, host, kv_coef, pair_coef, hit,
-         grid, g, h, draft, acceptance, seed, dp, ds) = a
+        (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host, kv_coef,
+         pair_coef, hit, grid, g, h, draft, acceptance, seed, dp, ds) = a
         ss.simulate_one(in_len, out_len, gaps, int(clients[0]), rate[0], int(max_batch[0]), max_tokens[0],
-                        int(scheduler[0]), cap[0], host, kv_coef[0], pair_coef[0], hit, grid, g[0], h[0],
-                        int(draft[0]), acceptance, seed, dp[0], ds[0], res, log)
+                        int(scheduler[0]), overlap[0] != 0, cap[0], host, kv_coef[0], pair_coef[0], hit, grid, g[0],
+                        h[0], int(draft[0]), acceptance, seed, dp[0], ds[0], res, log)
         engines = int(metrics["engines"][0])
         names = (f"engine 0 (one of {engines} identical engines)",)
         caps = (float(cap[0]),)

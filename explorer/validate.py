@@ -496,18 +496,23 @@ SERVING_REQUESTS = 1000
 #: 1500" (ai-dynamo/aiconfigurator ``generator/rule_plugin/benchmark/trtllm.rule`` and
 #: ``vllm.rule``); the budget decides how many prompts an iteration takes, hence TTFT
 SERVING_TOKEN_SLACK = 1500
-#: the engine family (the framework column's first word) -> its scheduler: vLLM V1 always
-#: chunks prefills (docs.vllm.ai, configuration/optimization, "Chunked Prefill"); SGLang
-#: chunks by default (``--chunked-prefill-size``); TensorRT-LLM schedules whole prompts
-#: unless ``enable_chunked_prefill`` is set (off in its LLM API and in AIConfigurator's
-#: ``extra_engine_args.1.0.0rc3.yaml.j2``). An engine not listed: chunked.
-ENGINE_SCHEDULER = {"vllm": "continuous", "sglang": "continuous", "trtllm": "continuous-unchunked"}
+#: the engine family (the framework column's first word) -> (its scheduler, whether it runs
+#: the overlap scheduler). vLLM V1 always chunks prefills (docs.vllm.ai, configuration/
+#: optimization, "Chunked Prefill") and schedules synchronously by default; SGLang chunks
+#: (``--chunked-prefill-size``) and overlaps by default (its zero-overhead batch scheduler,
+#: lmsys.org/blog/2024-12-04-sglang-v0-4); TensorRT-LLM schedules whole prompts unless
+#: ``enable_chunked_prefill`` is set (off in its LLM API and in AIConfigurator's
+#: ``extra_engine_args.1.0.0rc3.yaml.j2``) and overlaps by default (nvidia.github.io/
+#: TensorRT-LLM, features/overlap-scheduler: "Enabled by default"; AIConfigurator's rules
+#: keep it for aggregated engines). An engine not listed: chunked, not overlapped.
+ENGINE_SCHEDULER = {"vllm": ("continuous", False), "sglang": ("continuous", True),
+                    "trtllm": ("continuous-unchunked", True)}
 
 
-def engine_scheduler(framework: str) -> str:
-    """The serving scheduler of a row's engine (``ENGINE_SCHEDULER``)."""
+def engine_scheduler(framework: str) -> tuple[str, bool]:
+    """The serving scheduler of a row's engine and whether it overlaps (``ENGINE_SCHEDULER``)."""
     words = framework.lower().split()
-    return ENGINE_SCHEDULER.get(words[0] if words else "", "continuous")
+    return ENGINE_SCHEDULER.get(words[0] if words else "", ("continuous", False))
 
 
 def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
@@ -541,6 +546,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
         redundant = row_expert_slots(model.moe.experts, ep) - model.moe.experts
     # batch and token budget are per attention-DP rank; an engine of tp ranks runs tp of them
     batch_per_rank = batch or ints["concurrency"]
+    scheduler, overlap = engine_scheduler(row.get("framework") or "")
     ranks = ints["tp"] if attention_dp else 1
     raw = {
         "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
@@ -552,7 +558,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
                        "redundant_experts": [redundant],
                        "max_batch": [batch_per_rank * ranks],
                        "max_tokens": [(batch_per_rank + ints["input_len"] + SERVING_TOKEN_SLACK) * ranks],
-                       "scheduler": [engine_scheduler(row.get("framework") or "")]},
+                       "scheduler": [scheduler], "overlap_scheduler": [overlap]},
     }
     spec = validate(ServingSpec, raw, where)
     space = LoadedServing(spec=spec, model=model, hardware=hardware, source=where, raw=raw)

@@ -57,7 +57,10 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   point; unstable when it diverges or B exceeds the batch or KV limit or the
   tokens exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E;
   TTFT = t (1/2 + ceil(in / (max_tokens - B q))) (unchunked: t (1/2 + 1), the
-  prompt whole in one iteration).
+  prompt whole in one iteration); with the overlap scheduler one iteration more
+  (the batch an arrival could join was scheduled before it came). The closed
+  loop's waves are unchanged by it: a wave arrives at an empty engine, which
+  schedules at once.
 - Poisson, static: waves of the B requests that arrived during the last one, B
   = lambda period(B) (fixed point); TTFT = period / 2 + prefill.
 
@@ -495,7 +498,7 @@ def clients_per_engine(concurrency: float, engines: float) -> float:
 
 @jit
 def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
-                 instances: float, memory_only: bool, kv_coef: float, out) -> None:
+                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, out) -> None:
     """Fill ``out`` (``OUTPUTS``) for one aggregated candidate (module doc); with
     ``memory_only`` stop after the memory columns and the memory reasons (a
     disaggregated row's decode replica, ``disagg_one`` does the rest).
@@ -592,7 +595,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
                 pre = np.inf
             else:  # chunks of the room each iteration leaves; unchunked: the whole prompt in one
                 pre = t if scheduler == UNCHUNKED else t * math.ceil(new / room)
-            ttft = 0.5 * t + pre
+            ttft = 0.5 * t + pre + (t if overlap else 0.0)
             tpot = t / e_tok
             dec = nd * tpot
         e2e = ttft + dec
@@ -749,12 +752,12 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
 
 @jit(parallel=True)
 def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode, max_batch, max_tokens, scheduler,
-                  instances, prefill_instances, wl, run_of=None):
+                  overlap, instances, prefill_instances, wl, run_of=None):
     """``OUTPUTS`` for every row: ``srv_rows`` the rows' (decode) replicas as
     ``kernels.inference.SERVING`` records, ``prefill_rows`` their prefill
     replicas (read where ``mode`` is DISAGG), ``devs`` one DEVICE record per
     Dtype code (indexed by ``dtype``), ``model`` and ``wl`` one-element record
-    arrays. Returns (n, N_OUT) float64.
+    arrays; ``overlap`` (int8, 1: the overlap scheduler) per row. Returns (n, N_OUT) float64.
 
     ``run_of`` (optional, int64, 0, then each row equal to the previous or one
     more) numbers runs of consecutive rows whose replica records (``batch_cap``
@@ -778,7 +781,7 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
         disagg = mode[i] == DISAGG
         kv = kv_coef[runs[i]]
         analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
-                     float(max_tokens[i]), int(scheduler[i]), float(instances[i]), disagg, kv, row)
+                     float(max_tokens[i]), int(scheduler[i]), overlap[i] != 0, float(instances[i]), disagg, kv, row)
         if disagg and row[O_REASON] == OK:
             disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
                        float(max_batch[i]), float(max_tokens[i]), float(instances[i]), float(prefill_instances[i]),

@@ -11,7 +11,11 @@ exponential gaps over the engine's rate). Every iteration, at time t:
 2. admission, in queue order, while the engine runs fewer than ``max_batch``
    requests and the KV cache can take the request's prompt (plus the tokens it
    had generated, when it was preempted); the static scheduler admits only
-   into an empty engine;
+   into an empty engine; with the overlap scheduler (TensorRT-LLM's default,
+   SGLang's zero-overhead scheduler) a busy engine scheduled this iteration
+   while the previous one ran, so it admits only requests that had arrived when
+   the previous iteration started (an arrival waits one iteration more; the
+   host time it hides is not modelled);
 3. every running request whose prompt is done decodes one token (with k draft
    tokens: verifies q = k + 1 positions and emits 1 + the number of leading
    accepted drafts, below); if the cache cannot grow by q tokens for each, the
@@ -242,10 +246,11 @@ N_COUNTERS = 5
 #: ``acc``: the clock; the integral over time of the requests in the system, and their
 #: number; requests done; cached tokens held (aggregated) and the high-water mark;
 #: iterations (disaggregated: the decode engines'), those with prompt tokens (the prefill
-#: replicas'); preemptions; (request, decode step) pairs and the tokens they emitted.
+#: replicas'); preemptions; (request, decode step) pairs and the tokens they emitted; the
+#: start of the last iteration (when the overlap scheduler chose the next one's batch).
 (A_T, A_AREA, A_IN_SYSTEM, A_DONE, A_KV_USED, A_KV_PEAK, A_ITERATIONS, A_PREFILL_ITERATIONS, A_PREEMPTIONS,
- A_DEC_STEPS, A_DEC_TOKENS) = range(11)
-N_ACC = 11
+ A_DEC_STEPS, A_DEC_TOKENS, A_LAST_START) = range(12)
+N_ACC = 12
 
 
 @jit(inline=True)
@@ -381,6 +386,7 @@ def _fast_forward(ahead: float, kv_read: float, base: float, kv_coef: float, pai
         dt = base + kv_coef * kv_read + pair_coef * 0.0
         cursor = _record(log, cursor, 0, LOG_DECODE, t, t + dt, float(n_run), float(n_run), 0.0, kv_used + n_run,
                          0.0, -1, -1)
+        acc[A_LAST_START] = t
         t += dt
         area += n_sys * dt
         kv_read += n_run
@@ -403,8 +409,8 @@ def _fast_forward(ahead: float, kv_read: float, base: float, kv_coef: float, pai
 
 @jit
 def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: int, max_tokens: float,
-                 scheduler: int, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float, grid,
-                 g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log) -> None:
+                 scheduler: int, overlap: bool, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float,
+                 grid, g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log) -> None:
     """Simulate one engine (module doc) and fill ``res`` (``SIM_OUTPUTS``); each
     iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows (module doc: its split)."""
     n = in_len.shape[0]
@@ -425,8 +431,13 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] <= t:
             _poisson_arrivals(arr_at, queue, counters, acc)
         admitting = not static or n_run == 0  # in queue order, while the batch and the cache have room
+        late = overlap and n_run > 0  # a busy engine's batch was chosen when the last iteration started
+        held = False  # an arrival waits for the next iteration (overlap scheduler)
         while admitting and counters[C_QUEUED] > 0 and n_run < max_batch:
             r = queue[counters[C_HEAD]]
+            if late and arr_at[r] > acc[A_LAST_START]:
+                held = True  # it arrived after this iteration's batch was scheduled
+                break
             need = in_len[r] + gen[r]  # (a preempted request's generated tokens too)
             if acc[A_KV_USED] + need > cap:
                 break
@@ -454,7 +465,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
             if n_run == 0:
                 stuck = True  # the only running request cannot grow its cache
                 break
-        if n_dec == n_run and draft == 0:  # decode only: fast-forward while nothing but the KV lengths change
+        if n_dec == n_run and draft == 0 and not held:  # decode only: fast-forward while only KV lengths change
             ahead, kv_read = np.inf, 0.0
             for i in range(n_run):
                 r = running[i]
@@ -495,6 +506,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         high = acc[A_KV_USED] + n_dec * q
         counters[C_CURSOR] = _record(log, counters[C_CURSOR], 0, kind, t, t + dt, tokens, float(n_run), prompt, high,
                                      0.0, -1, -1)
+        acc[A_LAST_START] = t
         t += dt
         acc[A_T] = t
         acc[A_AREA] += acc[A_IN_SYSTEM] * dt
@@ -596,10 +608,11 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
 
 
 @jit(parallel=True)
-def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, cap, host, kv_coef,
+def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host, kv_coef,
                   pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table):
     """``SIM_OUTPUTS`` for every configuration (row): per-row ``clients`` (0: Poisson
-    at ``rate``), ``max_batch``, ``max_tokens``, ``scheduler``, KV ``cap`` tokens,
+    at ``rate``), ``max_batch``, ``max_tokens``, ``scheduler``, ``overlap`` (1: the
+    overlap scheduler), KV ``cap`` tokens,
     ``kv_coef``, ``pair_coef``, ``draft`` tokens and cost tables
     (``kernels.serving.cost_tables``); the request lengths, unit gaps, ``host``,
     ``hit``, the draft ``acceptance`` and the draws' ``seed`` (below 2^32) are
@@ -609,8 +622,8 @@ def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, s
     nolog = np.empty((0, N_LOG))
     for i in prange(n):
         simulate_one(in_len, out_len, gaps, int(clients[i]), rate[i], int(max_batch[i]), max_tokens[i],
-                     int(scheduler[i]), cap[i], host, kv_coef[i], pair_coef[i], hit, grid, g_table[i], h_table[i],
-                     int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i], nolog)
+                     int(scheduler[i]), overlap[i] != 0, cap[i], host, kv_coef[i], pair_coef[i], hit, grid, g_table[i],
+                     h_table[i], int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i], nolog)
     return out
 
 

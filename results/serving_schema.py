@@ -37,6 +37,8 @@ STRATEGY: tuple[Column, ...] = (
     Column("max_tokens", pa.int32(), "tokens", "tokens per iteration (chunked-prefill budget)"),
     Column("scheduler", pa.dictionary(pa.int8(), pa.string()), "enum",
            "static, continuous (chunked prefill) or continuous-unchunked batching"),
+    Column("overlap_scheduler", pa.bool_(), "bool",
+           "the next iteration scheduled while one runs: a busy engine admits an arrival one iteration later"),
     Column("prefill_tp", pa.int32(), "count", "disagg: tensor-parallel ranks of a prefill replica"),
     Column("prefill_instances", pa.int32(), "count", "disagg: prefill replicas"),
     Column("prefill_ep", pa.int32(), "count", "disagg: expert-parallel ranks among a prefill replica's ranks"),

@@ -153,6 +153,8 @@ class ServingReason(IntEnum):
     #: disaggregated prefill replica: prefill_ep does not divide prefill_tp, the expert slots or (with
     #: prefill_tp / prefill_ep) the expert FFN; EP or attention DP on a dense model; attention DP with prefill_tp = 1
     PREFILL_EP_SHAPE = 15
+    #: the overlap scheduler where it changes nothing modelled (static batches, disaggregated): first value kept
+    OVERLAP_UNUSED = 16
 
 
 REASON_TEXT: dict[ServingReason, str] = {
@@ -175,6 +177,8 @@ REASON_TEXT: dict[ServingReason, str] = {
     ServingReason.DISPATCH_UNUSED: "dispatch / prefill_dispatch unused (no attention_dp or ep=1): first value kept",
     ServingReason.PREFILL_EP_SHAPE: "disagg: prefill_ep does not divide prefill_tp and the slots (or the expert FFN), "
                                     "or prefill EP / attention DP impossible",
+    ServingReason.OVERLAP_UNUSED: "overlap_scheduler with static batches or disagg (not modelled there): first value "
+                                  "kept",
 }
 
 
@@ -348,6 +352,10 @@ class ServingDimensions(Record):
     #: tokens per iteration (decode tokens plus prefill chunks): the chunked-prefill budget
     max_tokens: tuple[PositiveInt, ...] = (8192,)
     scheduler: tuple[Literal["static", "continuous", "continuous-unchunked"], ...] = ("continuous",)
+    #: the overlap scheduler: the next iteration is scheduled while this one runs, so a busy
+    #: engine admits an arrival one iteration later (TensorRT-LLM's PyTorch executor by default,
+    #: SGLang's zero-overhead scheduler); aggregated continuous batching only
+    overlap_scheduler: tuple[bool, ...] = (False,)
     #: aggregated replicas, or prefill and decode replicas apart
     mode: tuple[Literal["agg", "disagg"], ...] = ("agg",)
     #: disaggregated: tensor-parallel size of a prefill replica
@@ -514,14 +522,14 @@ def check_serving(space: LoadedServing) -> None:
 
 #: the product's dimensions, slowest first (the Parquet strategy columns, with instances)
 DIMENSIONS = ("mode", "tp", "pp", "ep", "attention_dp", "redundant_experts", "dispatch", "tbo", "dtype", "kv_dtype",
-              "draft_tokens", "max_batch", "max_tokens", "scheduler", "prefill_tp", "prefill_instances", "prefill_ep",
-              "prefill_attention_dp", "prefill_dispatch")
+              "draft_tokens", "max_batch", "max_tokens", "scheduler", "overlap_scheduler", "prefill_tp",
+              "prefill_instances", "prefill_ep", "prefill_attention_dp", "prefill_dispatch")
 #: enum-valued dimensions: Parquet dictionary columns with these labels
 DIMENSION_ENUMS: dict[str, list[str]] = {"scheduler": enum_labels(Scheduler), "mode": enum_labels(Mode),
                                          "dispatch": [label(m) for m in sorted(Dispatch)],
                                          "prefill_dispatch": [label(m) for m in sorted(Dispatch)]}
 #: boolean dimensions (int8 0/1 in the columns)
-BOOL_DIMENSIONS = ("attention_dp", "tbo", "prefill_attention_dp")
+BOOL_DIMENSIONS = ("attention_dp", "tbo", "overlap_scheduler", "prefill_attention_dp")
 
 
 def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
@@ -614,6 +622,7 @@ def _reasons(space: LoadedServing, c: dict[str, np.ndarray],
         ServingReason.PREFILL_EP_SHAPE: disagg & ((ptp % pep != 0) | (dense & ((pep > 1) | padp)) | (padp & (ptp == 1))
                                                   | ((pep > 1) & ((slots % pep != 0) | (slots > experts * pep)))
                                                   | (~dense & (expert_ffn % np.maximum(ptp // pep, 1) != 0))),
+        ServingReason.OVERLAP_UNUSED: (static | disagg) & (c["overlap_scheduler"] != values["overlap_scheduler"][0]),
     }
     reason = np.zeros(tp.shape[0], np.int64)
     breaks = np.zeros(len(ServingReason), np.int64)

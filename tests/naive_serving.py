@@ -58,7 +58,7 @@ def unit_draw(seed: int, request: int, position: int, draft: int) -> float:
 def steady_state(rows: Callable[[float], float], head: Callable[[float], float], kv_coef: float, pair_coef: float,
                  cap_tokens: float, *, input_len: float, output_len: float, hit: float, concurrency: float,
                  rate: float, host: float, max_batch: float, max_tokens: float, scheduler: int, engines: float,
-                 devices: float, draft: int = 0, acceptance: float = 0.0,
+                 devices: float, draft: int = 0, acceptance: float = 0.0, overlap: bool = False,
                  draft_prompt: Callable[[float], float] = lambda t: 0.0,
                  draft_steps: Callable[[float], float] = lambda b: 0.0) -> dict[str, float]:
     """The analytic tier's closed forms for one candidate (kernels.serving module doc)."""
@@ -126,6 +126,8 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
             t = nt
         b = lam * steps * t
         ttft = t / 2 + t * (1 if scheduler == UNCHUNKED else math.ceil(new / (max_tokens - b * q)))
+        if overlap:  # the batch an arrival could join was already scheduled: one iteration more
+            ttft += t
         dec = steps * t
         e2e = ttft + dec
         rps = lam
@@ -176,7 +178,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
              max_batch: int, max_tokens: float, scheduler: int, cap: float, host: float, kv_coef: float,
              pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float], draft: int = 0,
              acceptance: float = 0.0, seed: int = 0, dp: list[float] | None = None,
-             ds: list[float] | None = None) -> dict[str, float]:
+             ds: list[float] | None = None, overlap: bool = False) -> dict[str, float]:
     """One engine's continuous- (chunked or not) or static-batching run (kernels.serving_sim module doc)."""
     static = scheduler == STATIC
     n = len(in_len)
@@ -192,6 +194,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
     computed = [0.0] * n
     running: list[int] = []
     t = area = kv_used = 0.0
+    scheduled_at = 0.0  # overlap scheduler: the batch of an iteration is chosen when the one before starts
     preemptions = 0
     while front.finished < n:
         if not closed:
@@ -199,8 +202,11 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                 area += t - arrive[front.issued]
                 front.arrival()
         if not static or not running:
+            late = overlap and bool(running)  # a busy engine chose this batch when the last iteration started
             while queue and len(running) < max_batch:
                 r = queue[0]
+                if late and arrive[r] > scheduled_at:
+                    break
                 need = in_len[r] + gen[r]
                 if kv_used + need > cap:
                     break
@@ -244,6 +250,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                 if computed[r] + c >= target[r]:
                     rows += 1
         assert tokens > 0, "stuck"  # unchunked: no decodes and the first prompt exceeds max_tokens
+        scheduled_at = t
         dt = host + lookup(grid, g, tokens) + lookup(grid, h, rows) + kv_coef * kv_read + pair_coef * pairs
         if draft:
             dt += lookup(grid, dp, prompt) + lookup(grid, ds, len(decoding))

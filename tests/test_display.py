@@ -274,3 +274,18 @@ def test_compare_fits_an_80_column_terminal(tmp_path):
     assert lines[0].split() == ["column", ids[0], ids[1], "difference"]
     assert max(len(line) for line in lines) <= 80
     assert any(line.split()[:1] == ["step_time_s"] for line in lines)
+
+
+def test_a_frame_too_wide_for_the_terminal_is_printed_expanded_not_folded():
+    """The study's best trials and ``compare`` print any frame: as a table where it fits,
+    else one block per row (name, value) so that no header or label is cut mid-word."""
+    frame = pl.DataFrame({"trial": [3, 7], "output_tokens_per_s_per_gpu": [312.0, 236.5],
+                          "scheduler": ["continuous-unchunked", "static"]})
+    table = display.frame_text(frame, width=120)
+    assert table.splitlines()[0].split() == ["trial", "output_tokens_per_s_per_gpu", "scheduler"]
+    assert len(table.splitlines()) == 4  # header, rule, two rows
+    expanded = display.frame_text(frame, width=30)
+    lines = expanded.splitlines()
+    assert lines[0] == "-[ 1 ]-" and lines[4] == "-[ 2 ]-" and len(lines) == 8
+    assert lines[1].split() == ["trial", "3"] and lines[3].split() == ["scheduler", "continuous-unchunked"]
+    assert lines[6].split() == ["output_tokens_per_s_per_gpu", "236.5"]

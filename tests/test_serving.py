@@ -69,13 +69,14 @@ def fast(make_device, make_tiers, toy_tiles):
                 tiles=toy_tiles)
 
 
-def analytic(env, srv, wl, *, max_batch=256.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS, instances=1.0,
+def analytic(env, srv, wl, *, max_batch=256.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS, overlap=False, instances=1.0,
              prefill=None, prefill_instances=1.0):
     """The analytic tier on one row: aggregated, or disaggregated with ``prefill`` replicas."""
     mode = ks.AGG if prefill is None else ks.DISAGG
     out = ks.analytic_rows(env["model"], env["dev"], env["tiers"], env["tiles"], srv,
                            srv if prefill is None else prefill, np.zeros(1, np.int8), np.array([mode], np.int8),
                            np.array([max_batch]), np.array([max_tokens]), np.array([scheduler], np.int8),
+                           np.array([overlap], np.int8),
                            np.array([instances]), np.array([prefill_instances]), wl)
     return dict(zip(ks.OUTPUTS, out[0]))
 
@@ -85,7 +86,7 @@ def tables(env, srv):
 
 
 def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_batch=256.0, max_tokens=8192.0,
-            scheduler=ks.CONTINUOUS, host=0.0, hit=0.0, cap=None, acceptance=0.0, seed=0):
+            scheduler=ks.CONTINUOUS, overlap=False, host=0.0, hit=0.0, cap=None, acceptance=0.0, seed=0):
     """One engine of ``srv`` (its draft_tokens) simulated; returns (outputs, its cost parts)."""
     g, h, dp, ds, kv_coef, pair_coef, capacity = tables(env, srv)
     if cap is not None:
@@ -93,7 +94,8 @@ def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_ba
     gaps = np.ones(len(in_len)) if gaps is None else gaps
     out = serving_sim.simulate_rows(np.asarray(in_len, float), np.asarray(out_len, float), gaps, np.array([clients], float),
                                     np.array([rate]), np.array([max_batch]), np.array([max_tokens]),
-                                    np.array([scheduler], np.int8), capacity, host, kv_coef, pair_coef, hit, GRID, g, h,
+                                    np.array([scheduler], np.int8), np.array([overlap], np.int8), capacity, host, kv_coef,
+                                    pair_coef, hit, GRID, g, h,
                                     srv["draft_tokens"].astype(np.int64), acceptance, seed, dp, ds)
     return dict(zip(serving_sim.SIM_OUTPUTS, out[0])), (g[0], h[0], kv_coef[0], pair_coef[0], capacity[0], dp[0], ds[0])
 
@@ -442,6 +444,26 @@ def test_prompts_per_iteration_by_hand(fast, scheduler):
     assert sim["makespan_s"] == pytest.approx(t1 + t2, rel=REL)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlap_scheduler_admits_an_arrival_one_iteration_later_by_hand(fast, overlap):
+    """Two users; 10-token prompts; request 0 wants 2 tokens, request 1 five, request 2
+    (user 0's next) one; no host time. Iteration 1 prefills 0 and 1 (20 tokens, 2 rows,
+    pairs 2 x 10 x 5 = 100); iteration 2 decodes both (KV read 11 + 11 = 22) and request 0
+    ends, so request 2 arrives at t2. Without overlap iteration 3 prefills it beside request
+    1's decode (11 tokens, 2 rows, KV read 12, pairs 50): TTFT_2 = t(3). With the overlap
+    scheduler iteration 3's batch was chosen when iteration 2 started, before request 2
+    came: iteration 3 decodes request 1 alone (1 token, KV read 12), iteration 4 takes
+    request 2 (11 tokens, 2 rows, KV read 13, pairs 50): TTFT_2 = t(3') + t(4). Requests 0
+    and 1 see t(1). Mean TTFT = (2 t(1) + TTFT_2) / 3."""
+    sim, (g, h, kv_coef, pair_coef, _, _, _) = run_sim(fast, toy_srv(), [10.0] * 3, [2.0, 5.0, 1.0], clients=2,
+                                                        overlap=overlap)
+    cost = lambda tokens, rows, kv, pairs: (serving_sim.lookup(GRID, g, tokens) + serving_sim.lookup(GRID, h, rows)
+                                            + kv_coef * kv + pair_coef * pairs)
+    t1 = cost(20.0, 2.0, 0.0, 100.0)
+    ttft_2 = cost(1.0, 1.0, 12.0, 0.0) + cost(11.0, 2.0, 13.0, 50.0) if overlap else cost(11.0, 2.0, 12.0, 50.0)
+    assert sim["ttft_s"] == pytest.approx((2.0 * t1 + ttft_2) / 3.0, rel=REL)
+
+
 def test_unchunked_prompt_over_the_budget_is_stuck_in_the_simulation_and_explained_by_the_tier(fast):
     """Whole prompts only: a 600-token prompt never fits a 512-token iteration. The
     simulation stops (stuck, NaN latencies) instead of spinning; the analytic tier marks
@@ -479,16 +501,19 @@ def test_simulation_is_deterministic(fast):
     dict(clients=12, rate=0.0, cap=2500.0, scheduler=ks.CONTINUOUS, max_tokens=1024.0),
     dict(clients=16, rate=0.0, cap=None, scheduler=ks.UNCHUNKED, max_tokens=2600.0),
     dict(clients=0, rate=350.0, cap=2500.0, scheduler=ks.UNCHUNKED, max_tokens=2600.0),
+    dict(clients=16, rate=0.0, cap=None, scheduler=ks.UNCHUNKED, max_tokens=2600.0, overlap=True),
+    dict(clients=0, rate=350.0, cap=2500.0, scheduler=ks.CONTINUOUS, max_tokens=700.0, overlap=True),
 ])
 def test_simulation_agrees_with_the_reference(fast, case):
     in_len, out_len, gaps = lognormal_requests(150, seed=3)
     sim, (g, h, kv_coef, pair_coef, cap, _, _) = run_sim(
         fast, toy_srv(), in_len, out_len, gaps, clients=case["clients"], rate=case["rate"], max_batch=16.0,
-        max_tokens=case["max_tokens"], scheduler=case["scheduler"], host=2e-5, hit=0.25, cap=case["cap"])
+        max_tokens=case["max_tokens"], scheduler=case["scheduler"], overlap=case.get("overlap", False), host=2e-5,
+        hit=0.25, cap=case["cap"])
     ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=case["clients"], rate=case["rate"],
                          max_batch=16, max_tokens=case["max_tokens"], scheduler=case["scheduler"],
                          cap=float(cap), host=2e-5, kv_coef=float(kv_coef), pair_coef=float(pair_coef), hit=0.25,
-                         grid=list(GRID), g=list(g), h=list(h))
+                         grid=list(GRID), g=list(g), h=list(h), overlap=case.get("overlap", False))
     for key in ("ttft_s", "ttft_p50_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "e2e_latency_s", "makespan_s",
                 "concurrency", "preemptions"):
         assert sim[key] == pytest.approx(ref[key], rel=REL), key
@@ -509,6 +534,8 @@ REFERENCE_CASES = [
     ({"concurrency": 0.0, "rate_per_s": 30.0}, ks.STATIC),
     ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0}, ks.UNCHUNKED),
     ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.UNCHUNKED),
+    ({"concurrency": 0.0, "rate_per_s": 30.0, "overlap": True}, ks.CONTINUOUS),
+    ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0, "overlap": True}, ks.UNCHUNKED),
 ]
 
 
@@ -516,15 +543,17 @@ REFERENCE_CASES = [
 def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
     m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
     srv = toy_srv()
+    wl_change = dict(wl_change)
+    overlap = wl_change.pop("overlap", False)
     wl = workload(host_s=1e-4, **wl_change)
-    out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, instances=2.0)
+    out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, overlap=overlap, instances=2.0)
     ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, srv[0], t),
                        lambda r: ks.head_rows_s(m, d, tiers, tiles, srv[0], r),
                        ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), ks.pair_s(m, d, srv[0]),
                        ks.kv_capacity_tokens(m, d, srv[0]), input_len=wl.input_len[0], output_len=wl.output_len[0],
                        hit=wl.prefix_hit_rate[0], concurrency=wl.concurrency[0], rate=wl.rate_per_s[0],
                        host=1e-4, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, engines=2.0,
-                       devices=1.0)
+                       devices=1.0, overlap=overlap)
     assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
     for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s", "output_tokens_per_s_per_gpu"):
         assert out[key] == pytest.approx(ref[key], rel=1e-10), key

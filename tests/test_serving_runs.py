@@ -21,8 +21,8 @@ def test_runs_give_the_rows_results_bit_for_bit(name):
     srv = serve.serving_records(space, cols)
     prefill = serve.serving_records(space, cols, prefill=True)
     args = (packed.model, packed.devs, packed.tiers, packed.tiles, srv, prefill, cols["dtype"], cols["mode"],
-            cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["instances"], cols["prefill_instances"],
-            packed.workload)
+            cols["max_batch"], cols["max_tokens"], cols["scheduler"], cols["overlap_scheduler"], cols["instances"],
+            cols["prefill_instances"], packed.workload)
     runs = serve.replica_runs(srv, cols["dtype"])
     assert runs[-1] + 1 < len(runs) / 2  # the rows of a replica do run together
     per_row = ks.analytic_rows(*args)
@@ -33,7 +33,7 @@ def test_runs_give_the_rows_results_bit_for_bit(name):
     srv_s, prefill_s = srv[order], prefill[order]
     out = ks.analytic_rows(packed.model, packed.devs, packed.tiers, packed.tiles, srv_s, prefill_s, shuffled["dtype"],
                            shuffled["mode"], shuffled["max_batch"], shuffled["max_tokens"], shuffled["scheduler"],
-                           shuffled["instances"], shuffled["prefill_instances"], packed.workload,
+                           shuffled["overlap_scheduler"], shuffled["instances"], shuffled["prefill_instances"], packed.workload,
                            serve.replica_runs(srv_s, shuffled["dtype"]))
     assert np.array_equal(out, per_row[order], equal_nan=True)
 

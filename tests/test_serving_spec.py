@@ -183,8 +183,11 @@ def test_no_drafts_is_bit_for_bit_the_tier_without_them(fast):
 def test_analytic_tier_with_drafts_agrees_with_the_reference(fast, wl_change, scheduler):
     m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
     srv = spec_srv(3.0)
+    wl_change = dict(wl_change)
+    overlap = wl_change.pop("overlap", False)
     wl = workload(host_s=1e-4, acceptance_rate=0.7, **wl_change)
-    out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, instances=2.0)
+    out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, overlap=overlap,
+                   instances=2.0)
     s = srv[0]
     ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, t),
                        lambda r: ks.head_rows_s(m, d, tiers, tiles, s, r),
@@ -193,7 +196,7 @@ def test_analytic_tier_with_drafts_agrees_with_the_reference(fast, wl_change, sc
                        concurrency=wl.concurrency[0], rate=wl.rate_per_s[0], host=1e-4, max_batch=32.0,
                        max_tokens=2048.0, scheduler=scheduler, engines=2.0, devices=1.0, draft=3,
                        acceptance=0.7, draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, t),
-                       draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b))
+                       draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b), overlap=overlap)
     assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
     for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s", "output_tokens_per_s_per_gpu"):
         assert out[key] == pytest.approx(ref[key], rel=1e-10), key

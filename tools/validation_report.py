@@ -188,8 +188,9 @@ def inference_section(path: Path) -> list[str]:
            f"{', '.join(loso.INFERENCE_KNOBS)}, fitted on training.csv). The per-iteration host time of the serving "
            f"simulation ({validate.SERVING_HOST_US:.0f} us) and the memory efficiencies are documented values, "
            "fitted on nothing. Each closed-loop row's engine runs its framework's scheduler (TensorRT-LLM: whole "
-           "prompts; vLLM, SGLang: chunked; `validate.ENGINE_SCHEDULER`) under the token budget AIConfigurator "
-           f"configured it with, max_batch + input_len + {validate.SERVING_TOKEN_SLACK} per rank.", ""]
+           "prompts; vLLM, SGLang: chunked; TensorRT-LLM and SGLang with the overlap scheduler; "
+           "`validate.ENGINE_SCHEDULER`) under the token budget AIConfigurator configured it with, max_batch + "
+           f"input_len + {validate.SERVING_TOKEN_SLACK} per rank.", ""]
     out += head + [line(f"all `{g}` rows", None, g) for g in ("ok", "uncertain") if st[g]["n"]]
     for key, title in (("by_metric", "metric"), ("by_framework", "framework"), ("by_gpu", "GPU"),
                        ("by_source", "source")):
