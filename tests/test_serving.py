@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from click.testing import CliRunner
 
 import naive_serving
@@ -689,3 +691,34 @@ def test_serving_numbers_are_bounded(path, value):
     target[path[-1]] = value
     with pytest.raises(CatalogError, match=path[-1]):
         serving_from_raw(raw, "t.toml", SERVING_DIR)
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 24), clients=st.integers(0, 6), scheduler=st.sampled_from([ks.STATIC, ks.CONTINUOUS, ks.UNCHUNKED]),
+       overlap=st.booleans(), max_tokens=st.sampled_from([64.0, 300.0, 4096.0]), cap=st.sampled_from([None, 900.0]),
+       seed=st.integers(0, 2**16))
+def test_simulation_equals_the_reference_on_random_runs(fast, n, clients, scheduler, overlap, max_tokens, cap, seed):
+    """Property over every scheduler, with and without the overlap scheduler, a closed loop
+    or Poisson arrivals, budgets below and above the prompts, a small cache that preempts:
+    the kernel and the plain-Python reference give the same run, or both find it stuck
+    (a prompt over an unchunked budget, a request over the cache)."""
+    rng = np.random.default_rng(seed)
+    in_len = np.maximum(np.rint(rng.lognormal(np.log(120), 0.7, n)), 1.0)
+    out_len = np.maximum(np.rint(rng.lognormal(np.log(12), 0.6, n)), 1.0)
+    gaps = rng.exponential(1.0, n)
+    rate = 0.0 if clients else 300.0
+    sim, (g, h, kv_coef, pair_coef, capacity, _, _) = run_sim(
+        fast, toy_srv(), in_len, out_len, gaps, clients=clients, rate=rate, max_batch=4.0, max_tokens=max_tokens,
+        scheduler=scheduler, overlap=overlap, host=1e-5, cap=cap)
+    try:
+        ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=clients, rate=rate, max_batch=4,
+                             max_tokens=max_tokens, scheduler=scheduler, cap=float(capacity), host=1e-5,
+                             kv_coef=float(kv_coef), pair_coef=float(pair_coef), hit=0.0, grid=list(GRID), g=list(g),
+                             h=list(h), overlap=overlap)
+    except AssertionError as stuck:
+        assert "stuck" in str(stuck) and sim["stuck"] == 1
+        return
+    assert sim["stuck"] == 0
+    for key in ("ttft_s", "ttft_p90_s", "tpot_s", "e2e_latency_s", "makespan_s", "concurrency", "preemptions"):
+        assert sim[key] == pytest.approx(ref[key], rel=REL, nan_ok=True), key

@@ -448,6 +448,9 @@ FUZZ = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too
 #: mutations reach those fields too, in a closed loop and under Poisson arrivals
 FUZZ_BASES = [changed({"sla": {"ttft_s": 2.0, "ttft_p90_s": 4.0, "tpot_s": 0.05, "tpot_p90_s": 0.1},
                        "workload.output_len": {"distribution": "lognormal", "mean": 64.0, "sigma": 0.5},
+                       # whole prompts (a budget a long prompt can exceed) and the overlap scheduler
+                       "dimensions.scheduler": ["continuous", "continuous-unchunked"],
+                       "dimensions.overlap_scheduler": [False, True], "dimensions.max_tokens": [1024],
                        **arrivals}, drop)
               for arrivals, drop in (({}, ()), ({"workload.rate_per_s": 20.0}, ("workload.concurrency",)))]
 
@@ -462,7 +465,7 @@ hostile_values = st.one_of(
     st.lists(st.integers(-4, 20), max_size=3),
 )
 
-LABELS = ["fp8", "bf16", "static", "continuous", "agg", "disagg", "lognormal", "fixed"]
+LABELS = ["fp8", "bf16", "static", "continuous", "continuous-unchunked", "agg", "disagg", "lognormal", "fixed"]
 
 
 def plausible_like(value: Any) -> st.SearchStrategy[Any]:
