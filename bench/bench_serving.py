@@ -39,6 +39,8 @@ from paraspace.kernels import serving_sim  # noqa: E402
 from paraspace.spaces.serving import load_serving  # noqa: E402
 
 SPACE = "llama3.1-70b-h100-8-fp8"
+#: kernel calls timed per figure, the fastest reported (the references run once: they are slow)
+REPEATS = 3
 
 
 def tiled(cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
@@ -70,9 +72,11 @@ def bench_analytic(space, n_rows: int, n_ref: int) -> None:
     srv = serve.serving_records(space, cols)
     prefill = serve.serving_records(space, cols, prefill=True)
     serve.analytic(packed, srv, cols, prefill)  # compile / load the cache
-    began = time.perf_counter()
-    metrics = serve.analytic(packed, srv, cols, prefill)
-    kernel_s = time.perf_counter() - began
+    kernel_s = np.inf
+    for _ in range(REPEATS):  # the best of a few calls: another process's burst is not the kernel's time
+        began = time.perf_counter()
+        metrics = serve.analytic(packed, srv, cols, prefill)
+        kernel_s = min(kernel_s, time.perf_counter() - began)
     ok = np.flatnonzero((metrics["reason"] != ks.WEIGHTS_OOM) & (cols["mode"] == ks.AGG))
     ok = ok[metrics["reason"][ok] != ks.KV_TOO_SMALL][:n_ref]
     reference_row(packed, srv, cols, int(ok[0]))  # the jitted parts' dispatch from Python: compile / load once
@@ -88,12 +92,16 @@ def bench_analytic(space, n_rows: int, n_ref: int) -> None:
 
 
 def timed(kernel, args: tuple, n_configs: int) -> tuple[np.ndarray, float]:
-    """``kernel(*args)`` and its seconds, after a call on the first configuration
-    (per-configuration arrays cut to one row) has compiled it or loaded its cache."""
+    """``kernel(*args)`` and its seconds (the best of ``REPEATS`` calls), after a call on
+    the first configuration (per-configuration arrays cut to one row) has compiled it or
+    loaded its cache."""
     kernel(*(a[:1] if isinstance(a, np.ndarray) and a.shape[0] == n_configs else a for a in args))
-    began = time.perf_counter()
-    out = kernel(*args)
-    return out, time.perf_counter() - began
+    best = np.inf
+    for _ in range(REPEATS):
+        began = time.perf_counter()
+        out = kernel(*args)
+        best = min(best, time.perf_counter() - began)
+    return out, best
 
 
 def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None:
