@@ -13,9 +13,11 @@ exponential gaps over the engine's rate). Every iteration, at time t:
    had generated, when it was preempted); the static scheduler admits only
    into an empty engine; with the overlap scheduler (TensorRT-LLM's default,
    SGLang's zero-overhead scheduler) a busy engine scheduled this iteration
-   while the previous one ran, so it admits only requests that had arrived when
-   the previous iteration started (an arrival waits one iteration more; the
-   host time it hides is not modelled);
+   while the previous one ran, so it admits only requests that had arrived
+   before the previous iteration started (an arrival waits one iteration more;
+   a closed-loop user's next request, sent when its last token is reported,
+   which the engine does after launching the next iteration, two; the host
+   time the scheduler hides is not modelled);
 3. every running request whose prompt is done decodes one token (with k draft
    tokens: verifies q = k + 1 positions and emits 1 + the number of leading
    accepted drafts, below); if the cache cannot grow by q tokens for each, the
@@ -435,8 +437,10 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
         held = False  # an arrival waits for the next iteration (overlap scheduler)
         while admitting and counters[C_QUEUED] > 0 and n_run < max_batch:
             r = queue[counters[C_HEAD]]
-            if late and arr_at[r] > acc[A_LAST_START]:
-                held = True  # it arrived after this iteration's batch was scheduled
+            if late and arr_at[r] >= acc[A_LAST_START]:
+                # it arrived after this iteration's batch was chosen: one that arrives as the last
+                # iteration starts came from a completion the engine reported after launching it
+                held = True
                 break
             need = in_len[r] + gen[r]  # (a preempted request's generated tokens too)
             if acc[A_KV_USED] + need > cap:

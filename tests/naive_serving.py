@@ -205,7 +205,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
             late = overlap and bool(running)  # a busy engine chose this batch when the last iteration started
             while queue and len(running) < max_batch:
                 r = queue[0]
-                if late and arrive[r] > scheduled_at:
+                if late and arrive[r] >= scheduled_at:
                     break
                 need = in_len[r] + gen[r]
                 if kv_used + need > cap:

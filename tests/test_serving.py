@@ -453,16 +453,18 @@ def test_overlap_scheduler_admits_an_arrival_one_iteration_later_by_hand(fast, o
     pairs 2 x 10 x 5 = 100); iteration 2 decodes both (KV read 11 + 11 = 22) and request 0
     ends, so request 2 arrives at t2. Without overlap iteration 3 prefills it beside request
     1's decode (11 tokens, 2 rows, KV read 12, pairs 50): TTFT_2 = t(3). With the overlap
-    scheduler iteration 3's batch was chosen when iteration 2 started, before request 2
-    came: iteration 3 decodes request 1 alone (1 token, KV read 12), iteration 4 takes
-    request 2 (11 tokens, 2 rows, KV read 13, pairs 50): TTFT_2 = t(3') + t(4). Requests 0
-    and 1 see t(1). Mean TTFT = (2 t(1) + TTFT_2) / 3."""
+    scheduler iteration 3's batch was chosen when iteration 2 started, and iteration 4's
+    when iteration 3 started, at t2 itself, before the engine had reported request 0's
+    end: iterations 3 and 4 decode request 1 alone (1 token, KV read 12, then 13),
+    iteration 5 takes request 2 (11 tokens, 2 rows, KV read 14, pairs 50): TTFT_2 =
+    t(3') + t(4') + t(5). Requests 0 and 1 see t(1). Mean TTFT = (2 t(1) + TTFT_2) / 3."""
     sim, (g, h, kv_coef, pair_coef, _, _, _) = run_sim(fast, toy_srv(), [10.0] * 3, [2.0, 5.0, 1.0], clients=2,
                                                         overlap=overlap)
     cost = lambda tokens, rows, kv, pairs: (serving_sim.lookup(GRID, g, tokens) + serving_sim.lookup(GRID, h, rows)
                                             + kv_coef * kv + pair_coef * pairs)
     t1 = cost(20.0, 2.0, 0.0, 100.0)
-    ttft_2 = cost(1.0, 1.0, 12.0, 0.0) + cost(11.0, 2.0, 13.0, 50.0) if overlap else cost(11.0, 2.0, 12.0, 50.0)
+    ttft_2 = (cost(1.0, 1.0, 12.0, 0.0) + cost(1.0, 1.0, 13.0, 0.0) + cost(11.0, 2.0, 14.0, 50.0) if overlap
+              else cost(11.0, 2.0, 12.0, 50.0))
     assert sim["ttft_s"] == pytest.approx((2.0 * t1 + ttft_2) / 3.0, rel=REL)
 
 
