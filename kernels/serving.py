@@ -447,11 +447,11 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     nd = wl.output_len - 1.0
     q = srv.draft_tokens + 1.0
     e_tok = expected_tokens(wl.acceptance_rate, srv.draft_tokens)
-    prompt = b * inl * (1.0 - wl.prefix_hit_rate)
+    new = inl * (1.0 - wl.prefix_hit_rate)  # a prompt's tokens beside its prefix-cache hit
+    prompt = b * new
     full = max_tokens  # prompt tokens of every iteration but the last
-    if scheduler == UNCHUNKED:
-        new = inl * (1.0 - wl.prefix_hit_rate)
-        full = max(math.floor(max_tokens / new), 1.0) * new if new > 0.0 else max_tokens
+    if scheduler == UNCHUNKED and new > 0.0:
+        full = max(math.floor(max_tokens / new), 1.0) * new
     chunks = 1.0 if scheduler == STATIC else max(math.ceil(prompt / full), 1.0)
     last = prompt - (chunks - 1.0) * full
     decode = 0.0

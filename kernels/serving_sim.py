@@ -426,6 +426,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
     n_run = 0
     closed = clients > 0
     static = scheduler == STATIC
+    whole = scheduler == UNCHUNKED  # prompts are not cut: whole ones, in order, while they fit
     q = draft + 1  # positions a decoding request verifies per iteration
     stuck = False
     while acc[A_DONE] < n:
@@ -482,7 +483,6 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                                               running, n_run, gen, kv, log, counters, acc) > 0:
                 continue
         budget = np.inf if static else max_tokens - n_dec * q  # prompt chunks in admission order
-        whole = scheduler == UNCHUNKED
         tokens = rows = kv_read = pairs = prompt = 0.0
         for i in range(n_run):
             r = running[i]

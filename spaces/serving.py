@@ -541,7 +541,7 @@ def dimension_values(space: LoadedServing) -> dict[str, np.ndarray]:
             out[name] = np.asarray([int(parse(Dtype, v)) for v in raw], np.int8)
         elif name in ("scheduler", "mode"):
             enum = Scheduler if name == "scheduler" else Mode
-            out[name] = np.asarray([int(enum[v.upper().replace("-", "_")]) for v in raw], np.int8)
+            out[name] = np.asarray([int(next(m for m in enum if _label(m) == v)) for v in raw], np.int8)
         elif name in ("dispatch", "prefill_dispatch"):
             out[name] = np.asarray([int(parse(Dispatch, v)) for v in raw], np.int8)
         elif name in BOOL_DIMENSIONS:
