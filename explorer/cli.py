@@ -91,15 +91,18 @@ def _guard(fn):  # noqa: ANN001, ANN202 - decorator
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="paraspace")
 def main() -> None:
-    """Evaluate parallel strategies for LLM training: step time and memory per device, ranked."""
+    """Evaluate parallel strategies for LLM training (step time and memory per device)
+    and serving deployments (TTFT, TPOT and throughput), ranked."""
 
 
 @main.command("catalog")
 def catalog_cmd() -> None:
-    """List the shipped hardware profiles, models, strategy spaces and die topologies."""
+    """List the shipped hardware profiles, models, training and serving spaces and die topologies."""
+    from paraspace.spaces import serving
     from paraspace.spaces.topology import load_topology, topology_names
 
     entries_by_kind = catalog.describe()
+    entries_by_kind["serving"] = [(n, serving.load_serving(n).spec.description) for n in serving.names()]
     entries_by_kind["topology"] = [(n, load_topology(n).spec.description) for n in topology_names()]
     for kind, entries in entries_by_kind.items():
         click.echo(f"{kind}:")

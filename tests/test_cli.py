@@ -45,6 +45,12 @@ def test_catalog_lists_everything():
 
     assert "topology:" in result.output
     assert all(name in result.output for name in topology_names())
+    from paraspace.spaces import serving
+
+    # serving spaces are listed too, under their own heading, each with its description
+    listed = result.output.split("serving:\n", 1)[1].split("topology:")[0]
+    for name in serving.names():
+        assert name in listed and serving.load_serving(name).spec.description in listed
 
 
 def test_topology_command_lists_routes_and_the_all_to_all_bound():
