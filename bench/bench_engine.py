@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from paraspace.explorer.evaluate import KERNEL_ARGS, pack  # noqa: E402
+from paraspace.explorer.evaluate import kernel_strategy, pack  # noqa: E402
 from paraspace.spaces.enums import Dispatch  # noqa: E402
 from paraspace.kernels.event_tier import S_STEP, S_TASKS, row_graph, simulate_rows  # noqa: E402
 from paraspace.spaces.catalog import load_space  # noqa: E402
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     pk = pack(space)
     records = (pk.model, pk.device, pk.tiers, pk.tiles, pk.workload)
     cols = rows(args.rows)
-    strategy = [cols[k] for k in KERNEL_ARGS]
+    strategy = list(kernel_strategy(cols))
     n = args.rows
 
     def run(k: int) -> np.ndarray:

@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, KERNEL_ARGS, evaluate, pack, simulable  # noqa: E402
+from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, evaluate, kernel_strategy, pack, simulable  # noqa: E402
 from paraspace.explorer.sweep import DEFAULT_SIMULATE_TOP, best_analytic, run_sweep  # noqa: E402
 from paraspace.kernels.event_tier import DEFAULT_BUCKETS, row_graph  # noqa: E402
 from paraspace.kernels.pipeline import streams_per_device  # noqa: E402
@@ -58,7 +58,8 @@ ENCODE_REPEATS = 5
 NAIVE_KEYS = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch",
               "recompute": "recompute", "sp": "sequence_parallel", "tpo": "tp_overlap", "zero": "zero",
               "opt": "optimizer", "schedule": "schedule", "rc_layers": "recompute_layers",
-              "off_act": "offload_activations", "off_w": "offload_weights", "n_micro": "n_microbatches"}
+              "off_act": "offload_activations", "off_w": "offload_weights", "defer": "defer_grad_sync",
+              "n_micro": "n_microbatches"}
 #: schedules whose compute order naive_engine.compute_order writes
 ORDERED = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
 
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     orders_checked = orders_same = 0
     t0 = time.perf_counter()
     for i in sim_idx:
-        g = row_graph(*(best[k][i] for k in KERNEL_ARGS), packed.model[0], packed.device[0], packed.tiers,
+        g = row_graph(*kernel_strategy({k: v[i] for k, v in best.items()}), packed.model[0], packed.device[0], packed.tiers,
                       packed.tiles, packed.workload[0], DEFAULT_BUCKETS)
         worst_sim = max(worst_sim, rel(sim["step_time_s"][i], naive_step_s(g)))
         schedule = int(best["schedule"][i])

@@ -151,6 +151,7 @@ def _band_cell(frame: pl.DataFrame, i: int) -> str:
 #: headers shortened to keep the compact table narrow (the note spells out those shown)
 SHORT_HEADERS = {"micro_batch": "mbs", "sequence_parallel": "sp", "recompute_layers": "rc_layers",
                  "offload_activations": "off_act", "offload_weights": "off_w", "tp_overlap": "tp_ovl",
+                 "defer_grad_sync": "defer",
                  "ep_placement": "ep_place", "n_microbatches": "n_mb",
                  "mem_peak_bytes": "mem_GiB", "mfu": "MFU", "feasible": "fits", RANK: "#",
                  "attention_dp": "attn_dp", "prefill_tp": "p_tp", "prefill_instances": "p_inst",

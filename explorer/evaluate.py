@@ -11,6 +11,7 @@ import numpy as np
 from paraspace.explorer import bands
 from paraspace.results.schema import BAND_COLUMNS
 from paraspace.kernels import params
+from paraspace.kernels.codes import ZERO_3, ZERO_3_DEFERRED
 from paraspace.kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from paraspace.kernels.training import OUTPUTS, evaluate_rows
 from paraspace.spaces.catalog import LoadedSpace
@@ -180,13 +181,25 @@ KERNEL_ARGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "seque
                "offload_activations", "offload_weights", "n_microbatches")
 
 
-def _strategy(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    return tuple(cols[k] for k in KERNEL_ARGS)
+def kernel_zero(zero: Any, defer: Any) -> Any:
+    """The ZeRO code the kernels take (``kernels.codes``): the row's stage, or
+    ``ZERO_3_DEFERRED`` where a ZeRO-3 row defers its gradient reduction
+    (``defer_grad_sync``); arrays in, an array out, ints in, an int out."""
+    code = np.where((np.asarray(defer) != 0) & (np.asarray(zero) >= ZERO_3), ZERO_3_DEFERRED, zero).astype(np.int8)
+    return code if code.ndim else int(code)
+
+
+def kernel_strategy(cols: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The strategy arguments of the row kernels (``KERNEL_ARGS``) from encoded columns
+    (or one row's values): ``zero`` as ``kernel_zero`` codes it (columns without
+    ``defer_grad_sync``, built by hand, defer nothing)."""
+    return tuple(kernel_zero(cols["zero"], cols.get("defer_grad_sync", 0)) if k == "zero" else cols[k]
+                 for k in KERNEL_ARGS)
 
 
 def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The analytic tier's columns (``kernels.training.OUTPUTS``) for every row."""
-    out = evaluate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload)
+    out = evaluate_rows(*kernel_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload)
     return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}
 
 
@@ -227,7 +240,7 @@ def evaluate(packed: Packed, cols: dict[str, np.ndarray], *, simulate: bool = Tr
     if only is not None:
         select &= np.isin(cols["row_id"], only, assume_unique=True)
     if select.any():
-        sim = simulate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles,
+        sim = simulate_rows(*kernel_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles,
                             packed.workload, select, metrics["step_time_analytic_s"], metrics["tokens_per_s_per_gpu"],
                             metrics["mfu"], n_buckets)
         metrics.update({name: np.ascontiguousarray(sim[:, i]) for i, name in enumerate(SIM_OUTPUTS)})

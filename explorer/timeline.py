@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraspace.explorer.evaluate import KERNEL_ARGS, Packed, ScheduleError
+from paraspace.explorer.evaluate import Packed, ScheduleError, kernel_strategy
 from paraspace.kernels.codes import SCHEDULE_PIPEDREAM
 from paraspace.kernels.engine import KIND_NAMES, OK, simulate
 from paraspace.kernels.event_tier import DEFAULT_BUCKETS, row_graph
@@ -25,7 +25,7 @@ def stream_names(hw: Hardware) -> tuple[str, ...]:
 
 def capture(space: LoadedSpace, packed: Packed, row: dict[str, int], *, n_buckets: int = DEFAULT_BUCKETS) -> Timeline:
     """Simulate one encoded row (strategy values as ints, plus n_microbatches) with capture on."""
-    g = row_graph(*(row[k] for k in KERNEL_ARGS), packed.model[0], packed.device[0], packed.tiers, packed.tiles,
+    g = row_graph(*kernel_strategy(row), packed.model[0], packed.device[0], packed.tiers, packed.tiles,
                   packed.workload[0], n_buckets)
     dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx, n_res = g
     start = np.empty(dur.shape[0], dtype=np.int64)

@@ -34,6 +34,15 @@ DISPATCH_SENDRECV_ALLGATHER = 3
 DISPATCH_SENDRECV_ALLGATHER_SPLIT = 4
 DISPATCH_LOW_LATENCY = 5
 
+# ZeRO stages as the kernels take them: the space's zero (0 none, 1 optimizer states,
+# 2 + gradients, 3 + parameters) and, for a ZeRO-3 row with defer_grad_sync,
+# ZERO_3_DEFERRED: parameters and optimizer states sharded, the micro-batches'
+# gradients accumulated unsharded and reduce-scattered once, after the last one
+# (FSDP2 set_requires_gradient_sync(False) / FSDP1 no_sync on all but the last
+# micro-batch); explorer.evaluate.kernel_zero derives it
+ZERO_3 = 3
+ZERO_3_DEFERRED = 4
+
 # spaces.enums.Placement
 PLACEMENT_INNER = 0
 PLACEMENT_OUTER = 1

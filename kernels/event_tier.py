@@ -358,7 +358,7 @@ def graph_key(i: int, schedule: int, pp: int, v: int, n_micro: int, zero: int, t
     key[1] = pp
     key[2] = v
     key[3] = n_micro
-    key[4] = 0 if zero == 0 else (1 if zero < 3 else 3)
+    key[4] = 0 if zero == 0 else (1 if zero < 3 else zero)  # ZeRO-3 and ZeRO-3 deferred: different scatters
     key[5] = pp_tier
     key[6] = dp_tier
     key[7] = 1 if send_ns > 0 else 0

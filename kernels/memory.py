@@ -11,7 +11,7 @@ from collections import namedtuple
 import numpy as np
 
 from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NONE, SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, \
-    SCHEDULE_PIPEDREAM
+    SCHEDULE_PIPEDREAM, ZERO_3_DEFERRED
 from paraspace.kernels.jit import jit
 from paraspace.kernels.optimizer import OPT_HOST_STATE_FRACTION, OPT_STATE_FRACTION
 from paraspace.kernels.parameters import device_dense_layers, device_layers, layer_params, moe_layer_params, \
@@ -190,7 +190,9 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
     device: ZeRO shards over DP x CP (experts over expert DP), weight offload
     keeps the current and the prefetched ``unit`` on the device, host-side
     optimizer states; DualPipe holds two stages' copies, PipeDream stashes
-    p - stage weight versions."""
+    p - stage weight versions. ZeRO-3 with deferred gradient reduction
+    (``ZERO_3_DEFERRED``) holds the stage's whole gradient, unsharded, as the
+    micro-batches accumulate it (FSDP keeps it in the reduction precision)."""
     pp = int(sh.p)
     dc = sh.d * sh.c
     zero = kn.zero
@@ -211,7 +213,8 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
     else:
         weights = params * work.weight_bytes
     if kn.off_w == 0:
-        grads = (dense / dc + expert / edp) * work.grad_bytes if zero >= 2 else params * work.grad_bytes
+        sharded = zero >= 2 and zero != ZERO_3_DEFERRED
+        grads = (dense / dc + expert / edp) * work.grad_bytes if sharded else params * work.grad_bytes
     state = work.optimizer_bytes * OPT_STATE_FRACTION[kn.optimizer]
     optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
     # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)

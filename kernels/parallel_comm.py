@@ -12,7 +12,7 @@ expert DP (``ep_strides``).
 
 from __future__ import annotations
 
-from paraspace.kernels.codes import ALL_GATHER, ALL_REDUCE, PLACEMENT_OUTER, REDUCE_SCATTER, SEND_RECV
+from paraspace.kernels.codes import ALL_GATHER, ALL_REDUCE, PLACEMENT_OUTER, REDUCE_SCATTER, SEND_RECV, ZERO_3_DEFERRED
 from paraspace.kernels.collectives import collective_time_s
 from paraspace.kernels.jit import jit
 
@@ -138,10 +138,14 @@ def dp_sync_s(zero: int, sh, placement: int, layers_max: float, layer_dense: flo
 def exposed_dp_s(zero: int, dc: float, edp: float, m: float, t_max: float, fwd: float, bwd: float, grad: float,
                  param: float) -> float:
     """Data-parallel seconds not hidden: ZeRO-3 gathers for forward and backward
-    and scatters gradients every micro-batch (hidden behind the m passes);
+    and scatters gradients every micro-batch (hidden behind the m passes); with
+    deferred reduction (``ZERO_3_DEFERRED``) it gathers every micro-batch and
+    scatters the accumulated gradients once (m = 1: the same as without);
     otherwise the reduction overlaps the last backward and the gather the
     first forward."""
     if dc > 1 or edp > 1:
+        if zero == ZERO_3_DEFERRED:
+            return max(0.0, m * 2.0 * param + grad - m * t_max)
         if zero >= 3:  # per micro-batch: gather for forward and backward, scatter gradients
             per_micro = 2.0 * param + grad
             return max(0.0, m * per_micro - m * t_max)

@@ -76,6 +76,7 @@ from paraspace.kernels.codes import (
     SCHEDULE_INTERLEAVED,
     SCHEDULE_PIPEDREAM,
     SCHEDULE_ZB_H1,
+    ZERO_3_DEFERRED,
 )
 from paraspace.kernels.engine import (
     K_BACKWARD,
@@ -449,10 +450,12 @@ N_RECIPE = 5
 #: two-batch overlap, else 1); ep_pairs; and the flags derived from the inputs:
 #: dual (DualPipe), steady (PipeDream), split (W passes of their own),
 #: reduce_grads (ZeRO-0/1/2 gradient reduction), gather_params (ZeRO-1/2
-#: parameter all-gather), z3 (ZeRO-3 traffic), has_ep (some chunk has EP traffic).
+#: parameter all-gather), z3 (ZeRO-3 traffic), deferred (ZeRO-3 scatters each
+#: chunk's gradients once, after its last gradient pass: ``ZERO_3_DEFERRED``),
+#: has_ep (some chunk has EP traffic).
 StepShape = namedtuple("StepShape", ("schedule", "p", "v", "m", "n_positions", "n_ids", "n_tiers", "pp_tier",
                                      "dp_tier", "ep_tier", "n_buckets", "tbo", "halves", "ep_pairs", "dual", "steady",
-                                     "split", "reduce_grads", "gather_params", "z3", "has_ep"))
+                                     "split", "reduce_grads", "gather_params", "z3", "deferred", "has_ep"))
 
 #: The step's scalar durations (``build_step_recipe``'s arguments): a pipeline
 #: send, a device's gradient reduction and ZeRO-1/2 parameter gather, ZeRO-3's
@@ -466,12 +469,13 @@ StepCosts = namedtuple("StepCosts", ("send_ns", "dp_grad_ns", "dp_param_ns", "z3
 #: build's counters and open state (``S_*``); ``ends``, per (``E_*``, position,
 #: micro-batch id) a pass's first task and its output. Per device, reused by each:
 #: its compute order (passes, chunks, micros), ZeRO-3's gather task of each pass,
-#: the held sends (``_HELD_*`` columns) and a DualPipe EP pair's pending forward
-#: (``_PEND_*``).
+#: whether each pass is its chunk's last gradient pass (``final``; ``seen``: per
+#: chunk, while marking them), the held sends (``_HELD_*`` columns) and a DualPipe
+#: EP pair's pending forward (``_PEND_*``).
 Build = namedtuple("Build", ("fwd_ns", "bwd_ns", "wgrad_ns", "ep_ns",
                              "dur", "res", "kind", "stage", "micro", "chunk", "src", "dst", "rec", "links", "st",
                              "ends",
-                             "passes", "chunks", "micros", "z3_gathers", "held", "pend"))
+                             "passes", "chunks", "micros", "z3_gathers", "final", "seen", "held", "pend"))
 
 #: Build.st: tasks, edges and links created; the device's open data-parallel
 #: transfer (module docstring; -1: none); its sends held for a later pass; the
@@ -608,7 +612,8 @@ def _step_shape(schedule: int, p: int, v: int, m: int, n_tiers: int, pp_tier: in
     z3 = zero >= 3 and (costs.z3_gather_ns > 0 or costs.z3_scatter_ns > 0)
     return StepShape(schedule, p, v, m, p * v, micro_ids(schedule, p, m), n_tiers, pp_tier, dp_tier, ep_tier,
                      max(n_buckets, 1), tbo, 2 if tbo != 0 else 1, ep_pairs, schedule == SCHEDULE_DUALPIPE,
-                     schedule == SCHEDULE_PIPEDREAM, split_backward(schedule), reduce_grads, gather_params, z3, has_ep)
+                     schedule == SCHEDULE_PIPEDREAM, split_backward(schedule), reduce_grads, gather_params, z3,
+                     z3 and zero == ZERO_3_DEFERRED, has_ep)
 
 
 @jit(inline=True)
@@ -635,6 +640,7 @@ def _alloc_build(shape, fwd_ns, bwd_ns, wgrad_ns, ep_ns) -> Build:
                  np.full((N_ENDS, shape.n_positions, shape.n_ids), -1, dtype=np.int64),
                  np.zeros(per_dev, dtype=np.int32), np.zeros(per_dev, dtype=np.int32),
                  np.zeros(per_dev, dtype=np.int32), np.full(per_dev, -1, dtype=np.int64),
+                 np.zeros(per_dev, dtype=np.int8), np.zeros(max(shape.v, 2), dtype=np.int8),  # DualPipe: chunks 0 and 1
                  np.zeros((4, 4), dtype=np.int64), np.full(_N_PEND, -1, dtype=np.int64))
 
 
@@ -654,6 +660,14 @@ def _start_device(shape, b, d: int, length: int) -> Device:
             first_forward = o
         if b.passes[o] != F_PASS:
             last_backward = o
+    # each chunk's last gradient pass (B, or W where the backward is split), from the end
+    b.seen[:] = 0
+    grad_pass = W_PASS if shape.split else B_PASS
+    for o in range(length - 1, -1, -1):
+        c = b.chunks[o]
+        b.final[o] = 1 if b.passes[o] == grad_pass and b.seen[c] == 0 else 0
+        if b.passes[o] == grad_pass:
+            b.seen[c] = 1
     b.st[S_OPEN_DP] = -1
     b.st[S_N_HELD] = 0
     b.st[S_TAIL] = -1
@@ -907,7 +921,8 @@ def _release_dp(shape, costs, b, dev, ps, prev: int) -> None:
     """The data-parallel traffic pass ``ps`` releases, after its task ``prev``: the
     last gradient bucket (the device's last backward), ZeRO-3's gather of the
     pass after next (ahead of this pass's scatter) and, where this pass's weight
-    gradients are final, ZeRO-3's gradient reduce-scatter."""
+    gradients are final, ZeRO-3's gradient reduce-scatter (deferred: only after
+    the chunk's last gradient pass, its accumulated gradients)."""
     n = b.st[S_TASKS]
     n_e = b.st[S_EDGES]
     if ps.reduce_here:
@@ -919,7 +934,8 @@ def _release_dp(shape, costs, b, dev, ps, prev: int) -> None:
         b.z3_gathers[ahead] = n
         n = _dp_task(b, dev, n, costs.z3_gather_ns, R_Z3_GATHER, 1, 0, b.micros[ahead], b.chunks[ahead])
         n_e = _add_edge(b, n_e, prev, n - 1)
-    if shape.z3 and ((ps.pass_kind == B_PASS and not shape.split) or ps.pass_kind == W_PASS):
+    grads_done = (ps.pass_kind == B_PASS and not shape.split) or ps.pass_kind == W_PASS
+    if shape.z3 and grads_done and (not shape.deferred or b.final[ps.o] != 0):
         n = _dp_task(b, dev, n, costs.z3_scatter_ns, R_Z3_SCATTER, 1, 0, ps.key, ps.c)
         n_e = _add_edge(b, n_e, prev, n - 1)
     b.st[S_TASKS] = n

@@ -86,6 +86,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("tp_overlap", np.int8, "TP collectives overlapped with their GEMMs in chunks (Megatron "
               "--tp-comm-overlap)", boolean=True),
     Dimension("zero", np.int8, "ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters"),
+    Dimension("defer_grad_sync", np.int8, "ZeRO-3: the micro-batches' gradients accumulated unsharded and "
+              "reduce-scattered once per step (FSDP no_sync)", boolean=True),
     Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, Adam on the host (ZeRO-Offload), "
               "Adam without fp32 master weights, or paged 8-bit Adam (states on the host)", enum=Optimizer),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
@@ -179,7 +181,7 @@ Columns = dict[str, Any]
 
 #: The prefix terms the suffix rules read that are flags (bit i of a signature's flags);
 #: the one other term is ``stage_ranks``.
-FLAG_TERMS = ("vpp_gt1", "pp1", "tp1", "micro_not_per_stage", "nothing_to_shard", "dualpipe_odd")
+FLAG_TERMS = ("vpp_gt1", "pp1", "tp1", "micro_not_per_stage", "nothing_to_shard", "dualpipe_odd", "one_micro")
 
 
 def _derive_dp(cols: Columns) -> None:
@@ -211,6 +213,7 @@ def _prefix(space: LoadedSpace, c: Columns) -> tuple[dict[Reason, np.ndarray], d
         "micro_not_per_stage": has_dp & (n_micro % pp != 0),
         "nothing_to_shard": has_dp & (dp * cp == 1),
         "dualpipe_odd": (pp % 2 != 0) | (has_dp & (n_micro % 2 != 0)),
+        "one_micro": has_dp & (n_micro == 1),
         "stage_ranks": _as_expert_groups_see(space, np.where(has_dp, tp * cp * dp, 0)),
     }
     return rules, terms
@@ -270,6 +273,8 @@ SUFFIX_RULES: tuple[Rule, ...] = (
          lambda t, c, s: t["dualpipe_odd"] & (c["schedule"] == Schedule.DUALPIPE)),
     Rule(Reason.MOE_RECOMPUTE_DENSE, ("recompute",),
          lambda t, c, s: (s.model.moe is None) & (c["recompute"] == Recompute.MOE_DISPATCH)),
+    Rule(Reason.DEFER_WITHOUT_ACCUMULATION, ("zero", "defer_grad_sync"),
+         lambda t, c, s: (c["defer_grad_sync"] != 0) & ((c["zero"] < 3) | t["one_micro"])),
 )
 
 
@@ -746,5 +751,7 @@ REASON_TEXT: dict[Reason, str] = {
     Reason.WEIGHT_OFFLOAD: "offload_weights without the cpu-adam optimizer",
     Reason.DUALPIPE_SHAPE: "dualpipe with an odd pp or an odd number of micro-batches (each direction takes half)",
     Reason.MOE_RECOMPUTE_DENSE: "recompute=moe-dispatch on a dense model (no dispatch to redo: same as none)",
+    Reason.DEFER_WITHOUT_ACCUMULATION: "defer_grad_sync without zero=3 or with one micro-batch per step (same as "
+                                       "without)",
 }
 

@@ -426,6 +426,11 @@ class Dimensions(Record):
     sequence_parallel: tuple[bool, ...] = (False,)
     tp_overlap: tuple[bool, ...] = (False,)
     zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] = (0,)
+    #: ZeRO-3 with gradient accumulation: keep the micro-batches' gradients unsharded
+    #: and reduce-scatter them once, after the last micro-batch (FSDP2
+    #: set_requires_gradient_sync(False), FSDP1 no_sync): one gradient reduction per
+    #: step instead of one per micro-batch, for the whole unsharded gradient in memory
+    defer_grad_sync: tuple[bool, ...] = (False,)
     optimizer: tuple[str, ...] = ("adam",)
     schedule: tuple[str, ...] = ("1f1b",)
     #: expert-parallel size: the routed experts of a layer are split over ep ranks

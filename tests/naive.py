@@ -339,7 +339,11 @@ def host_exposed_s(to_host_bytes, to_device_bytes, compute_s, dev):
 def evaluate_one(strategy, model, dev, tiers, tiles, work):
     """One candidate, the long way round. ``strategy`` keys: tp pp dp cp vpp
     mb recompute sp zero schedule n_micro, and optionally tpo opt rc_layers
-    off_act off_w (0 when absent). Returns {OUTPUTS name: value}.
+    off_act off_w defer (0 when absent). Returns {OUTPUTS name: value}.
+
+    ZeRO-3 with ``defer`` (defer_grad_sync) gathers every micro-batch but
+    reduce-scatters the accumulated gradients once per step, and holds the
+    stage's whole gradient unsharded.
 
     Host offload (ZeRO-Offload / activation offload, ``kernels.offload``): a
     layer whose activations are offloaded sends all it keeps but its input to
@@ -355,6 +359,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     recompute, zero, schedule = strategy["recompute"], strategy["zero"], strategy["schedule"]
     rc_layers = int(strategy.get("rc_layers", 0))
     off_act, off_w = bool(strategy.get("off_act", 0)), bool(strategy.get("off_w", 0))
+    defer = bool(strategy.get("defer", 0)) and zero >= 3
     sp = bool(strategy["sp"]) and t > 1
     pp = int(p)
     s, ab = work["seq_len"], work["act_bytes"]
@@ -530,7 +535,9 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             units = [(layer, layers_on(0)), (max(0.0, max_params - layers_on(0) * layer), 1)]
             gather = sum(k * coll(ALL_GATHER, group, t, size * work["weight_bytes"]) for size, k in units)
             scatter = sum(k * coll(REDUCE_SCATTER, group, t, size * work["grad_bytes"]) for size, k in units)
-            dp_comm = max(0.0, m * (2 * gather + scatter - t_max))
+            # deferred: the scatter once per step, after the micro-batches' gathers
+            dp_comm = max(0.0, m * 2 * gather + scatter - m * t_max) if defer else \
+                max(0.0, m * (2 * gather + scatter - t_max))
         elif zero >= 1:
             dp_comm = max(0.0, coll(REDUCE_SCATTER, group, t, grads_b) - slowest["bwd"])
             dp_comm += max(0.0, coll(ALL_GATHER, group, t, weights_b) - slowest["fwd"])
@@ -598,7 +605,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
                 weights = (params if sharded > params else sharded) * work["weight_bytes"]
             else:
                 weights = params * work["weight_bytes"]
-            grads = params * work["grad_bytes"] / (group if zero >= 2 else 1)
+            grads = params * work["grad_bytes"] / (group if zero >= 2 and not defer else 1)
         optim = params * work["optimizer_bytes"] * STATE_SHARE[opt_kind] / (group if zero >= 1 else 1)
         # CPU Adam's fp32 master and moments, paged Adam's moments: in host memory, sharded like on a device
         host += params * work["optimizer_bytes"] * HOST_SHARE[opt_kind] / (group if zero >= 1 else 1)

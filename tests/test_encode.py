@@ -27,13 +27,13 @@ HERE = Path(__file__).parent
 
 #: product order, slowest first
 ORDER = ("devices", "tp", "pp", "dp", "cp", "vpp", "micro_batch", "recompute", "recompute_layers",
-         "offload_activations", "offload_weights", "sequence_parallel", "tp_overlap", "zero",
+         "offload_activations", "offload_weights", "sequence_parallel", "tp_overlap", "zero", "defer_grad_sync",
          "optimizer", "schedule", "ep", "expert_tp", "ep_placement", "dispatch", "tbo")
 #: storage type of every column (architecture.md: int32 sizes, int8 enums and flags)
 DTYPES = {
     "devices": np.int32, "tp": np.int32, "pp": np.int32, "dp": np.int32, "cp": np.int32, "vpp": np.int32, "micro_batch": np.int32,
     "recompute": np.int8, "recompute_layers": np.int32, "offload_activations": np.int8, "offload_weights": np.int8,
-    "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "optimizer": np.int8,
+    "sequence_parallel": np.int8, "tp_overlap": np.int8, "zero": np.int8, "defer_grad_sync": np.int8, "optimizer": np.int8,
     "schedule": np.int8, "ep": np.int32, "expert_tp": np.int32, "ep_placement": np.int8, "dispatch": np.int8,
     "tbo": np.int8,
     "row_id": np.int64, "n_microbatches": np.int32,
@@ -51,8 +51,8 @@ DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-a
 VALID, DEVICE_COUNT, TP_HEADS, PP_LAYERS, CP_SEQUENCE, BATCH = 0, 1, 2, 3, 4, 5
 VPP_SCHEDULE, INTERLEAVE_MICROBATCHES, PP1_SCHEDULE, SP_WITHOUT_TP, ZERO_WITHOUT_DP = 6, 7, 8, 9, 10
 TP_OVERLAP_WITHOUT_SP, EP_DENSE, EP_EXPERTS, EP_GROUP, EP1_DISPATCH = 11, 12, 13, 14, 15
-RECOMPUTE_LAYERS, WEIGHT_OFFLOAD, DUALPIPE_SHAPE, MOE_RECOMPUTE_DENSE = 16, 17, 18, 19
-N_REASONS = 20
+RECOMPUTE_LAYERS, WEIGHT_OFFLOAD, DUALPIPE_SHAPE, MOE_RECOMPUTE_DENSE, DEFER_WITHOUT_ACCUMULATION = 16, 17, 18, 19, 20
+N_REASONS = 21
 
 
 def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model) -> list[int]:
@@ -106,6 +106,11 @@ def broken_rules(row: dict, devices: int, global_batch: int, seq_len: int, model
     # a dense model has no dispatch to recompute: the row would repeat recompute = none
     if model.moe is None and row["recompute"] == RECOMPUTE["moe-dispatch"]:
         out.append(MOE_RECOMPUTE_DENSE)
+    # deferring the gradient reduction changes a row only under ZeRO-3 with several
+    # micro-batches per step (judged where that number is known: rows with a dp)
+    one_micro = dp is not None and global_batch == dp * mb
+    if row["defer_grad_sync"] and (row["zero"] < 3 or one_micro):
+        out.append(DEFER_WITHOUT_ACCUMULATION)
     return out
 
 
@@ -136,6 +141,7 @@ def reference(space, start: int = 0, stop: int | None = None) -> Reference:
         "sequence_parallel": [int(v) for v in dims.sequence_parallel],
         "tp_overlap": [int(v) for v in dims.tp_overlap],
         "zero": list(dims.zero),
+        "defer_grad_sync": [int(v) for v in dims.defer_grad_sync],
         "optimizer": [OPTIMIZER[v] for v in dims.optimizer],
         "schedule": [SCHEDULE[v] for v in dims.schedule],
         "ep": list(dims.ep),
@@ -230,7 +236,7 @@ SPACES = {
         dims=dict(
             tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], dp=[1, 2, 4, 8, 16], cp=[1, 2], vpp=[1, 2, 5], micro_batch=[1, 2, 4],
             recompute=["none", "full"], sequence_parallel=[True, False], zero=[0, 1, 2, 3],
-            schedule=["gpipe", "1f1b", "interleaved"],
+            defer_grad_sync=[False, True], schedule=["gpipe", "1f1b", "interleaved"],
         ),
     ),
     # gpt3-175b (96 layers, 96 heads) on A100 in fp16, lists not sorted, dp = "auto"
@@ -383,6 +389,12 @@ ALONE = [
     (Reason.DUALPIPE_SHAPE, dict(devices=2, global_batch=2, dims=dict(pp=[2], micro_batch=[1, 2],
                                                                       schedule=["dualpipe"])), 1, 1),  # m = 2, 1
     (Reason.MOE_RECOMPUTE_DENSE, dict(devices=1, global_batch=1, dims=dict(recompute=["moe-dispatch", "norms"])), 1, 1),
+    # ZeRO-2 deferring: dropped; ZeRO-3 with 2 micro-batches (dp 2, micro-batch 1, batch 4) kept both ways
+    (Reason.DEFER_WITHOUT_ACCUMULATION, dict(devices=2, global_batch=4, dims=dict(zero=[2, 3],
+                                                                                  defer_grad_sync=[False, True])), 3, 1),
+    # ZeRO-3 with one micro-batch per step (dp 2 x micro-batch 2 = batch 4): deferring changes nothing
+    (Reason.DEFER_WITHOUT_ACCUMULATION, dict(devices=2, global_batch=4, dims=dict(zero=[3], micro_batch=[1, 2],
+                                                                                  defer_grad_sync=[True])), 1, 1),
 ]  # fmt: skip
 
 
@@ -554,6 +566,7 @@ def small_spaces(draw):
         sequence_parallel=draw(_sub([False, True], 2)),
         tp_overlap=draw(_sub([False, True], 2)),
         zero=draw(_sub([0, 1, 2, 3], 2)),
+        defer_grad_sync=draw(_sub([False, True], 2)),
         optimizer=draw(_sub(["adam", "adam-8bit", "cpu-adam"], 2)),
         schedule=draw(_sub(["gpipe", "1f1b", "interleaved", "zb-h1"], 4)),
     )

@@ -81,13 +81,14 @@ def ranges(encoder: Encoder, rng: np.random.Generator, n_random: int = 6, max_ro
 def test_groups_follow_the_rules():
     """Each rule's suffix columns lie in one group of consecutive dimensions: recompute with
     recompute_layers (RECOMPUTE_LAYERS), offload_activations alone (no rule), offload_weights
-    to optimizer (WEIGHT_OFFLOAD spans sequence_parallel, tp_overlap, zero), schedule alone,
+    to optimizer (WEIGHT_OFFLOAD spans sequence_parallel, tp_overlap, zero and defer_grad_sync,
+    which DEFER_WITHOUT_ACCUMULATION reads with zero), schedule alone,
     ep to tbo (EP1_DISPATCH)."""
     named = [DIMENSION_NAMES[a:b] for a, b in GROUPS]
     assert named == [
         ("recompute", "recompute_layers"),
         ("offload_activations",),
-        ("offload_weights", "sequence_parallel", "tp_overlap", "zero", "optimizer"),
+        ("offload_weights", "sequence_parallel", "tp_overlap", "zero", "defer_grad_sync", "optimizer"),
         ("schedule",),
         ("ep", "expert_tp", "ep_placement", "dispatch", "tbo"),
     ]
@@ -277,7 +278,7 @@ BUDGET = 30_000
 #: a value of each dimension that breaks no rule by itself
 HARMLESS = dict(tp=1, pp=1, cp=1, vpp=1, micro_batch=1, recompute="none", recompute_layers=0,
                 offload_activations=False, offload_weights=False, sequence_parallel=False, tp_overlap=False, zero=0,
-                optimizer="adam", schedule="1f1b", ep=1, expert_tp=1, ep_placement="inner", dispatch="alltoall",
+                defer_grad_sync=False, optimizer="adam", schedule="1f1b", ep=1, expert_tp=1, ep_placement="inner", dispatch="alltoall",
                 tbo=False)  # fmt: skip
 
 
@@ -293,7 +294,7 @@ def any_space(draw):
         recompute=_sub(labels(Recompute), 3), recompute_layers=_sub([0, 1, 2, 4], 2),
         offload_activations=_sub([False, True], 2), offload_weights=_sub([False, True], 2),
         sequence_parallel=_sub([False, True], 2), tp_overlap=_sub([False, True], 2), zero=_sub([0, 1, 2, 3], 3),
-        optimizer=_sub(labels(Optimizer), 3), schedule=_sub(labels(Schedule), 4),
+        defer_grad_sync=_sub([False, True], 2), optimizer=_sub(labels(Optimizer), 3), schedule=_sub(labels(Schedule), 4),
         ep=_sub([1, 2, 3, 4, 8, 16], 3), expert_tp=_sub([1, 2, 3, 7], 2), ep_placement=_sub(labels(Placement), 2),
         dispatch=_sub(labels(Dispatch), 3), tbo=_sub([False, True], 2),
     )  # fmt: skip

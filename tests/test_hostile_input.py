@@ -185,7 +185,7 @@ def test_combination_count_above_int64(tmp_path):
     dims = {"tp": values, "pp": values, "cp": values, "vpp": values, "ep": values, "micro_batch": list(range(1, 17))}
     n = 4096**5 * 16
     assert n > MAX_COMBINATIONS
-    shape = " x ".join(["1", "4096", "4096", "1", "4096", "4096", "16"] + ["1"] * 9 + ["4096"] + ["1"] * 4)
+    shape = " x ".join(["1", "4096", "4096", "1", "4096", "4096", "16"] + ["1"] * 10 + ["4096"] + ["1"] * 4)
     assert space_message(tmp_path, dimensions=dims) == (
         f"spaces/user.toml: dimensions = {n}: expected at most 9,223,372,036,854,775,807 combinations (row ids are "
         f"int64): fewer values per dimension (they have {shape})")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paraspace.explorer.evaluate import _strategy, pack
+from paraspace.explorer.evaluate import kernel_strategy, pack
 from paraspace.kernels.event_tier import (
     N_KEY,
     N_SIM,
@@ -47,7 +47,7 @@ def sample(space_ref, n: int, seed: int = 0):
 
 
 def row_args(cols, i):
-    return tuple(a[i] for a in _strategy(cols))
+    return tuple(a[i] for a in kernel_strategy(cols))
 
 
 def keys_of(packed, cols):
@@ -96,7 +96,7 @@ def test_grouped_tier_equals_each_row_on_its_own_graph(space_ref):
     packed, cols = sample(space_ref, 120, seed=1)
     n = cols["tp"].shape[0]
     ones = np.ones(n)
-    got = simulate_rows(*_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload,
+    got = simulate_rows(*kernel_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload,
                         np.ones(n, bool), ones.copy(), ones.copy(), ones.copy(), 4)
     for i in range(n):
         out = np.full(N_SIM, np.nan)

@@ -459,15 +459,17 @@ def test_offload_and_last_k_recompute_match_naive():
 NAIVE_KEYS = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "mb": "micro_batch",
               "recompute": "recompute", "sp": "sequence_parallel", "tpo": "tp_overlap", "zero": "zero",
               "opt": "optimizer", "schedule": "schedule", "rc_layers": "recompute_layers",
-              "off_act": "offload_activations", "off_w": "offload_weights", "n_micro": "n_microbatches"}
+              "off_act": "offload_activations", "off_w": "offload_weights", "defer": "defer_grad_sync",
+              "n_micro": "n_microbatches"}
 
 
 @pytest.mark.parametrize("model_name", ["llama3-8b", "gpt3-175b"])
 def test_widened_space_matches_naive(model_name):
     """A catalog dense model on catalog hardware, every dimension the reference
     models widened (tp, pp, cp, vpp, micro-batch, recompute and its last k layers,
-    offload of activations and weights, SP, TP overlap, ZeRO, every optimizer,
-    the schedules GPipe, 1F1B, interleaved, ZB-H1): 300 random candidates of
+    offload of activations and weights, SP, TP overlap, ZeRO and ZeRO-3's deferred
+    gradient reduction, every optimizer, the schedules GPipe, 1F1B, interleaved,
+    ZB-H1): 300 random candidates of
     the encoded space through ``explorer.evaluate.analytic``, as a sweep
     evaluates them, against the plain-Python reference."""
     from pathlib import Path
@@ -482,6 +484,7 @@ def test_widened_space_matches_naive(model_name):
                           "recompute": ["none", "selective", "full", "norms"], "recompute_layers": [0, 1, 3],
                           "offload_activations": [False, True], "offload_weights": [False, True],
                           "sequence_parallel": [False, True], "tp_overlap": [False, True], "zero": [0, 1, 2, 3],
+                          "defer_grad_sync": [False, True],
                           "optimizer": ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged"],
                           "schedule": ["gpipe", "1f1b", "interleaved", "zb-h1"]}}
     space = space_from_raw(raw, "test", Path(__file__).parent)
@@ -496,9 +499,10 @@ def test_widened_space_matches_naive(model_name):
         s = {k: int(cols[c][i]) for k, c in NAIVE_KEYS.items()}
         _assert_outputs_close({name: float(got[name][i]) for name in OUTPUTS},
                               naive.evaluate_one(s, model, dev, tiers, tiles, work), s)
-    sample = {c: cols[c][idx] for c in ("offload_activations", "offload_weights", "recompute_layers")}
+    sample = {c: cols[c][idx] for c in ("offload_activations", "offload_weights", "recompute_layers",
+                                        "defer_grad_sync")}
     assert sample["offload_activations"].any() and sample["offload_weights"].any()
-    assert (sample["recompute_layers"] > 0).any()
+    assert (sample["recompute_layers"] > 0).any() and sample["defer_grad_sync"].any()
 
 
 # --------------------------------------------------------------------------- properties (modeling.md section 9)
