@@ -124,8 +124,15 @@ def main() -> None:
             f"{100 * (rank['distinguished'] or 0):.0f}%.", "",
             f"**Memory:** {mem['n']} rows give a measured peak in their notes (torchtitan, KempnerForge); the "
             f"predicted peak of the chosen configuration is off by {100 * mem['mape']:.1f}% on average (mean signed "
-            f"{100 * mem['mean_signed']:+.1f}%). The sources report the caching allocator's peak, which grows "
-            "toward the card's capacity; the model counts tensors, buffers and a fixed overhead.", "",
+            f"{100 * mem['mean_signed']:+.1f}%). torchtitan reports the caching allocator's peak, which grows "
+            "toward the card's capacity; KempnerForge logs `torch.cuda.max_memory_allocated` in GiB under the "
+            "label GB (`kempnerforge/metrics/memory.py`), so its figures read as GB are 7% low, and it defers the "
+            "gradient reduction over its micro-batches (`training/grad.py`: `set_requires_gradient_sync(False)`), "
+            "holding the whole unsharded gradient: the space dimension `defer_grad_sync`, which `validate` leaves "
+            "at FSDP's default (reduce every micro-batch) because no column says it (searched like the other unknown "
+            "settings when it was added, it took memory MAPE from 42.8% to 35.1% and leave-one-source-out MAPE from "
+            "11.5% to 11.6%: the model is already too fast on KempnerForge). The model counts tensors, buffers and a fixed "
+            "overhead.", "",
             f"**Uncertainty bands:** every prediction carries an 80% band from the leave-one-source-out residuals "
             f"of its class (`explorer/bands.py`, table in `spaces/catalog/bands/training.toml`). Coverage, each "
             f"source's rows against the band fitted without that source: {100 * cov['coverage']:.1f}% of "
