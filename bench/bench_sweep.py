@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     orders_checked = orders_same = 0
     t0 = time.perf_counter()
     for i in sim_idx:
-        g = row_graph(*kernel_strategy({k: v[i] for k, v in best.items()}), packed.model[0], packed.device[0], packed.tiers,
-                      packed.tiles, packed.workload[0], DEFAULT_BUCKETS)
+        g = row_graph(*kernel_strategy({k: v[i] for k, v in best.items()}), packed.model[0], packed.device[0],
+                      packed.tiers, packed.tiles, packed.workload[0], DEFAULT_BUCKETS)
         worst_sim = max(worst_sim, rel(sim["step_time_s"][i], naive_step_s(g)))
         schedule = int(best["schedule"][i])
         if schedule in ORDERED:

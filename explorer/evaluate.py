@@ -199,7 +199,8 @@ def kernel_strategy(cols: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The analytic tier's columns (``kernels.training.OUTPUTS``) for every row."""
-    out = evaluate_rows(*kernel_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles, packed.workload)
+    out = evaluate_rows(*kernel_strategy(cols), packed.model, packed.device, packed.tiers, packed.tiles,
+                        packed.workload)
     return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(OUTPUTS)}
 
 

@@ -660,14 +660,14 @@ def _start_device(shape, b, d: int, length: int) -> Device:
             first_forward = o
         if b.passes[o] != F_PASS:
             last_backward = o
-    # each chunk's last gradient pass (B, or W where the backward is split), from the end
-    b.seen[:] = 0
-    grad_pass = W_PASS if shape.split else B_PASS
-    for o in range(length - 1, -1, -1):
-        c = b.chunks[o]
-        b.final[o] = 1 if b.passes[o] == grad_pass and b.seen[c] == 0 else 0
-        if b.passes[o] == grad_pass:
-            b.seen[c] = 1
+    if shape.deferred:  # each chunk's last gradient pass (B, or W where the backward is split), from the end
+        b.seen[:] = 0
+        grad_pass = W_PASS if shape.split else B_PASS
+        for o in range(length - 1, -1, -1):
+            c = b.chunks[o]
+            b.final[o] = 1 if b.passes[o] == grad_pass and b.seen[c] == 0 else 0
+            if b.passes[o] == grad_pass:
+                b.seen[c] = 1
     b.st[S_OPEN_DP] = -1
     b.st[S_N_HELD] = 0
     b.st[S_TAIL] = -1

@@ -120,7 +120,8 @@ class Reason(IntEnum):
     WEIGHT_OFFLOAD = 17  #: streaming weights from the host needs the optimizer on the host (cpu-adam)
     DUALPIPE_SHAPE = 18  #: DualPipe needs an even pp and an even number of micro-batches (rows with a dp only)
     MOE_RECOMPUTE_DENSE = 19  #: recompute = moe-dispatch on a dense model: no dispatch to redo, the same row as none
-    DEFER_WITHOUT_ACCUMULATION = 20  #: defer_grad_sync needs ZeRO-3 and more than one micro-batch per step (rows with a dp only)
+    #: defer_grad_sync needs ZeRO-3 and more than one micro-batch per step (rows with a dp only)
+    DEFER_WITHOUT_ACCUMULATION = 20
 
 
 class Feasibility(IntEnum):

@@ -6,7 +6,6 @@ traffic loses m - 1 of its m gradient scatters."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +19,7 @@ from paraspace.kernels.codes import SCHEDULE_1F1B, SCHEDULE_GPIPE, SCHEDULE_INTE
     ZERO_3_DEFERRED
 from paraspace.spaces.catalog import space_from_raw
 from paraspace.spaces.encode import Encoder
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_pipeline import step  # noqa: E402
+from test_pipeline import step
 
 HERE = Path(__file__).parent
 
