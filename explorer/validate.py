@@ -41,7 +41,10 @@ TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv
 #: values searched where a source left a field EMPTY
 UNKNOWN_SEARCH: dict[str, list[Any]] = {
     "micro_batch": [1, 2, 4, 8],
-    "recompute": labels(Recompute),
+    # every mode but torchtitan's per-op policy, which a row names as `selective` (the
+    # schema's word for any partial recompute; read as Megatron's attention core, see
+    # docs/validation.md), so an EMPTY field is not it
+    "recompute": [m for m in labels(Recompute) if m != label(Recompute.SELECTIVE_OPS)],
     "sequence_parallel": [False, True],
     "zero": [0, 1, 2, 3],
     # not a column of the schema, so always unknown: Megatron-Core and NeMo benchmark

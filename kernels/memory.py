@@ -10,8 +10,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NONE, SCHEDULE_DUALPIPE, SCHEDULE_INTERLEAVED, \
-    SCHEDULE_PIPEDREAM, ZERO_3_DEFERRED
+from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE_OPS, SCHEDULE_DUALPIPE, \
+    SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, ZERO_3_DEFERRED
 from paraspace.kernels.jit import jit
 from paraspace.kernels.optimizer import OPT_HOST_STATE_FRACTION, OPT_STATE_FRACTION
 from paraspace.kernels.parameters import device_dense_layers, device_layers, layer_params, moe_layer_params, \
@@ -21,18 +21,22 @@ from paraspace.kernels.routing import layer_imbalance
 from paraspace.kernels.schedules import in_flight_chunks
 
 #: Per recompute mode (index = kernels.codes RECOMPUTE_*: none, selective, full,
-#: norms, moe-dispatch), what a layer that is not fully recomputed keeps (full
-#: recompute keeps only the layer input; its entries are unused):
+#: norms, moe-dispatch, selective-ops), what a layer that is not fully recomputed
+#: keeps (full recompute keeps only the layer input; its entries are unused):
 #: Korthikanti's replicated ab x tokens x h tensors: the two norm inputs and the
 #: two norm outputs (the QKV and MLP inputs); "norms" recomputes the outputs in
-#: the backward (Megatron-Core's recompute module "layernorm") and keeps 2.
-RC_REPLICATED = np.array([4.0, 4.0, 0.0, 2.0, 4.0])
-#: 1 where the s x s attention scores are kept without FlashAttention (selective drops them)
-RC_SCORES = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+#: the backward (Megatron-Core's recompute module "layernorm") and keeps 2;
+#: "selective-ops" keeps only the layer input: the second norm's input is a
+#: residual add of the output projection's output, both recomputed
+#: (``_layer_activation_bytes`` adds the kept down-projection output of a gated MLP).
+RC_REPLICATED = np.array([4.0, 4.0, 0.0, 2.0, 4.0, 1.0])
+#: 1 where the s x s attention scores are kept without FlashAttention (selective and
+#: selective-ops drop them: the unfused core's matmuls and softmax run again)
+RC_SCORES = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
 #: h-wide tensors kept per routed row of an MoE layer: the expert input (the
 #: dispatched row) and output; "moe-dispatch" drops the input and dispatches again
 #: in the backward
-RC_ROUTED_H = np.array([2.0, 2.0, 0.0, 2.0, 1.0])
+RC_ROUTED_H = np.array([2.0, 2.0, 0.0, 2.0, 1.0, 2.0])
 
 
 @jit
@@ -44,19 +48,24 @@ def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, re
         full_input = ab * tokens * h
         return full_input / t if sp else full_input
     dropout = model.dropout > 0
+    ops = recompute == RECOMPUTE_SELECTIVE_OPS
     replicated = RC_REPLICATED[recompute] * ab * tokens * h
+    if ops and sp:  # the policy keeps the two reduce-scatter outputs (attention's and the MLP's)
+        replicated += 2.0 * ab * tokens * h
     if dropout:
         replicated += 2.0 * tokens * h
     if sp:
         replicated /= t
+    if ops and model.glu > 0 and not moe_layer:  # the down projection (7th GEMM): its output, TP's partial sums
+        replicated += ab * tokens * h
     heads = model.heads / t
     if model.mla > 0:  # Q, K (nope + rope), V and O per head; the replicated latents
         qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-        split = ab * tokens * heads * (2.0 * qk + 2.0 * model.v_head_dim)
+        split = ab * tokens * heads * ((1.0 if ops else 2.0) * qk + 2.0 * model.v_head_dim)
         split += ab * tokens * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
-    else:
+    else:  # Q, K, V and the attention output; selective-ops recomputes K (the 2nd GEMM)
         kv = model.kv_heads / t
-        split = ab * tokens * model.head_dim * (2.0 * heads + 2.0 * kv)
+        split = ab * tokens * model.head_dim * (2.0 * heads + (1.0 if ops else 2.0) * kv)
     if moe_layer:
         # router logits and probabilities (fp32) of this rank's 1/t of the tokens; per
         # routed row: the expert input and output (h each) and gate, up, activation (3 f_e);
@@ -65,6 +74,8 @@ def _layer_activation_bytes(b: float, s: float, t: float, c: float, sp: bool, re
         split += 8.0 * tokens / t * model.experts
         split += ab * rows * (RC_ROUTED_H[recompute] * h + 3.0 * model.expert_ffn)
         split += 3.0 * ab * tokens * model.shared_experts * model.expert_ffn / t
+    elif ops:  # the gate (or fc1) output is kept; up, the activation and its product run again
+        split += ab * tokens * model.ffn / t
     else:
         split += (3.0 if model.glu > 0 else 2.0) * ab * tokens * model.ffn / t
     scores = 0.0
@@ -91,7 +102,13 @@ def activation_bytes_per_layer(b: float, s: float, t: float, c: float, sp: bool,
     selective recompute removes it (flash keeps the fp32 log-sum-exp instead).
     Full recompute keeps only the layer input; norms recompute drops the two
     norm outputs (``RC_REPLICATED``). MLA keeps its per-head Q, K, V, O and the
-    replicated latents.
+    replicated latents. Selective-ops applies torchtitan's per-op policy to a
+    layer's GEMMs in forward order (Q, K, V, O, gate, up, down: the 1st, 3rd,
+    5th and 7th outputs kept, with the attention output; the early-stopping
+    recompute redoes only what the backward reads): it keeps the layer input,
+    Q, V, the attention output, the gate (GeLU: fc1) output and a gated MLP's
+    down-projection output (unsplit: under TP, the partial sums); with sequence
+    parallelism also the two reduce-scatter outputs; MLA drops its K.
     For GPT (ab = 2, f = 4h, dropout, no flash):
     s b h (10 + 24/t + 5 a s / (h t)) without SP, s b h / t (34 + 5 a s / h) with SP;
     with norms recompute 4 s b h fewer replicated bytes: s b h (6 + 24/t + 5 a s / (h t)),

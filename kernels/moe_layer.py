@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from paraspace.kernels.codes import ALL_GATHER, RECOMPUTE_FULL, RECOMPUTE_MOE_DISPATCH, REDUCE_SCATTER, SCHEDULE_DUALPIPE
+from paraspace.kernels.codes import ALL_GATHER, RECOMPUTE_FULL, RECOMPUTE_MOE_DISPATCH, RECOMPUTE_SELECTIVE_OPS, \
+    REDUCE_SCATTER, SCHEDULE_DUALPIPE
 from paraspace.kernels.collectives import collective_time_s
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
 from paraspace.kernels.moe import combine_s, dispatch_s, grouped_gemm_fwd_bwd_s, local_pass_s, staging_bytes, \
     two_batch_exposed_s
 from paraspace.kernels.ops import gemm_efficiency, memory_bound_s
+from paraspace.kernels.recompute import ops_attention_s
 from paraspace.kernels.routing import layer_imbalance
 
 #: One MoE layer's costs (seconds unless noted): forward, backward and the
@@ -112,7 +114,8 @@ def moe_layer_s(sh, att, ep_stride: float, recompute: int, rc_dense: float, disp
     """The ``MoeLayer`` of one MoE layer (all zeros on a dense model, whose
     recompute is ``rc_dense``); ``att``: its attention part (``Attention``). It
     recomputes what a dense layer does, or its whole forward with full
-    recompute, or only the dispatch with moe-dispatch."""
+    recompute, or only the dispatch with moe-dispatch, or with selective-ops
+    only what the policy redoes of its attention part."""
     if model.experts <= 0:
         return MoeLayer(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, rc_dense, 0.0)
     imb = layer_imbalance(sh, model, work)  # busiest EP rank's routed rows over the mean
@@ -133,5 +136,7 @@ def moe_layer_s(sh, att, ep_stride: float, recompute: int, rc_dense: float, disp
     elif recompute == RECOMPUTE_MOE_DISPATCH:  # the dispatched rows again: permute and dispatch
         rc_moe = local
         rc_ep = disp
+    elif recompute == RECOMPUTE_SELECTIVE_OPS:  # the attention part's share; the experts keep their rows
+        rc_moe = ops_attention_s(sh, att, model)
     return MoeLayer(moe_f, moe_b, moe_w, ep_f, ep_b, buffers, disp + local, m_e, e_eff, disp, comb, expert_f + sh_f,
                     expert_b + sh_b, g1w + g2w + sh_w, rc_moe, rc_ep)

@@ -76,7 +76,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("vpp", np.int32, "virtual pipeline chunks per device"),
     Dimension("micro_batch", np.int32, "sequences per micro-batch"),
     Dimension("recompute", np.int8, "activation recomputation: none, selective (attention core), full (whole layers), "
-              "norms (the two norms), moe-dispatch (the MoE dispatch)", enum=Recompute),
+              "norms (the two norms), moe-dispatch (the MoE dispatch), selective-ops (every other GEMM output kept, the rest "
+              "recomputed)", enum=Recompute),
     Dimension("recompute_layers", np.int32, "with full recompute: only the last k layers of each device (0: all)"),
     Dimension("offload_activations", np.int8, "stored activations offloaded to host memory, overlapped with compute",
               boolean=True),

@@ -20,6 +20,10 @@ class Recompute(IntEnum):
     FULL = 2  #: keep each layer's input, recompute the whole layer
     NORMS = 3  #: recompute the two norms only: their outputs (the QKV and MLP inputs) are not kept
     MOE_DISPATCH = 4  #: MoE layers keep no dispatched rows (expert inputs): the backward redoes the dispatch
+    #: per-op selective checkpointing (torchtitan's ``selective`` ``op`` policy): every other GEMM
+    #: output in forward order and the attention output are kept; the norms, residual adds,
+    #: activation function and the other GEMMs run again in the backward
+    SELECTIVE_OPS = 5
 
 
 class Schedule(IntEnum):
@@ -137,7 +141,7 @@ class Feasibility(IntEnum):
 _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
     Schedule: {Schedule.GPIPE: "gpipe", Schedule.ONE_F_ONE_B: "1f1b", Schedule.INTERLEAVED: "interleaved",
                Schedule.ZB_H1: "zb-h1"},
-    Recompute: {Recompute.MOE_DISPATCH: "moe-dispatch"},
+    Recompute: {Recompute.MOE_DISPATCH: "moe-dispatch", Recompute.SELECTIVE_OPS: "selective-ops"},
     Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam",
                 Optimizer.ADAM_NO_MASTER: "adam-no-master", Optimizer.ADAM_8BIT_PAGED: "adam-8bit-paged"},
     Dispatch: {Dispatch.SENDRECV_ALLGATHER: "sendrecv-allgather", Dispatch.SENDRECV_ALLGATHER_SPLIT: "sendrecv-allgather-split",

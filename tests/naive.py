@@ -18,7 +18,7 @@ import math
 # kernels.codes / spaces.enums, spelt out on purpose
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV, BROADCAST, REDUCE = 0, 1, 2, 3, 4, 5, 6
 RING, TREE, AUTO = 0, 1, 2  # spaces.enums.AllReduceAlgorithm
-NONE, SELECTIVE, FULL, NORMS, MOE_DISPATCH = 0, 1, 2, 3, 4  # MOE_DISPATCH: as NONE on a dense model
+NONE, SELECTIVE, FULL, NORMS, MOE_DISPATCH, SELECTIVE_OPS = 0, 1, 2, 3, 4, 5  # MOE_DISPATCH: as NONE on a dense model
 GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1 = 0, 1, 2, 3
 ADAM_BYTES_PER_PARAM = 34.0  # read master, m, v, grad (16) + write master, m, v (12) + weight (2) + clip read (4)
 ADAM, ADAM_8BIT, CPU_ADAM, ADAM_NO_MASTER, ADAM_8BIT_PAGED = 0, 1, 2, 3, 4  # spaces.enums.Optimizer
@@ -273,30 +273,40 @@ def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab):
         return ab * tokens * h / (t if sp else 1)
     heads, kv = model["heads"] / t, model["kv_heads"] / t
     dropout = model["dropout"] > 0
+    ops = recompute == SELECTIVE_OPS  # GEMMs q, k, v, o, gate, up, down: the 1st, 3rd, 5th, 7th kept
     rep = 0.0
     rep += ab * tokens * h  # input of norm 1
-    if recompute != NORMS:  # recomputed from the norm input in the backward
+    if recompute not in (NORMS, SELECTIVE_OPS):  # recomputed from the norm input in the backward
         rep += ab * tokens * h  # input of QKV (norm 1 output)
-    rep += ab * tokens * h  # input of norm 2
-    if recompute != NORMS:
+    if not ops:  # selective-ops: a residual add of the (recomputed) output projection
+        rep += ab * tokens * h  # input of norm 2
+    if recompute not in (NORMS, SELECTIVE_OPS):
         rep += ab * tokens * h  # input of the MLP (norm 2 output)
+    if ops and sp:  # the per-op policy keeps reduce-scatter outputs
+        rep += ab * tokens * h  # the attention's, after the output projection
+        rep += ab * tokens * h  # the MLP's, after the down projection
     if dropout:
         rep += 1 * tokens * h  # attention dropout mask
         rep += 1 * tokens * h  # MLP dropout mask
     if sp:
         rep /= t
+    if ops and model["glu"] > 0:
+        rep += ab * tokens * h  # output of the down projection (the 7th GEMM; under TP its partial sums, whole)
     split = 0.0
     split += ab * tokens * heads * dh  # Q
-    split += ab * tokens * kv * dh  # K
+    if not ops:
+        split += ab * tokens * kv * dh  # K
     split += ab * tokens * kv * dh  # V
     split += ab * tokens * heads * dh  # attention output (out-proj input)
     mlp_tensors = 3 if model["glu"] > 0 else 2  # gate, up, down input | GeLU input, down input
+    if ops:
+        mlp_tensors = 1  # the gate (fc1) output
     split += mlp_tensors * ab * tokens * model["ffn"] / t
     scores = 0.0
     elems = b * heads * (s / c) * s
     if flash:
         scores = 4.0 * b * heads * (s / c)  # fp32 log-sum-exp per query row
-    elif recompute != SELECTIVE:  # only selective recomputes the attention core
+    elif recompute not in (SELECTIVE, SELECTIVE_OPS):  # both recompute the attention core
         scores = ab * elems  # softmax output
         if dropout:
             scores += 1 * elems + ab * elems  # dropout mask and dropout output
@@ -436,6 +446,11 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         rc_work = attn_f
     elif recompute == NORMS:  # both norms again on the (SP) shard: read the input, write the output
         rc_work = memory_bound_s(2 * 2 * seq_tokens * h * ab, 2, dev)
+    elif recompute == SELECTIVE_OPS:  # K (its columns of the QKV GEMM), out-proj, the up half of gate+up,
+        # the norms, residual adds, rotary embedding and the activation function
+        k_share = kv_cols / (q_cols + 2 * kv_cols)
+        out_proj = 0.0 if sp else gemms[1][0]  # with SP the reduce-scatter's output is kept instead
+        rc_work = k_share * gemms[0][0] + out_proj + layer_mem_f + (gemms[2][0] / 2 if glu else 0.0)
 
     # -- host offload per layer: (forward, backward) seconds the host link exposes, for a
     #    layer that keeps its activations and for one fully recomputed (it keeps its input)

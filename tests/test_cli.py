@@ -148,7 +148,8 @@ def test_eval_human_report():
         (["--set", "tp=5"], ["tp*pp*cp = 5", "devices = 64"]),
         (["--set", "pp=2", "--set", "vpp=2"], ["vpp_schedule"]),
         (["--set", "foo=1"], ["--set foo=1", "KEY=VALUE", "micro_batch"]),
-        (["--set", "recompute=partial"], ["dimensions.recompute", "'partial'", "['none', 'selective', 'full', 'norms', 'moe-dispatch']"]),
+        (["--set", "recompute=partial"], ["dimensions.recompute", "'partial'", "['none', 'selective', 'full', 'norms', 'moe-dispatch', "
+                                               "'selective-ops']"]),
         (["--set", "tp"], ["--set 'tp'", "KEY=VALUE"]),
         (["--set", "tp=x"], ["command line: --set tp = 'x'", "integer"]),
         (["--dtype", "fp4"], ["dtype", "'fp4'"]),

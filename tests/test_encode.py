@@ -39,7 +39,7 @@ DTYPES = {
     "row_id": np.int64, "n_microbatches": np.int32,
 }  # fmt: skip
 #: enum codes spelt out on purpose (a renumbering shows up as a failure)
-RECOMPUTE = {"none": 0, "selective": 1, "full": 2, "norms": 3, "moe-dispatch": 4}
+RECOMPUTE = {"none": 0, "selective": 1, "full": 2, "norms": 3, "moe-dispatch": 4, "selective-ops": 5}
 GPIPE, ONE_F_ONE_B, INTERLEAVED, DUALPIPE = 0, 1, 2, 4
 SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3, "dualpipe": DUALPIPE,
             "pipedream": 5}

@@ -27,6 +27,7 @@ MIRRORS = [
     (Recompute.FULL, codes.RECOMPUTE_FULL),
     (Recompute.NORMS, codes.RECOMPUTE_NORMS),
     (Recompute.MOE_DISPATCH, codes.RECOMPUTE_MOE_DISPATCH),
+    (Recompute.SELECTIVE_OPS, codes.RECOMPUTE_SELECTIVE_OPS),
     (Schedule.GPIPE, codes.SCHEDULE_GPIPE),
     (Schedule.ONE_F_ONE_B, codes.SCHEDULE_1F1B),
     (Schedule.INTERLEAVED, codes.SCHEDULE_INTERLEAVED),
@@ -79,7 +80,7 @@ def test_labels_round_trip():
         for member in enum:
             assert parse(enum, label(member)) is member
     assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe", "pipedream"]
-    assert labels(Recompute) == ["none", "selective", "full", "norms", "moe-dispatch"]
+    assert labels(Recompute) == ["none", "selective", "full", "norms", "moe-dispatch", "selective-ops"]
     assert labels(Optimizer) == ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged"]
     assert labels(AllReduceAlgorithm) == ["ring", "tree", "auto"]
 
@@ -90,7 +91,8 @@ def test_collective_table_follows_the_enum():
 
 
 def test_parse_unknown_names_the_choices():
-    with pytest.raises(ValueError, match=r"'partial' is not one of \['none', 'selective', 'full', 'norms', 'moe-dispatch'\]"):
+    choices = r"\['none', 'selective', 'full', 'norms', 'moe-dispatch', 'selective-ops'\]"
+    with pytest.raises(ValueError, match=r"'partial' is not one of " + choices):
         parse(Recompute, "partial")
 
 

@@ -18,6 +18,7 @@ from paraspace.kernels.codes import (
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
+    RECOMPUTE_SELECTIVE_OPS,
     SCHEDULE_1F1B,
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
@@ -481,7 +482,8 @@ def test_widened_space_matches_naive(model_name):
     raw = {"name": "wide", "description": "every dense dimension widened", "model": model_name,
            "hardware": "a100-sxm4-80gb", "devices": 16, "global_batch": 64, "seq_len": 4096,
            "dimensions": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "cp": [1, 2], "vpp": [1, 2], "micro_batch": [1, 2, 4],
-                          "recompute": ["none", "selective", "full", "norms"], "recompute_layers": [0, 1, 3],
+                          "recompute": ["none", "selective", "full", "norms", "selective-ops"],
+                          "recompute_layers": [0, 1, 3],
                           "offload_activations": [False, True], "offload_weights": [False, True],
                           "sequence_parallel": [False, True], "tp_overlap": [False, True], "zero": [0, 1, 2, 3],
                           "defer_grad_sync": [False, True],
@@ -500,9 +502,10 @@ def test_widened_space_matches_naive(model_name):
         _assert_outputs_close({name: float(got[name][i]) for name in OUTPUTS},
                               naive.evaluate_one(s, model, dev, tiers, tiles, work), s)
     sample = {c: cols[c][idx] for c in ("offload_activations", "offload_weights", "recompute_layers",
-                                        "defer_grad_sync")}
+                                        "defer_grad_sync", "recompute")}
     assert sample["offload_activations"].any() and sample["offload_weights"].any()
     assert (sample["recompute_layers"] > 0).any() and sample["defer_grad_sync"].any()
+    assert (sample["recompute"] == RECOMPUTE_SELECTIVE_OPS).any()
 
 
 # --------------------------------------------------------------------------- properties (modeling.md section 9)

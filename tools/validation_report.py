@@ -133,6 +133,16 @@ def main() -> None:
             "settings when it was added, it took memory MAPE from 42.8% to 35.1% and leave-one-source-out MAPE from "
             "11.5% to 11.6%: the model is already too fast on KempnerForge). The model counts tensors, buffers and a fixed "
             "overhead.", "",
+            "**Recompute `selective`:** the schema's word covers two modes the model knows: Megatron's "
+            "attention-core recompute (`selective`, what `validate` reads it as) and torchtitan's per-op policy "
+            "(`selective-ops`: every other GEMM output kept, the norms, activations and other GEMMs run again). "
+            "torchtitan's A100 Llama 2 13B pair measures the latter: selective op 4.303 s against 3.789 s without "
+            "recompute, +13.6%; the model gives +12.5% for selective-ops and +2.1% for the attention core. Reading "
+            "`selective` as either mode (the faster feasible) predicts the three torchtitan Llama 3.1 8B rows on 8 "
+            "GPUs that the attention core puts out of memory (-17%, -3%, -15% instead of -25%, -13%, -23%) and the "
+            "A100 Llama 2 70B selective-op row (+19%), but those four rows join the `ok` pool above its mean error and "
+            "move the leave-one-source-out MAPE from 11.45% to 11.53%, so it waits for a column that says which "
+            "mode a run used. An EMPTY recompute is searched over every mode but selective-ops.", "",
             f"**Uncertainty bands:** every prediction carries an 80% band from the leave-one-source-out residuals "
             f"of its class (`explorer/bands.py`, table in `spaces/catalog/bands/training.toml`). Coverage, each "
             f"source's rows against the band fitted without that source: {100 * cov['coverage']:.1f}% of "
