@@ -116,6 +116,7 @@ def pack(space: LoadedSpace) -> Packed:
         gemm_cast_bytes=CAST_BYTES_8BIT if spec.dtype in EIGHT_BIT_DTYPES else 0.0,
         moe_imbalance=params.DERIVED_IMBALANCE if spec.moe_imbalance is None else spec.moe_imbalance,
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
+        loss_bytes=params.LOSS_BYTES[spec.cross_entropy],
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload, family=bands.family_of(space.hardware.name))
 

@@ -247,12 +247,13 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
 
 
 @jit(inline=True)
-def stage_activation_bytes(stage: int, sh, kn, acts, logits: float, model):
+def stage_activation_bytes(stage: int, sh, kn, acts, logits: float, loss_bytes: float, model):
     """(activation bytes on the device, bytes offloaded to the host) of stage
     ``stage`` at the schedule's peak (``in_flight_chunks``): kept layers keep
     ``acts.keep_*``, fully recomputed ones their input; offloaded activations
     leave only layer inputs, two layers' worth back in flight; the last stage
-    (and DualPipe's device 0) adds the fp32 logits and the MTP modules'."""
+    (and DualPipe's device 0) adds the loss's ``loss_bytes`` per logit element
+    (``kernels.params.LOSS_BYTES``) and the MTP modules'."""
     pp = int(sh.p)
     n = device_layers(stage, pp, model.layers)
     nd = device_dense_layers(stage, pp, model)
@@ -282,11 +283,11 @@ def stage_activation_bytes(stage: int, sh, kn, acts, logits: float, model):
         device += back * (keep_off - inp)
     mtp = acts.act_moe if model.experts > 0 else acts.act_dense
     if stage == pp - 1:
-        device += 4.0 * logits  # fp32 logits of the loss, one micro-batch
+        device += loss_bytes * logits  # the loss over one micro-batch's logits
         device += chunks * model.mtp_depth * mtp
     if kn.schedule == SCHEDULE_DUALPIPE and stage == 0 and pp > 1:
         # device 0 also runs the upward direction's last stage and its loss
-        device += 4.0 * logits
+        device += loss_bytes * logits
         device += chunks * model.mtp_depth * mtp
     return device, host
 
@@ -311,7 +312,7 @@ def device_memory(sh, kn, edp: float, logits: float, moe_buffer: float, model, d
     parts_at_peak = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     for stage in range(pp):
         weights, grads, optim, host = stage_state_bytes(stage, sh, kn, edp, unit, parts, model, work)
-        act, host_act = stage_activation_bytes(stage, sh, kn, acts, logits, model)
+        act, host_act = stage_activation_bytes(stage, sh, kn, acts, logits, work.loss_bytes, model)
         host += host_act
         buffers = moe_buffer if device_layers(stage, pp, model.layers) > device_dense_layers(stage, pp, model) else 0.0
         host_peak = max(host_peak, host)

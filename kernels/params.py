@@ -112,6 +112,7 @@ WORKLOAD = np.dtype(
         # uniform random routing of each row's tokens (kernels.routing)
         ("moe_imbalance", np.float64),
         ("quantize_attention", np.float64),  # 1: attention projections in the GEMM precision too; 0: 16-bit
+        ("loss_bytes", np.float64),  # bytes per logit element the loss holds at its peak (LOSS_BYTES)
     ]
 )
 
@@ -120,6 +121,15 @@ def _has_default(dtype: np.dtype, name: str) -> bool:
     """Array-valued fields (tables) and their counts default to empty."""
     return dtype[name].shape != () or name.startswith("n_") or name in DEFAULTS
 
+
+#: Bytes per logit element the loss holds at its peak, per ``SpaceSpec.cross_entropy``
+#: (the last stage's activations, ``kernels.memory.stage_activation_bytes``):
+#: fused (Megatron's vocab-parallel cross-entropy) upcasts the logits once and
+#: computes the softmax and its gradient in place in that fp32 copy: 4;
+#: unfused (``torch.nn.functional.cross_entropy`` over ``logits.float()``) keeps the
+#: fp32 log-softmax for its backward, which then also holds the fp32 gradient
+#: arriving from the loss and the fp32 gradient it returns: 3 x 4 = 12
+LOSS_BYTES = {"fused": 4.0, "unfused": 12.0}
 
 #: ``moe_imbalance`` value that asks the kernels to derive the busiest expert
 #: rank's load from the routing statistics (``kernels.routing.moe_imbalance``)
@@ -134,6 +144,7 @@ DEFAULTS = {
                      "memory_fragmentation", "comm_buffer_bytes"), 0.0),
     "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
+    "loss_bytes": LOSS_BYTES["fused"],
     "peak_16bit_flops_per_s": 0.0,
 }
 

@@ -651,7 +651,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             host_acts -= back
         host += host_acts
         if i == pp - 1:
-            acts += 4 * logits  # fp32 logits
+            acts += work["loss_bytes"] * logits  # the loss at its peak (fused: one fp32 copy of the logits)
         tensors = weights + grads + optim + acts
         overhead = fixed_overhead + dev.get("memory_fragmentation", 0.0) * tensors
         total = tensors + overhead
