@@ -13,7 +13,7 @@ import numpy as np
 from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE_OPS, SCHEDULE_DUALPIPE, \
     SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, ZERO_3_DEFERRED
 from paraspace.kernels.jit import jit
-from paraspace.kernels.optimizer import OPT_HOST_STATE_FRACTION, OPT_STATE_FRACTION
+from paraspace.kernels.optimizer import OPT_GRAD_FRACTION, OPT_HOST_STATE_FRACTION, OPT_STATE_FRACTION
 from paraspace.kernels.parameters import device_dense_layers, device_layers, layer_params, moe_layer_params, \
     param_parts, stage_params_from
 from paraspace.kernels.recompute import recomputed_layers
@@ -231,7 +231,9 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
         weights = params * work.weight_bytes
     if kn.off_w == 0:
         sharded = zero >= 2 and zero != ZERO_3_DEFERRED
-        grads = (dense / dc + expert / edp) * work.grad_bytes if sharded else params * work.grad_bytes
+        # stored in the optimizer's gradient precision; a deferred reduction accumulates in fp32
+        gb = work.grad_bytes if zero == ZERO_3_DEFERRED else work.grad_bytes * OPT_GRAD_FRACTION[kn.optimizer]
+        grads = (dense / dc + expert / edp) * gb if sharded else params * gb
     state = work.optimizer_bytes * OPT_STATE_FRACTION[kn.optimizer]
     optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
     # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)

@@ -90,7 +90,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("defer_grad_sync", np.int8, "ZeRO-3: the micro-batches' gradients accumulated unsharded and "
               "reduce-scattered once per step (FSDP no_sync)", boolean=True),
     Dimension("optimizer", np.int8, "optimizer: Adam on the device, 8-bit Adam, Adam on the host (ZeRO-Offload), "
-              "Adam without fp32 master weights, or paged 8-bit Adam (states on the host)", enum=Optimizer),
+              "Adam without fp32 master weights, paged 8-bit Adam (states on the host), or pure bf16 Adam (weights, "
+              "gradients, m and v in bf16)", enum=Optimizer),
     Dimension("schedule", np.int8, "pipeline schedule", enum=Schedule),
     Dimension("ep", np.int32, "expert-parallel size (MoE)"),
     Dimension("expert_tp", np.int32, "tensor-parallel size inside each expert (MoE)"),

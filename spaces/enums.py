@@ -45,6 +45,10 @@ class Optimizer(IntEnum):
     CPU_ADAM = 2  #: ZeRO-Offload: states and the Adam step on the host, gradients down and weights up over PCIe
     ADAM_NO_MASTER = 3  #: Adam without fp32 master weights: 16-bit weights updated in place, fp32 m and v (8 bytes/param)
     ADAM_8BIT_PAGED = 4  #: paged 8-bit Adam (bitsandbytes): 8-bit m and v in host memory, paged in chunk by chunk for the device step
+    #: pure bf16: the model cast to bf16 and trained so (KempnerForge's ``model.to(bf16)``):
+    #: bf16 weights updated in place, bf16 gradients, bf16 m and v (torch's Adam keeps
+    #: its moments in the parameter's dtype): 8 bytes/param
+    ADAM_BF16 = 5
 
 
 class Dispatch(IntEnum):
@@ -143,7 +147,8 @@ _SPELLING: dict[type[IntEnum], dict[IntEnum, str]] = {
                Schedule.ZB_H1: "zb-h1"},
     Recompute: {Recompute.MOE_DISPATCH: "moe-dispatch", Recompute.SELECTIVE_OPS: "selective-ops"},
     Optimizer: {Optimizer.ADAM: "adam", Optimizer.ADAM_8BIT: "adam-8bit", Optimizer.CPU_ADAM: "cpu-adam",
-                Optimizer.ADAM_NO_MASTER: "adam-no-master", Optimizer.ADAM_8BIT_PAGED: "adam-8bit-paged"},
+                Optimizer.ADAM_NO_MASTER: "adam-no-master", Optimizer.ADAM_8BIT_PAGED: "adam-8bit-paged",
+                Optimizer.ADAM_BF16: "adam-bf16"},
     Dispatch: {Dispatch.SENDRECV_ALLGATHER: "sendrecv-allgather", Dispatch.SENDRECV_ALLGATHER_SPLIT: "sendrecv-allgather-split",
                Dispatch.LOW_LATENCY: "low-latency"},
 }

@@ -21,16 +21,21 @@ RING, TREE, AUTO = 0, 1, 2  # spaces.enums.AllReduceAlgorithm
 NONE, SELECTIVE, FULL, NORMS, MOE_DISPATCH, SELECTIVE_OPS = 0, 1, 2, 3, 4, 5  # MOE_DISPATCH: as NONE on a dense model
 GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1 = 0, 1, 2, 3
 ADAM_BYTES_PER_PARAM = 34.0  # read master, m, v, grad (16) + write master, m, v (12) + weight (2) + clip read (4)
-ADAM, ADAM_8BIT, CPU_ADAM, ADAM_NO_MASTER, ADAM_8BIT_PAGED = 0, 1, 2, 3, 4  # spaces.enums.Optimizer
+ADAM, ADAM_8BIT, CPU_ADAM, ADAM_NO_MASTER, ADAM_8BIT_PAGED, ADAM_BF16 = 0, 1, 2, 3, 4, 5  # spaces.enums.Optimizer
 # 8-bit Adam: m and v of one byte each beside the fp32 master (6 of Adam's 12 state bytes); its step reads
 # master 4 + m, v 2 + grad 4 and writes master 4 + m, v 2 + weight 2, plus the clipping read 4 = 22.
 # No master: fp32 m and v (8 of 12); reads weight 2 + m, v 8 + grad 4, writes weight 2 + m, v 8, clip 4 = 28.
 # Paged 8-bit: m and v (2 of 12) on the host, paged in and out over the link (2 bytes each way, overlapped),
-# the in-place update reads weight 2 + m, v 2 + grad 4, writes weight 2 + m, v 2, clip 4 = 16
+# the in-place update reads weight 2 + m, v 2 + grad 4, writes weight 2 + m, v 2, clip 4 = 16.
+# Pure bf16: bf16 m and v (4 of 12) and bf16 gradients (2 of 4 bytes); reads weight, m, v, grad 2 each,
+# writes weight, m, v 2 each, clip 2 = 16
 OK, OUT_OF_MEMORY, OUT_OF_HOST_MEMORY = 0.0, 1.0, 2.0  # spaces.enums.Feasibility
-STATE_SHARE = {ADAM: 1.0, ADAM_8BIT: 0.5, CPU_ADAM: 0.0, ADAM_NO_MASTER: 8 / 12, ADAM_8BIT_PAGED: 0.0}
-HOST_SHARE = {ADAM: 0.0, ADAM_8BIT: 0.0, CPU_ADAM: 1.0, ADAM_NO_MASTER: 0.0, ADAM_8BIT_PAGED: 2 / 12}
-STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0, ADAM_NO_MASTER: 28.0, ADAM_8BIT_PAGED: 16.0}
+STATE_SHARE = {ADAM: 1.0, ADAM_8BIT: 0.5, CPU_ADAM: 0.0, ADAM_NO_MASTER: 8 / 12, ADAM_8BIT_PAGED: 0.0,
+               ADAM_BF16: 4 / 12}
+HOST_SHARE = {ADAM: 0.0, ADAM_8BIT: 0.0, CPU_ADAM: 1.0, ADAM_NO_MASTER: 0.0, ADAM_8BIT_PAGED: 2 / 12, ADAM_BF16: 0.0}
+STEP_BYTES = {ADAM: ADAM_BYTES_PER_PARAM, ADAM_8BIT: 22.0, ADAM_NO_MASTER: 28.0, ADAM_8BIT_PAGED: 16.0,
+              ADAM_BF16: 16.0}
+GRAD_SHARE = {ADAM_BF16: 0.5}  # stored gradients: bf16, half the workload's fp32 gradient bytes
 LINK_BYTES = {ADAM_8BIT_PAGED: 2.0}
 
 
@@ -620,7 +625,9 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
                 weights = (params if sharded > params else sharded) * work["weight_bytes"]
             else:
                 weights = params * work["weight_bytes"]
-            grads = params * work["grad_bytes"] / (group if zero >= 2 and not defer else 1)
+            # a deferred reduction accumulates in fp32; otherwise gradients are stored in the optimizer's precision
+            stored = work["grad_bytes"] * (1.0 if defer else GRAD_SHARE.get(opt_kind, 1.0))
+            grads = params * stored / (group if zero >= 2 and not defer else 1)
         optim = params * work["optimizer_bytes"] * STATE_SHARE[opt_kind] / (group if zero >= 1 else 1)
         # CPU Adam's fp32 master and moments, paged Adam's moments: in host memory, sharded like on a device
         host += params * work["optimizer_bytes"] * HOST_SHARE[opt_kind] / (group if zero >= 1 else 1)

@@ -43,7 +43,7 @@ RECOMPUTE = {"none": 0, "selective": 1, "full": 2, "norms": 3, "moe-dispatch": 4
 GPIPE, ONE_F_ONE_B, INTERLEAVED, DUALPIPE = 0, 1, 2, 4
 SCHEDULE = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED, "zb-h1": 3, "dualpipe": DUALPIPE,
             "pipedream": 5}
-OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2, "adam-no-master": 3, "adam-8bit-paged": 4}
+OPTIMIZER = {"adam": 0, "adam-8bit": 1, "cpu-adam": 2, "adam-no-master": 3, "adam-8bit-paged": 4, "adam-bf16": 5}
 PLACEMENT = {"inner": 0, "outer": 1}
 ALLTOALL = 1
 DISPATCH = {"allgather": 0, "alltoall": ALLTOALL, "hierarchical": 2, "sendrecv-allgather": 3,

@@ -39,6 +39,7 @@ MIRRORS = [
     (Optimizer.CPU_ADAM, codes.OPTIMIZER_CPU_ADAM),
     (Optimizer.ADAM_NO_MASTER, codes.OPTIMIZER_ADAM_NO_MASTER),
     (Optimizer.ADAM_8BIT_PAGED, codes.OPTIMIZER_ADAM_8BIT_PAGED),
+    (Optimizer.ADAM_BF16, codes.OPTIMIZER_ADAM_BF16),
     (Feasibility.OK, codes.FEASIBLE_OK),
     (Feasibility.OUT_OF_MEMORY, codes.FEASIBLE_OUT_OF_MEMORY),
     (Feasibility.OUT_OF_HOST_MEMORY, codes.FEASIBLE_OUT_OF_HOST_MEMORY),
@@ -81,7 +82,7 @@ def test_labels_round_trip():
             assert parse(enum, label(member)) is member
     assert labels(Schedule) == ["gpipe", "1f1b", "interleaved", "zb-h1", "dualpipe", "pipedream"]
     assert labels(Recompute) == ["none", "selective", "full", "norms", "moe-dispatch", "selective-ops"]
-    assert labels(Optimizer) == ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged"]
+    assert labels(Optimizer) == ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged", "adam-bf16"]
     assert labels(AllReduceAlgorithm) == ["ring", "tree", "auto"]
 
 

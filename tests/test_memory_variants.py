@@ -20,6 +20,7 @@ from paraspace.kernels.codes import (
     OPTIMIZER_ADAM,
     OPTIMIZER_ADAM_8BIT,
     OPTIMIZER_ADAM_8BIT_PAGED,
+    OPTIMIZER_ADAM_BF16,
     OPTIMIZER_ADAM_NO_MASTER,
     OPTIMIZER_CPU_ADAM,
     RECOMPUTE_FULL,
@@ -30,6 +31,7 @@ from paraspace.kernels.codes import (
     SCHEDULE_1F1B,
     SCHEDULE_GPIPE,
     SCHEDULE_INTERLEAVED,
+    ZERO_3_DEFERRED,
 )
 from paraspace.kernels.moe import dispatch_s, local_pass_s
 from paraspace.kernels.routing import routing_imbalance
@@ -104,6 +106,29 @@ def test_optimizer_variant_step_times(llama):
     assert adam["mem_optimizer_bytes"] > no_master["mem_optimizer_bytes"] > paged["mem_optimizer_bytes"] == 0.0
     assert no_master["mem_optimizer_bytes"] == pytest.approx(8 * P_8B, rel=1e-14)
     assert adam["compute_s"] == no_master["compute_s"] == paged["compute_s"]
+
+
+@pytest.mark.parametrize("d", [2, 8])
+def test_pure_bf16_adam_bytes_and_step_by_hand(llama, d):
+    """adam-bf16 (the model cast to bf16 and trained so, KempnerForge's setup): bf16
+    weights 2, bf16 gradients 2, bf16 m and v 4 = 8 bytes/param unsharded:
+    8 x 8,030,261,248 = 64,242,089,984 bytes (59.8 GiB, against Adam's 18 x P =
+    134.6 GiB); 2 + 2 + 4/d with ZeRO-1, 2 + 6/d with ZeRO-2; a deferred ZeRO-3
+    reduction accumulates its unsharded gradients in fp32, 4 bytes. Its step reads
+    weight, m, v and gradient and writes weight, m and v, 2 bytes each, plus the
+    clipping read: 16 bytes/param, P x 16 / (3350e9 x 0.8) + 4 us = 0.0479 s."""
+    expected = {0: 8.0, 1: 4 + 4 / d, 2: 2 + 6 / d}
+    for zero, per_param in expected.items():
+        out = run(*llama, dp=d, zero=zero, opt=OPTIMIZER_ADAM_BF16)
+        states = out["mem_weights_bytes"] + out["mem_grads_bytes"] + out["mem_optimizer_bytes"]
+        assert states == pytest.approx(per_param * P_8B, rel=1e-14), zero
+    assert 8 * P_8B == 64_242_089_984
+    out = run(*llama, opt=OPTIMIZER_ADAM_BF16)
+    assert out["mem_grads_bytes"] == pytest.approx(2 * P_8B, rel=1e-14)
+    assert out["optimizer_s"] == pytest.approx(P_8B * 16 / HBM + LAUNCH, rel=1e-12)
+    assert P_8B * 16 / HBM + LAUNCH == pytest.approx(0.0479, abs=1e-4)
+    deferred = run(*llama, dp=d, zero=ZERO_3_DEFERRED, opt=OPTIMIZER_ADAM_BF16)
+    assert deferred["mem_grads_bytes"] == pytest.approx(4 * P_8B, rel=1e-14)
 
 
 def test_paged_optimizer_needs_host_memory(llama):

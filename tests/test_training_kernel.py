@@ -487,7 +487,8 @@ def test_widened_space_matches_naive(model_name):
                           "offload_activations": [False, True], "offload_weights": [False, True],
                           "sequence_parallel": [False, True], "tp_overlap": [False, True], "zero": [0, 1, 2, 3],
                           "defer_grad_sync": [False, True],
-                          "optimizer": ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged"],
+                          "optimizer": ["adam", "adam-8bit", "cpu-adam", "adam-no-master", "adam-8bit-paged",
+                                        "adam-bf16"],
                           "schedule": ["gpipe", "1f1b", "interleaved", "zb-h1"]}}
     space = space_from_raw(raw, "test", Path(__file__).parent)
     packed = pack(space)
