@@ -496,7 +496,7 @@ class SpaceSpec(Record):
     #: GEMMs; the attention projections stay in 16 bits, a common FP8 recipe)
     quantized_gemms: Literal["all", "mlp"] = "all"
     #: how the loss over the logits is computed, which sets the memory it holds at its
-    #: peak (``kernels.memory.LOSS_BYTES``): "fused", a vocab-parallel cross-entropy
+    #: peak (``kernels.params.LOSS_BYTES``): "fused", a vocab-parallel cross-entropy
     #: that works in place on one fp32 copy of the logits (Megatron's), or
     #: "unfused", PyTorch's cross-entropy over the upcast logits (torchtitan's and
     #: most PyTorch-native trainers'), whose backward holds three fp32 copies

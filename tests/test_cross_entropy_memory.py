@@ -53,6 +53,16 @@ def test_only_the_last_stage_holds_the_loss(llama_32k, make_workload):
     assert 0 < unfused["mem_peak_bytes"] - fused["mem_peak_bytes"] <= 8 * 8192 * VOCAB * (1 + 1e-12)
 
 
+def test_the_schema_names_every_loss_the_kernels_size():
+    """One list of losses: the space field's choices are LOSS_BYTES' keys."""
+    from typing import get_args
+
+    from paraspace.spaces.schema import SpaceSpec
+
+    assert set(get_args(SpaceSpec.model_fields["cross_entropy"].annotation)) == set(params.LOSS_BYTES)
+    assert params.DEFAULTS["loss_bytes"] == params.LOSS_BYTES[SpaceSpec.model_fields["cross_entropy"].default]
+
+
 def test_a_space_sets_the_loss_and_a_bad_value_is_named(tmp_path):
     raw = {"name": "ce", "description": "unfused loss", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
            "devices": 8, "global_batch": 8, "seq_len": 8192, "cross_entropy": "unfused",
