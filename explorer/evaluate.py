@@ -209,14 +209,19 @@ def analytic(packed: Packed, cols: dict[str, np.ndarray]) -> dict[str, np.ndarra
 #: a simulated step stays within a small multiple of its closed form, so rows whose
 #: closed form exceeds 1e9 s (32 years, 2**8 below the wrap) keep their analytic time
 SIM_HORIZON_S = 1e9
+#: and its tasks last whole nanoseconds: a closed-form step under a microsecond (1,000
+#: ticks) would lose most of its tasks to rounding (under a nanosecond, all of them: a
+#: 0 s step read as infinite throughput), so such rows keep their analytic time too
+SIM_FLOOR_S = 1e-6
 
 
 def simulable(cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], *, max_tasks: int = DEFAULT_MAX_TASKS,
               n_buckets: int = DEFAULT_BUCKETS) -> np.ndarray:
     """Rows the event tier takes: feasible, with a graph of at most ``max_tasks`` tasks,
-    and a closed-form step short enough for the engine's clock (``SIM_HORIZON_S``)."""
+    and a closed-form step the engine's clock can time (``SIM_FLOOR_S`` to ``SIM_HORIZON_S``)."""
     tasks = task_bound(cols["pp"], cols["vpp"], cols["schedule"], cols["n_microbatches"], cols["zero"], n_buckets)
-    return (metrics["feasible"] > 0) & (tasks <= max_tasks) & (metrics["step_time_analytic_s"] < SIM_HORIZON_S)
+    step = metrics["step_time_analytic_s"]
+    return (metrics["feasible"] > 0) & (tasks <= max_tasks) & (step >= SIM_FLOOR_S) & (step < SIM_HORIZON_S)
 
 
 def unsimulated(step_time_analytic_s: np.ndarray) -> dict[str, np.ndarray]:

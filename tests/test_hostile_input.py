@@ -230,6 +230,30 @@ def test_a_step_beyond_the_event_tier_range_is_not_simulated(tmp_path):
     assert row["step_time_s"] == row["step_time_analytic_s"] and 0 < row["mfu"] <= 1
 
 
+def test_a_step_under_the_event_tier_resolution_is_not_simulated(tmp_path):
+    """Inside every bound, a 1-wide model on a device of 1e9 TFLOP/s and 1e9 GB/s with no
+    launch overhead takes 0.7 ns analytically; the event tier times tasks in whole
+    nanoseconds, so simulated every task rounded to 0 and the row claimed a 0 s step
+    and infinite throughput and MFU (found by test_fuzz_extremes_inside_the_bounds).
+    It keeps its closed form (``explorer.evaluate.SIM_FLOOR_S``)."""
+    model = tmp_path / "tiny.toml"
+    model.write_text('name = "tiny"\ndescription = "one of everything"\nlayers = 1\nhidden = 1\nheads = 1\n'
+                     "kv_heads = 1\nffn = 1\nvocab = 1\nglu = true\n")
+    text = H100.read_text()
+    for old, new in (("bf16 = 989.4", "bf16 = 1e9"), ("hbm_bandwidth_GB_per_s = 3350.0", "hbm_bandwidth_GB_per_s = 1e9"),
+                     ("launch_overhead_us = 4.0", "launch_overhead_us = 0.0")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    hw = tmp_path / "fast.toml"
+    hw.write_text(text)
+    result = invoke("eval", "--model", str(model), "--hardware", str(hw), "--devices", "1", "--global-batch", "1",
+                    "--seq-len", "1", "--json")
+    row = json.loads(result.stdout)
+    assert 0 < row["step_time_analytic_s"] < 1e-6
+    assert row["step_time_s"] == row["step_time_analytic_s"] and row["simulated"] is False
+    assert math.isfinite(row["tokens_per_s_per_gpu"]) and 0 < row["mfu"] <= 1
+
+
 # --------------------------------------------------------------------------- item 8: files
 
 
