@@ -42,6 +42,8 @@ EXPECTED: dict[str, str] = {
     "llama3-405b-h100-256": "4c75ea567273a9467f4951c073087d691132e60c59c789b49cb22da37649915e",
     "llama3-70b-h100-1024": "7327f6de77890b220427d882891857837bf594241cb726d6b973249c1959cace",
     "llama3-8b-h100-64": "9711b76c92e75396734c3253a2c34e7e6e9dea966750d25efae00e200a8f9b71",
+    # recorded when it was added (stop 25): the PyTorch-native settings' space
+    "llama3-8b-h100-fsdp": "ac30f499e7467c543e79ed88b0760fea77d8e9cbfa06b83c70b0f8484a220658",
 }
 
 
