@@ -208,24 +208,32 @@ def test_extreme_but_valid_numbers_give_finite_physical_rows(tmp_path):
     assert row["step_time_s"] > 0 and row["mem_peak_bytes"] > 0 and 0 < row["mfu"] <= 1
 
 
+def eval_tiny_on_h100(tmp_path, changes: tuple[tuple[str, str], ...], seq_len: int) -> dict:
+    """``paraspace eval --json`` of a 1-wide model (one layer, head, FFN column and
+    vocabulary entry) on the H100 profile with ``changes`` made to its text."""
+    model = tmp_path / "tiny.toml"
+    model.write_text('name = "tiny"\ndescription = "one of everything"\nlayers = 1\nhidden = 1\nheads = 1\n'
+                     "kv_heads = 1\nffn = 1\nvocab = 1\nglu = true\n")
+    text = H100.read_text()
+    for old, new in changes:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    hw = tmp_path / "changed.toml"
+    hw.write_text(text)
+    result = invoke("eval", "--model", str(model), "--hardware", str(hw), "--devices", "1", "--global-batch", "1",
+                    "--seq-len", str(seq_len), "--json")
+    return json.loads(result.stdout)
+
+
 def test_a_step_beyond_the_event_tier_range_is_not_simulated(tmp_path):
     """Inside every bound, a 1-wide model over 2**24-token sequences on the slowest
     device takes 2e12 s analytically; simulated, its nanoseconds overflow int64 and
     the row claims a step of 4 microseconds, so a sweep would rank it first (found by
     test_fuzz_extremes_inside_the_bounds, there as 408 s with an MFU of 4139)."""
-    model = tmp_path / "tiny.toml"
-    model.write_text('name = "tiny"\ndescription = "one of everything"\nlayers = 1\nhidden = 1\nheads = 1\n'
-                     "kv_heads = 1\nffn = 1\nvocab = 1\nglu = true\n")
-    text = H100.read_text()
-    for old, new in (("bf16 = 989.4", "bf16 = 0.001"), ("gemm_max_efficiency = 0.575", "gemm_max_efficiency = 1e-6"),
-                     ("attention_efficiency = 0.40", "attention_efficiency = 1e-6")):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    hw = tmp_path / "slow.toml"
-    hw.write_text(text)
-    result = invoke("eval", "--model", str(model), "--hardware", str(hw), "--devices", "1", "--global-batch", "1",
-                    "--seq-len", str(schema.MAX_COUNT), "--json")
-    row = json.loads(result.stdout)
+    row = eval_tiny_on_h100(tmp_path, (("bf16 = 989.4", "bf16 = 0.001"),
+                                       ("gemm_max_efficiency = 0.575", "gemm_max_efficiency = 1e-6"),
+                                       ("attention_efficiency = 0.40", "attention_efficiency = 1e-6")),
+                            schema.MAX_COUNT)
     assert row["step_time_analytic_s"] > 2**63 / 1e9
     assert row["step_time_s"] == row["step_time_analytic_s"] and 0 < row["mfu"] <= 1
 
@@ -236,19 +244,9 @@ def test_a_step_under_the_event_tier_resolution_is_not_simulated(tmp_path):
     nanoseconds, so simulated every task rounded to 0 and the row claimed a 0 s step
     and infinite throughput and MFU (found by test_fuzz_extremes_inside_the_bounds).
     It keeps its closed form (``explorer.evaluate.SIM_FLOOR_S``)."""
-    model = tmp_path / "tiny.toml"
-    model.write_text('name = "tiny"\ndescription = "one of everything"\nlayers = 1\nhidden = 1\nheads = 1\n'
-                     "kv_heads = 1\nffn = 1\nvocab = 1\nglu = true\n")
-    text = H100.read_text()
-    for old, new in (("bf16 = 989.4", "bf16 = 1e9"), ("hbm_bandwidth_GB_per_s = 3350.0", "hbm_bandwidth_GB_per_s = 1e9"),
-                     ("launch_overhead_us = 4.0", "launch_overhead_us = 0.0")):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    hw = tmp_path / "fast.toml"
-    hw.write_text(text)
-    result = invoke("eval", "--model", str(model), "--hardware", str(hw), "--devices", "1", "--global-batch", "1",
-                    "--seq-len", "1", "--json")
-    row = json.loads(result.stdout)
+    row = eval_tiny_on_h100(tmp_path, (("bf16 = 989.4", "bf16 = 1e9"),
+                                       ("hbm_bandwidth_GB_per_s = 3350.0", "hbm_bandwidth_GB_per_s = 1e9"),
+                                       ("launch_overhead_us = 4.0", "launch_overhead_us = 0.0")), 1)
     assert 0 < row["step_time_analytic_s"] < 1e-6
     assert row["step_time_s"] == row["step_time_analytic_s"] and row["simulated"] is False
     assert math.isfinite(row["tokens_per_s_per_gpu"]) and 0 < row["mfu"] <= 1
