@@ -28,7 +28,8 @@ from paraspace.kernels.schedules import in_flight_chunks
 #: the backward (Megatron-Core's recompute module "layernorm") and keeps 2;
 #: "selective-ops" keeps only the layer input: the second norm's input is a
 #: residual add of the output projection's output, both recomputed
-#: (``_layer_activation_bytes`` adds the kept down-projection output of a gated MLP).
+#: (``_layer_activation_bytes`` adds what the policy keeps besides: the
+#: reduce-scatter outputs with sequence parallelism, a gated MLP's down-projection output).
 RC_REPLICATED = np.array([4.0, 4.0, 0.0, 2.0, 4.0, 1.0])
 #: 1 where the s x s attention scores are kept without FlashAttention (selective and
 #: selective-ops drop them: the unfused core's matmuls and softmax run again)
@@ -230,10 +231,11 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
     else:
         weights = params * work.weight_bytes
     if kn.off_w == 0:
-        sharded = zero >= 2 and zero != ZERO_3_DEFERRED
-        # stored in the optimizer's gradient precision; a deferred reduction accumulates in fp32
-        gb = work.grad_bytes if zero == ZERO_3_DEFERRED else work.grad_bytes * OPT_GRAD_FRACTION[kn.optimizer]
-        grads = (dense / dc + expert / edp) * gb if sharded else params * gb
+        # a deferred reduction accumulates the whole gradient unsharded in fp32; otherwise it
+        # is stored in the optimizer's gradient precision, sharded from ZeRO-2 on
+        deferred = zero == ZERO_3_DEFERRED
+        gb = work.grad_bytes if deferred else work.grad_bytes * OPT_GRAD_FRACTION[kn.optimizer]
+        grads = (dense / dc + expert / edp) * gb if zero >= 2 and not deferred else params * gb
     state = work.optimizer_bytes * OPT_STATE_FRACTION[kn.optimizer]
     optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
     # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)

@@ -22,7 +22,7 @@ VOCAB = 128_256  # Llama 3
 
 
 @pytest.fixture(scope="module")
-def llama_32k(h100, llama3_8b, make_workload):
+def llama_32k(h100, llama3_8b):
     return llama3_8b, h100.device, h100.tiers, h100.tiles
 
 
