@@ -1,0 +1,591 @@
+"""Measure, on one GPU with PyTorch, what paraspace's kernels assume of a device.
+
+    python tools/measure_device.py OUT_DIR [--budget-s 300] [--dry-run]
+
+Runs on the machine being measured (it needs ``torch`` with CUDA, which
+paraspace itself never imports). Writes into OUT_DIR:
+
+``gemm_bf16.csv`` / ``gemm_fp8.csv``
+    One row per GEMM in the ``paraspace calibrate gemm`` format (``m, n, k, dtype,
+    seconds, tflops``) plus ``role`` (``fwd``: Y = X W^T as ``F.linear`` runs it;
+    ``dgrad``: dX = dY W; ``wgrad``: dW = dY^T X, the layouts autograd uses) and
+    ``layer``: the linear it stands for (the QKV, output, fused gate+up and down
+    projections of Llama 3 8B / 70B and GPT-3 175B, split by tensor parallelism
+    1, 2, 4, 8), at 1K to 16K tokens per micro-batch. m is always the output's rows:
+    a wgrad row is (n_out, k_in) with the tokens as reduction, as
+    ``kernels.ops.gemm_fwd_bwd_s`` prices it.
+``attention.csv``
+    ``torch.nn.functional.scaled_dot_product_attention`` per backend (FlashAttention-2
+    ``flash``, cuDNN ``cudnn``, ``efficient``, and the unfused ``math``), causal and
+    not, head dims 64 / 128, 1K to 32K tokens: forward and backward seconds and
+    TFLOP/s, FLOPs counted as ``kernels.ops.attention_flops`` does (causal = half).
+``memory.csv``
+    Achieved HBM bandwidth of a copy, an add, RMSNorm and SwiGLU's elementwise part
+    (bytes read + written / seconds), and the per-kernel cost of eager dispatch.
+``grouped_gemm.csv``
+    ``torch._grouped_mm`` (one kernel over every local expert) for the expert linears
+    of DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B and Mixtral 8x7B: 1-32 local experts,
+    64-4,096 tokens each, forward / dgrad / wgrad, plus DeepSeek-V3 with one hot
+    expert at 1.5x and 2x the mean load.
+``attention_variants.csv``
+    Grouped-query attention (32 query heads on 8 KV heads) and MLA's head dims (192
+    for queries and keys, 128 for values) per SDPA backend.
+``decode_attention.csv``
+    One query token a sequence over 512-32K cached keys (GQA 32 on 8 KV heads, and
+    MHA), 1-128 sequences, per SDPA backend: achieved bytes per second of the cache
+    read, what the serving kernels price at ``memory_efficiency`` of HBM.
+``env.json``
+    The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
+    the date: the provenance a committed table carries.
+
+Timing: GEMMs are replayed from a CUDA graph of as many calls as fill about 20 ms
+(a kernel shorter than the host's dispatch is otherwise timed with the GPU
+waiting), the median of three replays; attention and memory passes, CUDA
+events around each call, the median of repeats sized to about 20 ms; two
+warm-ups each; random normal inputs (never zeros). The card's
+clocks and power settings are read, never changed. ``--dry-run`` lists the plan
+and its estimated time without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: (family, hidden, qkv width (q + 2 kv heads x head_dim), gate+up width, down input)
+MODELS = (
+    ("llama3-8b", 4096, 6144, 28672, 14336),
+    ("llama3-70b", 8192, 10240, 57344, 28672),
+    ("gpt3-175b", 12288, 36864, 49152, 49152),
+)
+TP_SIZES = (1, 2, 4, 8)
+TOKENS = (1024, 2048, 4096, 8192, 16384)
+FP8_TOKENS = (2048, 8192)
+#: decode-sized GEMMs (a serving batch of sequences, one token each): memory-bound
+DECODE_TOKENS = (16, 64, 256)
+ROLES = ("fwd", "dgrad", "wgrad")
+#: (head_dim, heads) of the attention sweeps; kv heads = heads (GQA changes no FLOP)
+ATTN_HEADS = ((128, 32), (64, 32))
+ATTN_SEQ = (1024, 2048, 4096, 8192, 16384, 32768)
+ATTN_TOKENS = 16384
+ATTN_BACKENDS = ("flash", "cudnn", "efficient", "math")
+MATH_MAX_SEQ = 4096
+#: (family, hidden, expert FFN width) of the MoE models in the validation data
+MOE_MODELS = (("deepseek-v3", 7168, 2048), ("qwen3-30b-a3b", 2048, 768), ("gpt-oss-120b", 2880, 2880),
+              ("mixtral-8x7b", 4096, 14336))
+#: local experts per rank (groups of one grouped GEMM) and tokens per expert
+GROUPS = (1, 4, 8, 32)
+GROUP_ROWS = (64, 256, 1024, 4096)
+MAX_GROUPED_ROWS = 65536
+#: (groups, mean rows, max/mean) of the imbalanced grouped GEMMs: one hot expert
+SKEWED = ((8, 512, 1.5), (8, 512, 2.0), (8, 2048, 1.5), (8, 2048, 2.0))
+#: (label, batch, seq, heads, kv_heads, qk_dim, v_dim) of the attention variants
+ATTN_VARIANTS = (("gqa", 2, 8192, 32, 8, 128, 128), ("mha", 2, 8192, 32, 32, 128, 128),
+                 ("mla-tp8", 4, 4096, 16, 16, 192, 128), ("mla-tp1", 1, 4096, 128, 128, 192, 128),
+                 ("mla-tp8", 1, 16384, 16, 16, 192, 128))
+#: decode attention: (query heads, KV heads) at head dim 128, sequences in the batch,
+#: cached tokens each (one query token a sequence), at most DECODE_MAX_KV_BYTES of cache
+DECODE_HEADS = ((32, 8), (32, 32))
+DECODE_BATCH = (1, 8, 32, 128)
+DECODE_CONTEXT = (512, 2048, 8192, 32768)
+DECODE_MAX_KV_BYTES = 8 << 30
+TARGET_S = 0.02
+PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention")
+
+
+def linear_layers():
+    """(layer label, n_out, k_in) of every projection of every model at every TP size:
+    column-parallel QKV and gate+up split n, row-parallel output and down split k."""
+    out = []
+    for fam, h, qkv, up, down in MODELS:
+        for t in TP_SIZES:
+            out += [(f"{fam}/qkv/tp{t}", qkv // t, h), (f"{fam}/out/tp{t}", h, h // t),
+                    (f"{fam}/gate_up/tp{t}", up // t, h), (f"{fam}/down/tp{t}", h, down // t)]
+    return out
+
+
+def gemm_plan(tokens=TOKENS, roles=ROLES):
+    """(layer, role, m, n, k) of each GEMM: fwd (tokens, n_out, k_in), dgrad (tokens,
+    k_in, n_out), wgrad (n_out, k_in, tokens)."""
+    plan = []
+    for layer, n_out, k_in in linear_layers():
+        for s in tokens:
+            shapes = {"fwd": (s, n_out, k_in), "dgrad": (s, k_in, n_out), "wgrad": (n_out, k_in, s)}
+            plan += [(layer, r, *shapes[r]) for r in roles]
+    return plan
+
+
+def grouped_plan():
+    """(family, linear, role, groups, rows per group (tuple), m, n, k): the forward,
+    input-gradient and weight-gradient grouped GEMMs of each expert linear, shapes in
+    ``kernels.moe.grouped_gemm_fwd_bwd_s``'s convention (m, n, k per group)."""
+    plan = []
+    for fam, h, f in MOE_MODELS:
+        for linear, n_out, k_in in (("gate_up", 2 * f, h), ("down", h, f)):
+            cases = [(g, (r,) * g) for g in GROUPS for r in GROUP_ROWS if g * r <= MAX_GROUPED_ROWS]
+            if fam == "deepseek-v3":
+                cases += [(g, skewed_rows(g, r, ratio)) for g, r, ratio in SKEWED]
+            for g, rows in cases:
+                m = max(rows)
+                for role, shape in (("fwd", (m, n_out, k_in)), ("dgrad", (m, k_in, n_out)),
+                                    ("wgrad", (n_out, k_in, m))):
+                    plan.append((fam, linear, role, g, rows, *shape))
+    return plan
+
+
+def skewed_rows(groups, mean, ratio, align=64):
+    """Rows per expert with one expert at ``ratio`` x the mean and the rest even,
+    multiples of ``align``, summing to groups x mean."""
+    hot = int(round(ratio * mean / align)) * align
+    rest = (groups * mean - hot) // (groups - 1) // align * align
+    rows = [hot] + [rest] * (groups - 1)
+    rows[-1] += groups * mean - sum(rows)
+    return tuple(rows)
+
+
+def attention_flops(b, s, heads, d, causal):
+    """Forward FLOP as ``kernels.ops.attention_flops`` counts them."""
+    f = 4.0 * b * s * s * heads * d
+    return 0.5 * f if causal else f
+
+
+def attention_plan():
+    plan = []
+    for d, heads in ATTN_HEADS:
+        for s in ATTN_SEQ:
+            b = max(1, ATTN_TOKENS // s)
+            for backend in ATTN_BACKENDS:
+                if backend == "math" and s > MATH_MAX_SEQ:
+                    continue
+                plan.append((backend, b, s, heads, d, True))
+    # the FlashAttention-3 paper's comparison point (H100, bf16, d 128, 16K, no mask)
+    for backend in ("flash", "cudnn"):
+        plan.append((backend, 1, 16384, 16, 128, False))
+    return plan
+
+
+def estimate_s(rate=600e12):
+    """Rough time of the whole plan at ``rate`` FLOP/s (for --dry-run)."""
+    total = 0.0
+    for _, _, m, n, k in gemm_plan():
+        t = 2.0 * m * n * k / rate
+        total += max(TARGET_S, 5 * t) + 4 * t
+    for _, b, s, h, d, c in attention_plan():
+        t = 3.5 * attention_flops(b, s, h, d, c) / (rate / 2)
+        total += max(TARGET_S, 5 * t) * 2 + 4 * t
+    return total
+
+
+class Timer:
+    """Median CUDA-event time of a callable, after warm-up."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __call__(self, fn, warmup=2):
+        cuda = self.torch.cuda
+        for _ in range(warmup):
+            fn()
+        cuda.synchronize()
+        e0, e1 = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        cuda.synchronize()
+        first = e0.elapsed_time(e1) / 1e3
+        reps = int(min(50, max(3, math.ceil(TARGET_S / max(first, 1e-6)))))
+        starts = [cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [cuda.Event(enable_timing=True) for _ in range(reps)]
+        for a, z in zip(starts, ends):
+            a.record()
+            fn()
+            z.record()
+        cuda.synchronize()
+        return statistics.median(a.elapsed_time(z) / 1e3 for a, z in zip(starts, ends))
+
+    def graphed(self, fn):
+        """Median time of one call replayed from a CUDA graph of many: a kernel shorter
+        than the host's dispatch (a few microseconds of Python and the framework) would
+        otherwise be timed with the GPU waiting for the host. What ``fn`` allocates
+        comes from the graph's private pool (so the dense GEMMs write into ``out=``).
+        Returns (graphed seconds, eager event-timed seconds)."""
+        cuda = self.torch.cuda
+        first = self(fn, warmup=2)
+        reps = int(min(500, max(1, math.ceil(TARGET_S / max(first, 1e-6)))))
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):
+            fn()
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        graph.replay()
+        cuda.synchronize()
+        times = []
+        for _ in range(3):
+            e0, e1 = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+            e0.record()
+            graph.replay()
+            e1.record()
+            cuda.synchronize()
+            times.append(e0.elapsed_time(e1) / 1e3 / reps)
+        del graph
+        return statistics.median(times), first
+
+    def replayed(self, fn):
+        """(seconds, "graph") from ``graphed``, or (seconds, "events") from plain event
+        timing where the call cannot be captured in a graph."""
+        try:
+            return self.graphed(fn)[0], "graph"
+        except RuntimeError:
+            return self(fn), "events"
+
+
+def smi(fields):
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as err:
+        out = f"nvidia-smi failed: {err}"
+    return out
+
+
+class Writer:
+    def __init__(self, path, header):
+        self.f = open(path, "w", newline="")
+        self.w = csv.writer(self.f)
+        self.w.writerow(header)
+
+    def row(self, values):
+        self.w.writerow(values)
+        self.f.flush()
+
+
+def run(out: Path, budget_s: float, parts: set[str]) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    t_start = time.perf_counter()
+
+    def left():
+        return budget_s - (time.perf_counter() - t_start)
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    env = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": props.name, "multiprocessors": props.multi_processor_count,
+        "memory_bytes": props.total_memory, "l2_bytes": getattr(props, "L2_cache_size", None),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0],
+        "smi_before": smi("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
+                          "power.max_limit,temperature.gpu,pstate"),
+        "timing": f"GEMMs (dense, fp8, grouped): CUDA-graph replay of calls sized to {TARGET_S * 1e3:.0f} ms, "
+                  "median of 3 replays; attention and memory passes: CUDA events per call, median of repeats "
+                  f"sized to {TARGET_S * 1e3:.0f} ms; 2 warm-ups each; torch.randn inputs",
+    }
+    (out / "env.json").write_text(json.dumps(env, indent=1))
+    print(json.dumps(env, indent=1), flush=True)
+    timer = Timer(torch)
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+
+    # ---- bf16 GEMMs in autograd's layouts, each replayed from a CUDA graph
+    if "gemm" in parts:
+        g = Writer(out / "gemm_bf16.csv", ["m", "n", "k", "dtype", "seconds", "tflops", "role", "layer",
+                                           "eager_seconds"])
+        cache = {}
+
+        def randn(shape):
+            key = tuple(shape)
+            if key not in cache:
+                if len(cache) > 6:
+                    cache.clear()
+                cache[key] = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
+            return cache[key]
+
+        done = 0
+        decode = [(layer, "decode", m, n, k) for layer, _, m, n, k in gemm_plan(DECODE_TOKENS, ("fwd",))]
+        for layer, role, m, n, k in gemm_plan() + decode:
+            if left() < 0.45 * budget_s:
+                print(f"gemm: budget reached after {done} shapes", flush=True)
+                break
+            c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            if role in ("fwd", "decode"):  # X (tokens, k_in) @ W (n_out, k_in)^T
+                a, b = randn((m, k)), randn((n, k)).t()
+            elif role == "dgrad":  # dY (tokens, n_out = k) @ W (n_out, k_in = n)
+                a, b = randn((m, k)), randn((k, n))
+            else:  # dY^T (n_out = m, tokens = k) @ X (tokens, k_in = n)
+                a, b = randn((k, m)).t(), randn((k, n))
+            try:
+                s, eager = timer.graphed(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
+            except RuntimeError as err:  # capture refused: the eager time, marked
+                print(f"graph {m}x{n}x{k}: {str(err)[:120]}", flush=True)
+                s = eager = timer(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
+            g.row([m, n, k, "bf16", f"{s:.6e}", f"{2.0 * m * n * k / s / 1e12:.2f}", role, layer, f"{eager:.6e}"])
+            done += 1
+            del c
+        cache.clear()
+        torch.cuda.empty_cache()
+        print(f"gemm bf16: {done} shapes, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- attention
+    if "attention" in parts:
+        a_w = Writer(out / "attention.csv", ["backend", "batch", "seq", "heads", "head_dim", "causal", "fwd_s",
+                                             "bwd_s", "fwd_tflops", "bwd_tflops", "error"])
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        for backend, b, s, h, d, causal in attention_plan():
+            if left() < 0.2 * budget_s:
+                print("attention: budget reached", flush=True)
+                break
+            flops = attention_flops(b, s, h, d, causal)
+            try:
+                q, k_, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                            for _ in range(3))
+                with sdpa_kernel(backends[backend]):
+                    fwd = timer(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=causal))
+                    o = F.scaled_dot_product_attention(q, k_, v, is_causal=causal)
+                    go = torch.randn_like(o)
+                    bwd = timer(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
+                a_w.row([backend, b, s, h, d, int(causal), f"{fwd:.6e}", f"{bwd:.6e}", f"{flops / fwd / 1e12:.2f}",
+                         f"{2.5 * flops / bwd / 1e12:.2f}", ""])
+                del q, k_, v, o, go
+            except Exception as err:  # noqa: BLE001 - a backend that refuses a shape is a result
+                a_w.row([backend, b, s, h, d, int(causal), "", "", "", "", f"{type(err).__name__}: {str(err)[:120]}"])
+            torch.cuda.empty_cache()
+        print(f"attention done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- memory-bound passes and dispatch
+    if "memory" in parts:
+        m_w = Writer(out / "memory.csv", ["op", "elements", "bytes_moved", "seconds", "GB_per_s"])
+        n = 1 << 28  # 256 Mi bf16 elements = 512 MiB per tensor, far over L2
+        x = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        y = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        z = torch.empty_like(x)
+        rows = n // 8192
+        w = torch.randn(8192, device=dev, dtype=torch.bfloat16)
+        ops = [
+            ("copy", lambda: z.copy_(x), 4 * n),
+            ("add", lambda: torch.add(x, y, out=z), 6 * n),
+            ("rms_norm", lambda: F.rms_norm(x.view(rows, 8192), (8192,), w), 4 * n),
+            ("swiglu", lambda: F.silu(x[: n // 2]) * y[: n // 2], 3 * n),
+        ]
+        for name, fn, moved in ops:
+            try:
+                s = timer(fn)
+                m_w.row([name, n, moved, f"{s:.6e}", f"{moved / s / 1e9:.1f}"])
+            except Exception as err:  # noqa: BLE001
+                m_w.row([name, n, moved, "", f"error {type(err).__name__}: {str(err)[:80]}"])
+        small = torch.randn(1024, device=dev)
+        for _ in range(100):
+            small.add_(1.0)
+        torch.cuda.synchronize()
+        reps = 5000
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            small.add_(1.0)
+        torch.cuda.synchronize()
+        per = (time.perf_counter() - t0) / reps
+        m_w.row(["eager_dispatch_per_kernel", 1024, 0, f"{per:.6e}", ""])
+        del x, y, z
+        torch.cuda.empty_cache()
+        print(f"memory done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- fp8 forward GEMMs (torch._scaled_mm: A row-major, B column-major, tensorwise scales,
+    if "fp8" in parts:
+        # fast accumulation as FP8 training recipes use it in the forward)
+        f_w = Writer(out / "gemm_fp8.csv", ["m", "n", "k", "dtype", "seconds", "tflops", "role", "layer"])
+        one = torch.ones((), device=dev, dtype=torch.float32)
+        done = 0
+        for layer, role, m, n, k in gemm_plan(FP8_TOKENS, ("fwd",)):
+            if left() < 0.02 * budget_s:
+                print(f"fp8: budget reached after {done}", flush=True)
+                break
+            try:
+                a = torch.randn(m, k, device=dev, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+                b = torch.randn(n, k, device=dev, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+                c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                try:
+                    s, _ = timer.graphed(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one,
+                                                                  out_dtype=torch.bfloat16, use_fast_accum=True, out=c))
+                except (TypeError, RuntimeError):  # no out= overload: eager timing
+                    s = timer(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                       use_fast_accum=True))
+                f_w.row([m, n, k, "fp8", f"{s:.6e}", f"{2.0 * m * n * k / s / 1e12:.2f}", role, layer])
+                done += 1
+            except Exception as err:  # noqa: BLE001
+                print(f"fp8 {m}x{n}x{k}: {type(err).__name__}: {str(err)[:160]}", flush=True)
+                break
+    # ---- grouped GEMMs of MoE experts (torch._grouped_mm: one kernel for every local expert)
+    if "grouped" in parts:
+        gw = Writer(out / "grouped_gemm.csv", ["family", "linear", "role", "groups", "rows", "m", "n", "k",
+                                               "seconds", "useful_tflops", "timing", "error"])
+        for fam, linear, role, groups, rows, m, n, k in grouped_plan():
+            if left() < 0.1 * budget_s:
+                print("grouped: budget reached", flush=True)
+                break
+            total = sum(rows)
+            offs = torch.tensor(rows, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            flops = sum(2.0 * r * (m * n * k / max(rows)) for r in rows) if role != "wgrad" else \
+                sum(2.0 * m * n * r for r in rows)
+            try:
+                if role == "fwd":  # X (tokens, k_in) @ W_g (n_out, k_in)^T
+                    a = torch.randn(total, k, device=dev, dtype=torch.bfloat16)
+                    b = torch.randn(groups, n, k, device=dev, dtype=torch.bfloat16).transpose(-2, -1)
+                elif role == "dgrad":  # dY (tokens, n_out = k) @ W_g (n_out, k_in = n)
+                    a = torch.randn(total, k, device=dev, dtype=torch.bfloat16)
+                    b = torch.randn(groups, k, n, device=dev, dtype=torch.bfloat16)
+                else:  # dY^T (n_out = m, tokens) @ X (tokens, k_in = n), grouped along the tokens
+                    a = torch.randn(total, m, device=dev, dtype=torch.bfloat16).t()
+                    b = torch.randn(total, n, device=dev, dtype=torch.bfloat16)
+
+                def fn(a=a, b=b, offs=offs):
+                    return torch._grouped_mm(a, b, offs=offs, out_dtype=torch.bfloat16)
+
+                sec, how = timer.replayed(fn)
+                gw.row([fam, linear, role, groups, "/".join(map(str, rows)), m, n, k, f"{sec:.6e}",
+                        f"{flops / sec / 1e12:.2f}", how, ""])
+            except Exception as err:  # noqa: BLE001 - a refused layout is a result
+                gw.row([fam, linear, role, groups, "/".join(map(str, rows)), m, n, k, "", "", "",
+                        f"{type(err).__name__}: {str(err)[:120]}"])
+            torch.cuda.empty_cache()
+        print(f"grouped done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- attention variants: grouped-query and MLA head dims, per backend
+    if "attention_variants" in parts:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        vw = Writer(out / "attention_variants.csv", ["label", "backend", "batch", "seq", "heads", "kv_heads",
+                                                     "qk_dim", "v_dim", "fwd_s", "bwd_s", "fwd_tflops",
+                                                     "bwd_tflops", "error"])
+        kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+        for label, b, s, h, hk, dq, dv in ATTN_VARIANTS:
+            flops = 2.0 * b * s * s * h * (dq + dv) / 2.0
+            for backend, kind in kinds.items():
+                try:
+                    q = torch.randn(b, h, s, dq, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                    k_ = torch.randn(b, hk, s, dq, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                    v = torch.randn(b, hk, s, dv, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                    gqa = {"enable_gqa": True} if hk != h else {}
+                    with sdpa_kernel(kind):
+                        fwd = timer(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True, **gqa))
+                        o = F.scaled_dot_product_attention(q, k_, v, is_causal=True, **gqa)
+                        go = torch.randn_like(o)
+                        bwd = timer(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
+                    vw.row([label, backend, b, s, h, hk, dq, dv, f"{fwd:.6e}", f"{bwd:.6e}",
+                            f"{flops / fwd / 1e12:.2f}", f"{2.5 * flops / bwd / 1e12:.2f}", ""])
+                    del q, k_, v, o, go
+                except Exception as err:  # noqa: BLE001
+                    vw.row([label, backend, b, s, h, hk, dq, dv, "", "", "", "",
+                            f"{type(err).__name__}: {str(err)[:120]}"])
+                torch.cuda.empty_cache()
+        print(f"attention variants done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- decode attention: one query token a sequence over its cached keys (memory-bound)
+    if "decode_attention" in parts:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        dw = Writer(out / "decode_attention.csv", ["backend", "batch", "context", "heads", "kv_heads", "head_dim",
+                                                   "seconds", "kv_bytes", "GB_per_s", "timing", "error"])
+        kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        for h, hk in DECODE_HEADS:
+            for b in DECODE_BATCH:
+                for ctx in DECODE_CONTEXT:
+                    kv_bytes = 2 * b * ctx * hk * 128 * 2
+                    if kv_bytes > DECODE_MAX_KV_BYTES:
+                        continue
+                    q = torch.randn(b, h, 1, 128, device=dev, dtype=torch.bfloat16)
+                    k_ = torch.randn(b, hk, ctx, 128, device=dev, dtype=torch.bfloat16)
+                    v = torch.randn(b, hk, ctx, 128, device=dev, dtype=torch.bfloat16)
+                    gqa = {"enable_gqa": True} if hk != h else {}
+                    for backend, kind in kinds.items():
+                        if left() < 0.05 * budget_s:
+                            break
+                        try:
+                            def fn(q=q, k_=k_, v=v, kind=kind, gqa=gqa):
+                                with sdpa_kernel(kind):
+                                    return F.scaled_dot_product_attention(q, k_, v, **gqa)
+                            sec, how = timer.replayed(fn)
+                            moved = kv_bytes + 2 * b * h * 128 * 2
+                            dw.row([backend, b, ctx, h, hk, 128, f"{sec:.6e}", kv_bytes, f"{moved / sec / 1e9:.1f}",
+                                    how, ""])
+                        except Exception as err:  # noqa: BLE001
+                            dw.row([backend, b, ctx, h, hk, 128, "", kv_bytes, "", "",
+                                    f"{type(err).__name__}: {str(err)[:100]}"])
+                    del q, k_, v
+                    torch.cuda.empty_cache()
+        print(f"decode attention done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    env["smi_after"] = smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")
+    env["seconds"] = round(time.perf_counter() - t_start, 1)
+    (out / "env.json").write_text(json.dumps(env, indent=1))
+    print(json.dumps({k: env[k] for k in ("smi_after", "seconds")}), flush=True)
+
+
+def summary(out: Path) -> None:
+    """Print the medians the closing table needs (runs after ``run``, or on copies)."""
+    for name in ("gemm_bf16.csv", "gemm_fp8.csv"):
+        p = out / name
+        if not p.exists():
+            continue
+        rows = list(csv.DictReader(open(p)))
+        by = {}
+        for r in rows:
+            by.setdefault((r["role"], r["layer"].split("/")[0]), []).append(float(r["tflops"]))
+        for key, v in sorted(by.items()):
+            print(f"{name} {key}: n={len(v)} median {statistics.median(v):.0f} max {max(v):.0f} TFLOP/s")
+    p = out / "attention.csv"
+    if p.exists():
+        for r in csv.DictReader(open(p)):
+            print("attn", r["backend"], r["seq"], r["head_dim"], r["causal"], r["fwd_tflops"], r["bwd_tflops"],
+                  r["error"][:60])
+    p = out / "decode_attention.csv"
+    if p.exists():
+        for r in csv.DictReader(open(p)):
+            print("decode", r["backend"], r["batch"], r["context"], r["heads"], r["kv_heads"], r["GB_per_s"],
+                  r["timing"], r["error"][:50])
+    for name in ("grouped_gemm.csv", "attention_variants.csv"):
+        p = out / name
+        if p.exists():
+            rows = list(csv.DictReader(open(p)))
+            bad = [r for r in rows if r["error"]]
+            print(f"{name}: {len(rows)} rows, {len(bad)} errors", *(r["error"] for r in bad[:3]))
+            if name.startswith("attention"):
+                for r in rows:
+                    print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
+    p = out / "memory.csv"
+    if p.exists():
+        print(p.read_text())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        print(f"{len(gemm_plan())} bf16 GEMMs, {len(gemm_plan(FP8_TOKENS, ('fwd',)))} fp8, "
+              f"{len(attention_plan())} attention cases; about {estimate_s():.0f} s at 600 TFLOP/s")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    run(args.out, args.budget_s, set(args.parts.split(",")))
+    summary(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
