@@ -63,8 +63,9 @@ def mla_projections_s(sh, model, dev, tiles, work):
     w1 += wx
     v_out = heads * model.v_head_dim
     rope_width = heads * model.qk_rope_head_dim + model.qk_rope_head_dim
-    attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(sh.b, sh.s / sh.c, causal_kv_len(sh.s, model.sliding_window), heads,
-                                                heads, qk, model.v_head_dim, True, sh.flash, dev, ab)
+    keys = causal_kv_len(sh.s, model.sliding_window)
+    attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(sh.b, sh.s / sh.c, keys, heads, heads, qk, model.v_head_dim, True,
+                                                sh.flash, dev, ab, keys / sh.c)
     # the latent norms, read and written
     latent_norm_bytes = 2.0 * tokens * (model.kv_lora_rank + model.q_lora_rank) * ab
     proj_out = kv_lat + heads * (model.qk_nope_head_dim + model.v_head_dim) + heads * qk + model.q_lora_rank
@@ -79,8 +80,9 @@ def mha_projections_s(sh, model, dev, tiles, work):
     q_out = sh.heads * dh
     kv_out = model.kv_heads / sh.t * dh
     f1, b1, w1 = attention_gemm_s(sh.tokens, q_out + 2.0 * kv_out, sh.h, dev, tiles, sh.ab, work)
-    attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(sh.b, sh.s / sh.c, causal_kv_len(sh.s, model.sliding_window), sh.heads,
-                                                model.kv_heads / sh.t, dh, dh, True, sh.flash, dev, sh.ab)
+    keys = causal_kv_len(sh.s, model.sliding_window)
+    attn_f, attn_b, _ = attention_qkv_fwd_bwd_s(sh.b, sh.s / sh.c, keys, sh.heads, model.kv_heads / sh.t, dh, dh, True,
+                                                sh.flash, dev, sh.ab, keys / sh.c)
     return f1, b1, w1, attn_f, attn_b, q_out, q_out + kv_out, 0.0, q_out + 2.0 * kv_out
 
 

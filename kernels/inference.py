@@ -353,7 +353,7 @@ def _attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: flo
         v_out = heads * model.v_head_dim
         if causal:  # prefill: per-head K and V after the up-projections
             attn, _, _ = attention_qkv_fwd_bwd_s(br, q, s, heads, heads, qk, model.v_head_dim, causal, True, dev,
-                                                 ab)
+                                                 ab, s)
         else:  # decode (q queries a sequence) with absorbed up-projections: every head reads the shared latent
             flops = 2.0 * br * q * heads * s * (latent + model.kv_lora_rank)
             traffic = br * s * latent * kvb
@@ -366,7 +366,10 @@ def _attention_block_s(model, dev, tiers, tiles, srv, b: float, q: float, s: flo
         kvh = kv_heads_per_rank(model, srv)
         proj = gemm_time_s(tokens, (heads + 2.0 * kvh) * dh, h, dev, tiles, wb)
         v_out = heads * dh
-        attn, _, _ = attention_qkv_fwd_bwd_s(br, q, s, heads, kvh, dh, dh, causal, True, dev, kvb)
+        # prefill's call spans the prompt's keys; a decode kernel (split over the keys, a few
+        # queries) is not of that kind: no fill (0)
+        attn, _, _ = attention_qkv_fwd_bwd_s(br, q, s, heads, kvh, dh, dh, causal, True, dev, kvb,
+                                             s if causal else 0.0)
         rope_width = (heads + kvh) * dh
         cache_write = tokens * 2.0 * kvh * dh * kvb
     out = gemm_time_s(tokens, h, v_out, dev, tiles, wb)

@@ -162,49 +162,76 @@ def attention_peak(dev, dtype_bytes: float) -> float:
     return dev.peak_flops_per_s if dtype_bytes <= 1.0 else peak_16bit(dev)
 
 
-#: Backward FLOP rate of a fused attention kernel as a fraction of its forward rate. The
-#: FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608, Figs. 5-6: H100 SXM5, BF16,
-#: head dim 128, sequence 16k, no causal mask) measures forward / backward TFLOP/s of
-#: FlashAttention-2 370 / 322, cuDNN 595 / 516 and FlashAttention-3 648 / 561: 0.870,
-#: 0.867 and 0.866 of the forward rate; FlashAttention-2 on A100 (Dao 2023,
-#: arXiv:2307.08691, section 4.1) reaches up to 73% of peak forward and 63% backward,
-#: 0.86. The backward's dQ accumulation and its extra non-matmul work cost every
-#: generation alike, so one ratio serves them all (``attention_efficiency`` stays the
-#: forward's fraction of peak).
-ATTENTION_BWD_RATE = 0.87
+#: Fused attention kernels reach their plateau rate only over long key ranges: each
+#: thread block loads its query tile, runs its key loop and writes its output, so a
+#: fixed cost per block is spread over the keys it visits. Measured on an H100 SXM5
+#: and an H200 (``docs/measurements/``, torch 2.11 SDPA, bf16, causal, head dim 128
+#: and 64, 1K-32K tokens), the forward rate of both FlashAttention-2 and cuDNN's fused
+#: kernel follows plateau x L / (L + FILL) within a few per cent, L the keys a kernel
+#: call spans, with FILL about 450 keys forward and 1,000 backward (the backward's
+#: dK/dV blocks loop over the queries and also accumulate dQ, a longer fixed part).
+ATTENTION_FWD_FILL_KEYS = 450.0
+ATTENTION_BWD_FILL_KEYS = 1000.0
+#: Backward FLOP rate at the plateau as a fraction of the forward's. Measured (as
+#: above) 0.90 for FlashAttention-2 and 0.89 for cuDNN at 16K-32K keys; with the fill
+#: terms this gives the FlashAttention-3 paper's 0.87 at 16K (Shah et al. 2024,
+#: arXiv:2407.08608, Figs. 5-6: FA2 370 / 322, cuDNN 595 / 516 TFLOP/s on an H100).
+#: ``attention_efficiency`` is the forward's plateau fraction of peak.
+ATTENTION_BWD_RATE = 0.90
+
+
+@jit
+def attention_fill(keys: float, fill: float) -> float:
+    """The share of a fused attention kernel's plateau rate reached when each call
+    spans ``keys`` keys: keys / (keys + fill). 1 for ``keys`` <= 0: no keys (no work to
+    slow), or a kernel the fill does not describe (decode kernels, which split the keys
+    of a few queries over the blocks, say 0)."""
+    if keys <= 0.0:
+        return 1.0
+    return keys / (keys + fill)
 
 
 @jit
 def attention_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_heads: float, head_dim: float,
                         causal: bool, flash: bool, dev, dtype_bytes: float):
-    """FlashAttention-2 style core attention on one device (heads already split by TP).
+    """FlashAttention-2 style core attention on one device (heads already split by TP),
+    one kernel call over all ``s_kv`` keys.
 
     FLOP: forward per ``attention_flops``; backward 2.5x forward (it recomputes P), at
-    ``ATTENTION_BWD_RATE`` of the forward's FLOP rate.
+    ``ATTENTION_BWD_RATE`` of the forward's FLOP rate; both rates scaled by
+    ``attention_fill`` of the keys per call.
     Traffic with flash: Q, K, V read and O written (O(s) not O(s^2)); backward
     about twice that. Without flash, the s_q x s_kv score matrix is written and
     read back four times (scores, softmax, probabilities for P V) in each direction.
     Returns (forward seconds, backward seconds, forward FLOP).
     """
     return attention_qkv_fwd_bwd_s(b, s_q, s_kv, heads, kv_heads, head_dim, head_dim, causal, flash, dev,
-                                   dtype_bytes)
+                                   dtype_bytes, s_kv)
 
 
 @jit
 def attention_qkv_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_heads: float, qk_dim: float,
-                            v_dim: float, causal: bool, flash: bool, dev, dtype_bytes: float):
+                            v_dim: float, causal: bool, flash: bool, dev, dtype_bytes: float, call_keys: float):
     """``attention_fwd_bwd_s`` with query/key and value head dims apart (MLA
-    after its up-projections: every head has its own K and V, kv_heads = heads)."""
+    after its up-projections: every head has its own K and V, kv_heads = heads) and
+    the keys one kernel call spans (``s_kv``, or one ring step's share under context
+    parallelism). Without flash (the unfused path: GEMMs and a softmax) the rate
+    does not depend on it."""
     flops = attention_flops_qkv(b, s_q, s_kv, heads, qk_dim, v_dim, causal)
     qo = b * s_q * heads * (qk_dim + v_dim) * dtype_bytes
     kv = b * s_kv * kv_heads * (qk_dim + v_dim) * dtype_bytes
     traffic = qo + kv
-    if not flash:
+    fill_f = 1.0
+    fill_b = 1.0
+    if flash:
+        fill_f = attention_fill(call_keys, ATTENTION_FWD_FILL_KEYS)
+        fill_b = attention_fill(call_keys, ATTENTION_BWD_FILL_KEYS)
+    else:
         traffic += 4.0 * b * heads * s_q * s_kv * dtype_bytes
     bw = dev.hbm_bytes_per_s * dev.memory_efficiency
     peak = attention_peak(dev, dtype_bytes) * dev.attention_efficiency
-    fwd = max(flops / peak, traffic / bw) + dev.launch_s
-    bwd = max(2.5 * flops / (peak * ATTENTION_BWD_RATE), 2.0 * traffic / bw) + 2.0 * dev.launch_s
+    fwd = max(flops / (peak * fill_f), traffic / bw) + dev.launch_s
+    bwd = max(2.5 * flops / (peak * ATTENTION_BWD_RATE * fill_b), 2.0 * traffic / bw) + 2.0 * dev.launch_s
     return fwd, bwd, flops
 
 

@@ -92,7 +92,7 @@ def gemm_fwd_bwd_s(m, n, k, dev, tiles, dtype_bytes):
     return fwd, d_x + d_w
 
 
-def attention_fwd_bwd_s(b, s_q, s_kv, heads, kv_heads, head_dim, causal, flash, dev, dtype_bytes):
+def attention_fwd_bwd_s(b, s_q, s_kv, heads, kv_heads, head_dim, causal, flash, dev, dtype_bytes, call_keys):
     """FlashAttention-2: QK^T and PV are two GEMMs of 2*b*s_q*s_kv*heads*head_dim
     FLOP each (half of it causal); backward 2.5x the FLOP and 2x the traffic.
     Traffic: Q and O (heads), K and V (kv_heads); without flash also the score
@@ -109,9 +109,13 @@ def attention_fwd_bwd_s(b, s_q, s_kv, heads, kv_heads, head_dim, causal, flash, 
         traffic += 4 * (b * heads * s_q * s_kv * dtype_bytes)
     flop_rate = dev["peak_flops_per_s"] * dev["attention_efficiency"]
     byte_rate = dev["hbm_bytes_per_s"] * dev["memory_efficiency"]
-    fwd = max(flops / flop_rate, traffic / byte_rate) + dev["launch_s"]
-    # backward at 0.87 of the forward's FLOP rate (FlashAttention-3 paper, H100: FA2 322 / 370 TFLOP/s)
-    bwd = max(2.5 * flops / (0.87 * flop_rate), 2 * traffic / byte_rate) + 2 * dev["launch_s"]
+    # a fused kernel reaches its plateau rate over long key ranges: keys / (keys + 450)
+    # forward, keys / (keys + 1000) backward, keys being those one call spans (measured
+    # on an H100, docs/measurements/); the backward's plateau is 0.90 of the forward's
+    fill_f = call_keys / (call_keys + 450) if flash else 1.0
+    fill_b = call_keys / (call_keys + 1000) if flash else 1.0
+    fwd = max(flops / (flop_rate * fill_f), traffic / byte_rate) + dev["launch_s"]
+    bwd = max(2.5 * flops / (0.90 * flop_rate * fill_b), 2 * traffic / byte_rate) + 2 * dev["launch_s"]
     return fwd, bwd
 
 
@@ -397,7 +401,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         gemm_fwd_bwd_s(tokens, h, f_cols, dev, tiles, ab),  # down
     ]
     attn_f, attn_b = attention_fwd_bwd_s(b, s / c, s, model["heads"] / t, model["kv_heads"] / t, dh, True,
-                                         flash, dev, ab)
+                                         flash, dev, ab, s / c)
     seq_tokens = tokens / t if sp else tokens  # norms/residuals run on the SP shard
     elementwise = [
         (2 * 2 * seq_tokens * h * ab, 2),  # two norms: read + write

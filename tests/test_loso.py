@@ -81,15 +81,15 @@ def test_a_knob_no_fit_row_exercises_keeps_its_prior():
 
 def test_the_flash1_prior_is_half_the_fa2_efficiency_by_hand():
     """FlashAttention-2 is about 2x the first-generation kernel (Dao 2023): the A100
-    profile's FA2 0.60 gives an FA1 prior of 0.30, the H100's 0.40 gives 0.20. On the
-    LOSO fine grid (0.10 + k x 0.4 / 18) those are k = 9 (0.3000) and k = 4 or 5 (0.1889
-    or 0.2111, equally near; the first wins), not the FA2 values' k = 22.5 -> off the
-    grid's top (0.50, k = 18) and k = 13.5 -> 13."""
+    profile's FA2 plateau 0.70 gives an FA1 prior of 0.35, the H100's 0.36 gives 0.18.
+    On the LOSO fine grid (0.10 + k x 0.4 / 18) those are k = 11.25 -> 11 (0.3444) and
+    k = 3.6 -> 4 (0.1889), not the FA2 values' k = 27 -> off the grid's top (0.50,
+    k = 18) and k = 11.7 -> 12."""
     from paraspace.explorer import fit_published
 
-    assert fit_published.flash1_prior(0.60) == pytest.approx(0.30)
-    assert fit_published.flash1_prior(0.40) == pytest.approx(0.20)
+    assert fit_published.flash1_prior(0.70) == pytest.approx(0.35)
+    assert fit_published.flash1_prior(0.36) == pytest.approx(0.18)
     priors = loso.knob_priors()
     assert list(fit_published.FAMILIES) == ["a100", "h100"]
-    assert priors[0][1] == 9 and priors[1][1] == 4
-    assert loso.FINE["attention_efficiency_flash1"][9] == pytest.approx(0.30)
+    assert priors[0][1] == 11 and priors[1][1] == 4
+    assert loso.FINE["attention_efficiency_flash1"][11] == pytest.approx(0.3444, abs=1e-4)

@@ -109,50 +109,72 @@ def test_gemm_fwd_bwd_shapes(toy_dev, toy_tiles):
 
 def test_attention_flash_causal(toy_dev):
     """b=1, s=4096, 32 heads (8 KV), d_h=128, causal, flash, 100 TFLOP/s, 1 TB/s, bf16.
-    FLOP fwd = 4 * 1 * 4096^2 * 32 * 128 / 2 = 2^37 -> 1.37438953472 ms (compute bound:
-    traffic Q,O 2*4096*32*128*2 = 64 MiB + K,V 2*4096*8*128*2 = 16 MiB = 83.9 us).
-    Backward 2.5x the FLOP at 0.87 of the forward's rate (ATTENTION_BWD_RATE):
-    2.5 * 1.37438953472 / 0.87 = 3.94939521471 ms."""
+    FLOP fwd = 4 * 1 * 4096^2 * 32 * 128 / 2 = 2^37 -> 1.37438953472 ms at the plateau
+    rate (compute bound: traffic Q,O 2*4096*32*128*2 = 64 MiB + K,V 2*4096*8*128*2 =
+    16 MiB = 83.9 us). One call spans 4096 keys: the forward runs at 4096 / (4096 + 450)
+    of the plateau, 1.37438953472 * 4546 / 4096 = 1.52538447872 ms. Backward 2.5x the
+    FLOP at 0.90 of the forward's plateau (ATTENTION_BWD_RATE) and 4096 / (4096 + 1000)
+    of that: 2.5 * 1.37438953472 / 0.90 * 5096 / 4096 = 4.74981626311 ms."""
     fwd, bwd, flops = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, toy_dev[0], 2.0)
     assert flops == 2.0**37
-    assert fwd == pytest.approx(1.37438953472e-3, rel=1e-14)
-    assert bwd == pytest.approx(3.4359738368e-3 / 0.87, rel=1e-14)
-    assert bwd == pytest.approx(3.94939521471e-3, rel=1e-11)
+    assert fwd == pytest.approx(1.52538447872e-3, rel=1e-12)
+    assert bwd == pytest.approx(3.4359738368e-3 / 0.90 * 5096 / 4096, rel=1e-14)
+    assert bwd == pytest.approx(4.74981626311e-3, rel=1e-11)
+
+
+def test_attention_fill_keys_per_call(toy_dev):
+    """The rate depends on the keys one call spans, not on the FLOP: a context-parallel
+    rank's ring step over 1024 of 4096 keys (call_keys 1024) runs its forward at
+    1024 / 1474 of the plateau against 4096 / 4546 for one call over all 4096; without
+    flash (GEMMs and a softmax) nothing changes with it."""
+    dev = toy_dev[0]
+    args = (1.0, 4096.0, 4096.0, 32.0, 32.0, 128.0, 128.0, True)
+    whole, _, flops = ops.attention_qkv_fwd_bwd_s(*args, True, dev, 2.0, 4096.0)
+    ring, _, _ = ops.attention_qkv_fwd_bwd_s(*args, True, dev, 2.0, 1024.0)
+    assert (ring - dev.launch_s) / (whole - dev.launch_s) == pytest.approx((1474 / 1024) / (4546 / 4096), rel=1e-12)
+    plain = [ops.attention_qkv_fwd_bwd_s(*args, False, dev, 2.0, keys) for keys in (1024.0, 4096.0)]
+    assert plain[0] == plain[1]
+    assert ops.attention_fill(450.0, ops.ATTENTION_FWD_FILL_KEYS) == 0.5
 
 
 def test_attention_backward_rate_from_the_fa3_paper():
     """The backward / forward FLOP-rate ratio the FA3 paper's H100 figures give for
     three kernel generations (head dim 128, 16k, no causal mask): FA2 322/370 = 0.870,
-    cuDNN 516/595 = 0.867, FA3 561/648 = 0.866; the constant is their 0.87."""
+    cuDNN 516/595 = 0.867, FA3 561/648 = 0.866. The model's at 16,384 keys per call:
+    0.90 x (16384 / 17384) / (16384 / 16834) = 0.8715."""
+    keys = 16384.0
+    ratio = (ops.ATTENTION_BWD_RATE * ops.attention_fill(keys, ops.ATTENTION_BWD_FILL_KEYS)
+             / ops.attention_fill(keys, ops.ATTENTION_FWD_FILL_KEYS))
+    assert ratio == pytest.approx(0.8715255, rel=1e-6)
     for bwd, fwd in ((322, 370), (516, 595), (561, 648)):
-        assert bwd / fwd == pytest.approx(ops.ATTENTION_BWD_RATE, abs=0.005)
+        assert bwd / fwd == pytest.approx(ratio, abs=0.006)
 
 
 def test_attention_core_runs_at_the_16_bit_peak(make_device):
     """An FP8 device record (GEMM peak 200 TFLOP/s, 16-bit peak 100) times a core on
-    16-bit operands at 100 TFLOP/s: the same 1.37438953472 ms as the bf16 toy device
+    16-bit operands at 100 TFLOP/s: the same 1.52538447872 ms as the bf16 toy device
     above (FlashAttention and cuDNN fused attention stay in 16 bits under FP8
     training recipes, whose activations are 16-bit)."""
     fp8 = make_device(peak_flops_per_s=200e12, peak_16bit_flops_per_s=100e12)
     fwd, bwd, _ = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, fp8[0], 2.0)
-    assert fwd == pytest.approx(1.37438953472e-3, rel=1e-14)
-    assert bwd == pytest.approx(3.4359738368e-3 / 0.87, rel=1e-14)
+    assert fwd == pytest.approx(1.52538447872e-3, rel=1e-12)
+    assert bwd == pytest.approx(4.74981626311e-3, rel=1e-11)
     # 8-bit operands (an FP8 KV cache, FP8 context FMHA) run at the 200 TFLOP/s peak: half
     fwd, bwd, _ = ops.attention_fwd_bwd_s(1.0, 4096.0, 4096.0, 32.0, 8.0, 128.0, True, True, fp8[0], 1.0)
-    assert fwd == pytest.approx(1.37438953472e-3 / 2, rel=1e-14)
-    assert bwd == pytest.approx(3.4359738368e-3 / 0.87 / 2, rel=1e-14)
+    assert fwd == pytest.approx(1.52538447872e-3 / 2, rel=1e-12)
+    assert bwd == pytest.approx(4.74981626311e-3 / 2, rel=1e-11)
 
 
 def test_attention_kernel_picks_its_efficiency():
     """``SpaceSpec.attention_kernel`` = flash1 packs ``attention_efficiency_flash1``
-    (A100: 0.34) instead of the FA2 value (0.60); a profile without a flash1 value
+    (A100: 0.36) instead of the FA2 value (0.70); a profile without a flash1 value
     (BR166) falls back to its one attention efficiency."""
     from paraspace.explorer.evaluate import pack_hardware
     from paraspace.spaces.catalog import load_hardware
 
     a100 = load_hardware("a100-sxm4-40gb")  # extends the 80 GB profile
-    assert pack_hardware(a100, "bf16")[0][0].attention_efficiency == 0.60
-    assert pack_hardware(a100, "bf16", "flash1")[0][0].attention_efficiency == 0.34
+    assert pack_hardware(a100, "bf16")[0][0].attention_efficiency == 0.70
+    assert pack_hardware(a100, "bf16", "flash1")[0][0].attention_efficiency == 0.36
     br = load_hardware("br166-spc")
     assert br.device.attention_efficiency_flash1 is None
     assert pack_hardware(br, "bf16", "flash1")[0][0].attention_efficiency == br.device.attention_efficiency
@@ -250,7 +272,7 @@ def test_attention_matches_naive():
         causal, flash = bool(rng.integers(2)), bool(rng.integers(2))
         ab = float(rng.choice([1.0, 2.0]))
         fwd, bwd, flops = ops.attention_fwd_bwd_s(b, s_q, s_kv, heads, kv, dh, causal, flash, _record(dev)[0], ab)
-        ref_fwd, ref_bwd = naive.attention_fwd_bwd_s(b, s_q, s_kv, heads, kv, dh, causal, flash, dev, ab)
+        ref_fwd, ref_bwd = naive.attention_fwd_bwd_s(b, s_q, s_kv, heads, kv, dh, causal, flash, dev, ab, s_kv)
         assert fwd == pytest.approx(ref_fwd, rel=1e-12)
         assert bwd == pytest.approx(ref_bwd, rel=1e-12)
         assert flops == pytest.approx(4 * b * s_q * s_kv * heads * dh / (2 if causal else 1), rel=1e-15)

@@ -26,8 +26,11 @@ TRAINING = VALIDATION / "training.csv"
 #: without head-of-line blocking; 8.7% once attention's backward runs at 0.87 of its
 #: forward rate: a correct kernel rate the catalog's gemm_max_efficiency, fitted
 #: in sample under the old rate, does not yet absorb; held out, where the knob is
-#: refitted, MosaicML improves 14.5% -> 13.4% and Narayanan 13.9% -> 13.6%)
-MAPE_OK_THRESHOLD = 0.087
+#: refitted, MosaicML improves 14.5% -> 13.4% and Narayanan 13.9% -> 13.6%); 8.2% once
+#: fused attention's rate follows the keys per call and its plateaus are the ones
+#: measured on an H100 (docs/measurements/; kernels.ops.attention_fill) and the GEMM
+#: and FA1 knobs are refitted under it (H100 family 0.575 -> 0.625, A100 0.65 -> 0.675)
+MAPE_OK_THRESHOLD = 0.082
 #: the sources of the first version of training.csv (202 rows), whose ok rows the
 #: threshold above was set on; the attention kernel now comes from the rows'
 #: ``attention`` column, not from source names, and gives the same figure
@@ -36,8 +39,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
                  "mosaicml-llm-foundry")
 #: every ok row of the second version (266 rows: torchtitan, KempnerForge, NeMo
 #: Automodel, fms-fsdp added), in sample: 10.0%; 9.94% with the 500 W H100's sustained
-#: clock and attention's backward rate (only moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0995
+#: clock and attention's backward rate; 9.52% with the measured attention rates (only
+#: moves down)
+MAPE_OK_ALL_THRESHOLD = 0.0952
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -315,13 +319,19 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: backward at 0.87 of its forward rate (torchtitan 22.3%, MosaicML 13.4%). 11.5% once
 #: an FA1 knob no fit row identifies starts from half the FA2 value (the FlashAttention-2
 #: paper's speed-up; fit_published.flash1_prior) instead of the FA2 value: MosaicML 10.4%.
-LOSO_MAPE_OK_THRESHOLD = 0.115
+#: 10.7% with fused attention as measured on an H100 (its rate rising with the keys per
+#: call, FA2's plateau 0.36 of the peak there, A100's FA2 plateau the FlashAttention-2
+#: paper's 0.70): MosaicML 9.4%, torchtitan 2412 18.9%, NeMo 7.9%, H200 3.8%.
+LOSO_MAPE_OK_THRESHOLD = 0.108
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
 #: torchtitan's rows less under-predicted; NeMo Automodel 35.7% -> 36.7% (its MoE rows,
-#: already over, gain the slower attention backward); issue 14 open for both
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.23, "nemo-automodel-perf": 0.37, "kempnerforge-h200": 0.16}
+#: already over, gain the slower attention backward); issue 14 open for both. With the
+#: measured attention rates torchtitan 2412 fell to 18.9%; NeMo Automodel rose 36.7% ->
+#: 37.2% (one exception to "only down", said here: its two ok rows, DeepSeek-V3 already
+#: over-predicted, gain the slower short-key attention)
+LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.19, "nemo-automodel-perf": 0.373, "kempnerforge-h200": 0.16}
 
 
 @pytest.mark.slow

@@ -1,0 +1,247 @@
+"""The kernels against what was measured on real GPUs.
+
+``docs/measurements/`` holds tables measured with ``tools/measure_device.py`` on
+an H100 SXM5 and an H200 (torch 2.11, CUDA 13.0, cuDNN 9.19; provenance in each
+folder's ``env.json``). No GPU is needed here: the tables are committed, and these
+tests hold the kernels' assumptions to them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import pack_hardware
+from paraspace.kernels import moe, ops
+from paraspace.spaces.catalog import load_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "docs" / "measurements"
+#: measured folder -> the device name torch reported on it
+CARDS = {"h100-sxm5-80gb": "NVIDIA H100 80GB HBM3", "h200-sxm-141gb": "NVIDIA H200"}
+PEAK_BF16 = 989.4e12  # both cards' dense BF16 datasheet peak (the profiles' bf16 entry)
+
+
+def rows(card: str, name: str) -> list[dict]:
+    with open(MEASURED / card / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def device(card: str, **update: float):
+    """The card's catalog profile packed for bf16, with device fields changed."""
+    hw = load_hardware(card)
+    if update:
+        hw = hw.model_copy(update={"device": hw.device.model_copy(update=update)})
+    dev, _, tiles = pack_hardware(hw, "bf16")
+    return dev[0], tiles
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_every_table_carries_its_provenance(card):
+    """Which device, driver, software and date produced the numbers, and that the
+    device is the part the folder is named after."""
+    env = json.loads((MEASURED / card / "env.json").read_text())
+    assert env["device"] == CARDS[card]
+    for key in ("date_utc", "torch", "cuda", "cudnn", "smi_before", "smi_after", "timing"):
+        assert env[key], key
+    assert env["multiprocessors"] == load_hardware(card).device.compute_units
+
+
+def test_fused_attention_by_hand_against_one_measured_row():
+    """H100, FlashAttention-2, causal, 2 x 8192 tokens, 32 heads of 128: forward FLOP
+    4 x 2 x 8192^2 x 32 x 128 / 2 = 1.0995e12. The profile's plateau 0.36 of 989.4
+    TFLOP/s = 356.18, at 8192 / (8192 + 450) = 0.94793 of it: 337.64 TFLOP/s, so
+    3.2565 ms + the 4 us launch = 3.2605 ms; measured 343.86 TFLOP/s = 3.1976 ms
+    (the model 2.0% slow)."""
+    dev, _ = device("h100-sxm5-80gb")
+    fwd, _, flops = ops.attention_fwd_bwd_s(2.0, 8192.0, 8192.0, 32.0, 32.0, 128.0, True, True, dev, 2.0)
+    assert flops == pytest.approx(4 * 2 * 8192**2 * 32 * 128 / 2, rel=1e-15)
+    assert fwd == pytest.approx(flops / (989.4e12 * 0.36 * 8192 / 8642) + 4e-6, rel=1e-12)
+    row = next(r for r in rows("h100-sxm5-80gb", "attention.csv")
+               if r["backend"] == "flash" and r["seq"] == "8192" and r["head_dim"] == "128" and r["causal"] == "1")
+    assert float(row["fwd_s"]) == pytest.approx(flops / 343.86e12, rel=1e-4)
+    assert fwd / float(row["fwd_s"]) - 1 == pytest.approx(0.020, abs=0.001)
+
+
+#: (SDPA backend, the profile field of the kernel class it measures)
+BACKENDS = (("flash", "attention_efficiency"), ("cudnn", "attention_efficiency_flash3"))
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+@pytest.mark.parametrize(("backend", "field"), BACKENDS)
+def test_fused_attention_rate_follows_the_fill_model(card, backend, field):
+    """Every causal head-dim-128 row, 1K to 32K tokens (a 1.5x spread in rate): the
+    kernels' forward and backward times with the H100 profile's plateau for that
+    kernel class (the H200 inherits it) and ``ops.attention_fill`` of the keys per
+    call are within 15% of each measured time, 7% on average. A flat rate (the fill
+    terms removed) comes out 28-37% fast on the 1K rows."""
+    hw = load_hardware(card).device
+    dev, _ = device(card, attention_efficiency=getattr(hw, field))
+    errors = []
+    flat = []
+    for r in rows(card, "attention.csv"):
+        if r["backend"] != backend or r["head_dim"] != "128" or r["causal"] != "1":
+            continue
+        b, s, h = float(r["batch"]), float(r["seq"]), float(r["heads"])
+        fwd, bwd, flops = ops.attention_fwd_bwd_s(b, s, s, h, h, 128.0, True, True, dev, 2.0)
+        errors += [fwd / float(r["fwd_s"]) - 1, bwd / float(r["bwd_s"]) - 1]
+        flat.append(flops / (PEAK_BF16 * getattr(hw, field)) / float(r["fwd_s"]) - 1)
+    assert len(errors) == 12
+    assert max(abs(e) for e in errors) < 0.15, np.round(errors, 3)
+    assert statistics.mean(abs(e) for e in errors) < 0.07
+    assert min(flat) < -0.25  # without the fill the short rows come out far too fast
+
+
+def _dense(card: str) -> list[dict]:
+    return [r for r in rows(card, "gemm_bf16.csv") if r["role"] in ("fwd", "dgrad", "wgrad")]
+
+
+def test_gemm_shape_model_against_720_measured_h100_shapes():
+    """cuBLAS BF16 GEMMs of the QKV, output, gate+up and down projections of three
+    models at TP 1-8 and 1K-16K tokens, forward and both gradients, each replayed
+    from a CUDA graph at the card's 700 W limit. At the measured kernel plateau
+    (the median efficiency of the shapes over 1e11 FLOP) the kernels' GEMM time
+    (tile and wave model, HBM roofline, 4 us launch) is within 4.5% of the
+    measured times on average; the worst shapes (under 1e10 FLOP) are within 40%."""
+    shapes = _dense("h100-sxm5-80gb")
+    assert len(shapes) == 720
+    big = [2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) / float(r["seconds"]) / PEAK_BF16
+           for r in shapes if 2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) >= 1e11]
+    plateau = statistics.median(big)
+    dev, tiles = device("h100-sxm5-80gb", gemm_max_efficiency=plateau)
+    errors = np.array([ops.gemm_time_s(float(r["m"]), float(r["n"]), float(r["k"]), dev, tiles, 2.0)
+                       / float(r["seconds"]) - 1 for r in shapes])
+    assert np.mean(np.abs(errors)) < 0.045
+    assert np.max(np.abs(errors)) < 0.40
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_the_fitted_gemm_knob_stays_below_the_measured_kernel(card):
+    """``gemm_max_efficiency`` is fitted on whole training steps; whatever the steps
+    lose beyond the model's terms lowers it, so it can sit below what a GEMM alone
+    reaches on the card but never above it (that would be a fit compensating for
+    time the model invents elsewhere)."""
+    kernel = statistics.median(2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) / float(r["seconds"]) / PEAK_BF16
+                               for r in _dense(card))
+    fitted = load_hardware(card).device.gemm_max_efficiency
+    assert 0.5 * kernel < fitted <= kernel
+
+
+def _grouped(regime) -> tuple[np.ndarray, list[dict]]:
+    """The model's grouped-GEMM time over the measured one, minus 1, for the balanced
+    H100 rows of ``regime(groups, rows per expert)``, at the dense kernel plateau."""
+    dense = [2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) / float(r["seconds"]) / PEAK_BF16
+             for r in _dense("h100-sxm5-80gb")]
+    dev, tiles = device("h100-sxm5-80gb", gemm_max_efficiency=statistics.median(dense))
+    picked = []
+    for r in rows("h100-sxm5-80gb", "grouped_gemm.csv"):
+        per = [int(x) for x in r["rows"].split("/")]
+        if len(set(per)) == 1 and regime(int(r["groups"]), per[0]):
+            picked.append(r)
+    err = np.array([moe.grouped_gemm_s(float(r["groups"]), float(r["m"]), float(r["n"]), float(r["k"]), dev,
+                                       tiles, 2.0) / float(r["seconds"]) - 1 for r in picked])
+    return err, picked
+
+
+def test_grouped_gemm_where_moe_training_runs():
+    """``torch._grouped_mm`` over 4-32 local experts of 1,024-4,096 tokens each (the
+    regime of expert-parallel training: DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B and
+    Mixtral expert shapes, forward and both gradients): the kernels' grouped GEMM,
+    each expert at its own shape's efficiency, is within 10% on average."""
+    err, picked = _grouped(lambda g, m: g >= 4 and m >= 1024)
+    assert len(picked) >= 100
+    assert np.mean(np.abs(err)) < 0.10
+
+
+@pytest.mark.xfail(strict=True, reason="small experts: the tile model credits 64x64 tiles with the large-tile "
+                   "rate; torch._grouped_mm at 256 tokens per expert reaches 0.22-0.50 of the peak")
+def test_grouped_gemm_with_few_tokens_per_expert():
+    """Known gap, recorded: at 256 tokens per expert the model is over 20% fast on
+    the median row (the tile model fills the waves with 64-wide tiles at the
+    large-tile rate, which real kernels do not reach)."""
+    err, picked = _grouped(lambda g, m: m == 256)
+    assert len(picked) >= 40
+    assert np.median(err) > -0.10
+
+
+def test_skewed_experts_cost_a_grouped_kernel_what_their_mean_rows_cost():
+    """Why the MoE layer prices the busiest EP rank's rows, not the busiest expert's:
+    eight local experts with one at 1.5x or 2x the mean load (512 or 2,048 tokens)
+    run one grouped kernel at about the useful FLOP rate of a balanced kernel at that
+    mean (interpolated in log rows between the balanced 256 / 1,024 and 1,024 / 4,096
+    rows): 0.96 of it on average over the 24 DeepSeek-V3 expert GEMMs, each within
+    0.70-1.20. A kernel that ran at the hot expert's pace would take 1.5-2x as long."""
+    rows_ = [r for r in rows("h100-sxm5-80gb", "grouped_gemm.csv")
+             if r["family"] == "deepseek-v3" and r["groups"] == "8"]
+    balanced = {}
+    for r in rows_:
+        per = [int(x) for x in r["rows"].split("/")]
+        if len(set(per)) == 1:
+            balanced[(r["linear"], r["role"], per[0])] = float(r["useful_tflops"])
+    ratios = []
+    for r in rows_:
+        per = [int(x) for x in r["rows"].split("/")]
+        if len(set(per)) == 1:
+            continue
+        mean = sum(per) / len(per)
+        lo, hi = (256, 1024) if mean < 1024 else (1024, 4096)
+        a, b = balanced[(r["linear"], r["role"], lo)], balanced[(r["linear"], r["role"], hi)]
+        ratios.append(float(r["useful_tflops"]) / (a + (b - a) * np.log(mean / lo) / np.log(hi / lo)))
+    assert len(ratios) == 24
+    assert np.all((np.array(ratios) > 0.70) & (np.array(ratios) < 1.20)), np.round(ratios, 3)
+    assert abs(np.mean(ratios) - 1) < 0.10
+
+
+def test_calibrate_gemm_from_the_measured_table(tmp_path):
+    """``paraspace calibrate gemm`` on 60 measured H100 shapes (Llama 3 70B at TP 1 and
+    8, Llama 3 8B at TP 1, forward): the written profile reproduces each measured
+    time within 1% and loads back with every efficiency in (0, 1]."""
+    keep = [r for r in rows("h100-sxm5-80gb", "gemm_bf16.csv") if r["role"] == "fwd" and (
+        r["layer"].startswith("llama3-70b/") and r["layer"].endswith(("/tp1", "/tp8"))
+        or r["layer"].startswith("llama3-8b/") and r["layer"].endswith("/tp1"))]
+    assert len(keep) == 60
+    table = tmp_path / "gemm.csv"
+    with open(table, "w", newline="") as f:  # the columns calibrate reads; no second time column
+        w = csv.DictWriter(f, fieldnames=["m", "n", "k", "dtype", "seconds", "layer"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(keep)
+    out = tmp_path / "h100-measured.toml"
+    result = CliRunner().invoke(main, ["calibrate", "gemm", str(table), "--hardware", "h100-sxm5-80gb",
+                                       "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    worst = float(result.output.split("worst round-trip error ")[1].split("%")[0])
+    assert worst < 1.0
+    points = load_hardware(str(out)).device.gemm_efficiency
+    assert len(points) == 60
+    assert all(0.0 < p[3] <= 1.0 for p in points)
+
+
+def test_measure_script_plans_what_the_kernels_price():
+    """The measuring script (run where torch and a GPU are; planned here without
+    them): its three GEMMs of a linear have the same FLOP and the shapes
+    ``ops.gemm_fwd_bwd_s`` prices (dgrad (m, k, n); wgrad over the tokens), and
+    its attention FLOP count is ``ops.attention_flops``'s."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import measure_device as md
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    plan = md.gemm_plan(tokens=(2048,))
+    assert len(plan) == 3 * 4 * len(md.TP_SIZES) * len(md.MODELS)
+    for i in range(0, len(plan), 3):
+        (_, r1, m, n, k), (_, r2, *dg), (_, r3, *wg) = plan[i:i + 3]
+        assert (r1, r2, r3) == ("fwd", "dgrad", "wgrad")
+        assert tuple(dg) == (m, k, n)
+        assert tuple(wg) == (n, k, m)  # dW (n_out x k_in) over the m tokens
+    for causal in (True, False):
+        assert md.attention_flops(2, 4096, 32, 128, causal) == ops.attention_flops(2.0, 4096.0, 4096.0, 32.0,
+                                                                                   128.0, causal)
+    assert md.skewed_rows(8, 512, 2.0)[0] == 1024 and sum(md.skewed_rows(8, 512, 2.0)) == 4096
