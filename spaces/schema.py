@@ -77,6 +77,13 @@ Fraction = Annotated[float, Field(ge=MIN_FRACTION, le=1)]
 Text = Annotated[str, Field(min_length=1)]
 
 
+
+#: the fused attention kernel a run uses: "flash2" (FlashAttention-2, cuDNN / TE fused
+#: attention), "flash1" (FlashAttention 1, the Triton kernel) or "flash3" (FlashAttention-3
+#: and other Hopper wgmma/TMA kernels: cuDNN's, FlashMLA); they differ in achieved FLOP/s
+#: (``Device.attention_efficiency*``)
+AttentionKernel = Literal["flash2", "flash1", "flash3"]
+
 class Record(BaseModel):
     """Base of every catalog record: frozen, strict, no unknown keys."""
 
@@ -476,7 +483,7 @@ class SpaceSpec(Record):
     #: (FlashAttention-2, cuDNN / TE fused attention), "flash1" (FlashAttention 1,
     #: the Triton kernel) or "flash3" (FlashAttention-3, Hopper); they differ in
     #: achieved FLOP/s (``Device.attention_efficiency*``)
-    attention_kernel: Literal["flash2", "flash1", "flash3"] = "flash2"
+    attention_kernel: AttentionKernel = "flash2"
     #: devices per server, overriding the hardware profile's (``Hardware.with_node_devices``):
     #: the same GPUs in 4-GPU servers, or part of one server
     node_devices: PositiveInt | None = None

@@ -92,7 +92,7 @@ from paraspace.spaces import expert_balance
 from paraspace.spaces.encode import Encoded
 from paraspace.spaces.enums import Dispatch, Dtype, label, parse
 from paraspace.spaces.errors import MISSING, CatalogError
-from paraspace.spaces.schema import MAX_COUNT, Hardware, Model, Record, validate
+from paraspace.spaces.schema import MAX_COUNT, AttentionKernel, Hardware, Model, Record, validate
 
 #: value types of serving records: lengths, rates and latencies share the catalog's bound on
 #: counts (spaces.schema.MAX_COUNT, 2**24: far past any prompt, rate or SLA in seconds)
@@ -392,6 +392,9 @@ class ServingSpec(Record):
     host_overhead_us: NonNegative = 0.0
     #: candidates the iteration-level simulation refines (the best by analytic throughput)
     simulate_top: Annotated[int, Field(ge=0)] = 32
+    #: the fused attention kernel of prefill and decode (``schema.AttentionKernel``): its
+    #: achieved FLOP/s where attention is compute-bound (MLA decode, long prefills)
+    attention_kernel: AttentionKernel = "flash2"
     dimensions: ServingDimensions = ServingDimensions()
 
 
