@@ -94,7 +94,10 @@ def main() -> None:
         "../shared/validation/training.csv`, every source weighted the same): `gemm_max_efficiency` and "
         "`attention_efficiency_flash1`, the FlashAttention-1 / Triton kernel that llm-foundry's benchmark runs use "
         "(`attn_impl: triton`); the record of each source's error with the knobs fitted without it is in the hardware "
-        "TOMLs. The FA2 `attention_efficiency` and the memory efficiencies keep their documented values. The "
+        "TOMLs. The FA2 `attention_efficiency` is not fitted: it is the plateau measured on an H100 "
+        "(`docs/measurements/`) or published for the A100, and a fused kernel's rate rises toward it with the keys "
+        "one call spans, as measured (`kernels/ops.py` `attention_fill`); the memory efficiencies keep their "
+        "documented values. The "
         "attention kernel, head dims, MLA dims and node size come from each row's columns, never from its source.",
         "",
         "**Leave-one-source-out** (the headline; `paraspace validate FILE --loso`, `explorer/loso.py`): for each "
