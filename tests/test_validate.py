@@ -90,7 +90,7 @@ def test_published_training_rows_within_threshold(training_results):
     assert stats["status"]["unsupported"] == 0 and stats["status"]["no-candidate"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (-21%, context parallel at 128K-256K), NeMo "
+@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (-19%, context parallel at 128K-256K), NeMo "
                    "Automodel's MoE rows (+37%): issue 14 open")
 def test_every_source_within_the_target(training_results):
     stats = validate.summary(training_results)
