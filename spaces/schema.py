@@ -75,14 +75,13 @@ MessageMiB = Annotated[float, Field(gt=0, le=MAX_GIB * 1024)]
 Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_US)]
 Fraction = Annotated[float, Field(ge=MIN_FRACTION, le=1)]
 Text = Annotated[str, Field(min_length=1)]
-
-
-
-#: the fused attention kernel a run uses: "flash2" (FlashAttention-2, cuDNN / TE fused
-#: attention), "flash1" (FlashAttention 1, the Triton kernel) or "flash3" (FlashAttention-3
-#: and other Hopper wgmma/TMA kernels: cuDNN's, FlashMLA); they differ in achieved FLOP/s
+#: the fused attention kernel a run uses: "flash2" (FlashAttention-2 and kernels of its
+#: class), "flash1" (FlashAttention 1, the Triton kernel) or "flash3" (FlashAttention-3 and
+#: other Hopper wgmma/TMA kernels: FlashMLA; cuDNN's fused attention measured at this
+#: class's rate on an H100, docs/measurements/); they differ in achieved FLOP/s
 #: (``Device.attention_efficiency*``)
 AttentionKernel = Literal["flash2", "flash1", "flash3"]
+
 
 class Record(BaseModel):
     """Base of every catalog record: frozen, strict, no unknown keys."""
@@ -479,10 +478,7 @@ class SpaceSpec(Record):
     seq_len: PositiveInt
     dtype: Text = "bf16"
     flash_attention: bool = True
-    #: which fused attention kernel runs the core when ``flash_attention``: "flash2"
-    #: (FlashAttention-2, cuDNN / TE fused attention), "flash1" (FlashAttention 1,
-    #: the Triton kernel) or "flash3" (FlashAttention-3, Hopper); they differ in
-    #: achieved FLOP/s (``Device.attention_efficiency*``)
+    #: which fused attention kernel runs the core when ``flash_attention`` (``AttentionKernel``)
     attention_kernel: AttentionKernel = "flash2"
     #: devices per server, overriding the hardware profile's (``Hardware.with_node_devices``):
     #: the same GPUs in 4-GPU servers, or part of one server
