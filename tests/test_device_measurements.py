@@ -135,14 +135,14 @@ def test_the_fitted_gemm_knob_stays_below_the_measured_kernel(card):
     assert 0.5 * kernel < fitted <= kernel
 
 
-def _grouped(regime) -> tuple[np.ndarray, list[dict]]:
+def _grouped(card: str, regime) -> tuple[np.ndarray, list[dict]]:
     """The model's grouped-GEMM time over the measured one, minus 1, for the balanced
-    H100 rows of ``regime(groups, rows per expert)``, at the dense kernel plateau."""
+    rows of ``regime(groups, rows per expert)`` on ``card``, at its dense kernel plateau."""
     dense = [2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) / float(r["seconds"]) / PEAK_BF16
-             for r in _dense("h100-sxm5-80gb")]
-    dev, tiles = device("h100-sxm5-80gb", gemm_max_efficiency=statistics.median(dense))
+             for r in _dense(card)]
+    dev, tiles = device(card, gemm_max_efficiency=statistics.median(dense))
     picked = []
-    for r in rows("h100-sxm5-80gb", "grouped_gemm.csv"):
+    for r in rows(card, "grouped_gemm.csv"):
         per = [int(x) for x in r["rows"].split("/")]
         if len(set(per)) == 1 and regime(int(r["groups"]), per[0]):
             picked.append(r)
@@ -151,35 +151,39 @@ def _grouped(regime) -> tuple[np.ndarray, list[dict]]:
     return err, picked
 
 
-def test_grouped_gemm_where_moe_training_runs():
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_grouped_gemm_where_moe_training_runs(card):
     """``torch._grouped_mm`` over 4-32 local experts of 1,024-4,096 tokens each (the
     regime of expert-parallel training: DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B and
     Mixtral expert shapes, forward and both gradients): the kernels' grouped GEMM,
     each expert at its own shape's efficiency, is within 10% on average."""
-    err, picked = _grouped(lambda g, m: g >= 4 and m >= 1024)
+    err, picked = _grouped(card, lambda g, m: g >= 4 and m >= 1024)
     assert len(picked) >= 100
     assert np.mean(np.abs(err)) < 0.10
 
 
 @pytest.mark.xfail(strict=True, reason="small experts: the tile model credits 64x64 tiles with the large-tile "
                    "rate; torch._grouped_mm at 256 tokens per expert reaches 0.22-0.50 of the peak")
-def test_grouped_gemm_with_few_tokens_per_expert():
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_grouped_gemm_with_few_tokens_per_expert(card):
     """Known gap, recorded: at 256 tokens per expert the model is over 20% fast on
     the median row (the tile model fills the waves with 64-wide tiles at the
     large-tile rate, which real kernels do not reach)."""
-    err, picked = _grouped(lambda g, m: m == 256)
+    err, picked = _grouped(card, lambda g, m: m == 256)
     assert len(picked) >= 40
     assert np.median(err) > -0.10
 
 
-def test_skewed_experts_cost_a_grouped_kernel_what_their_mean_rows_cost():
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_skewed_experts_cost_a_grouped_kernel_what_their_mean_rows_cost(card):
     """Why the MoE layer prices the busiest EP rank's rows, not the busiest expert's:
     eight local experts with one at 1.5x or 2x the mean load (512 or 2,048 tokens)
     run one grouped kernel at about the useful FLOP rate of a balanced kernel at that
     mean (interpolated in log rows between the balanced 256 / 1,024 and 1,024 / 4,096
-    rows): 0.96 of it on average over the 24 DeepSeek-V3 expert GEMMs, each within
-    0.70-1.20. A kernel that ran at the hot expert's pace would take 1.5-2x as long."""
-    rows_ = [r for r in rows("h100-sxm5-80gb", "grouped_gemm.csv")
+    rows): on the H100 0.96 of it on average over the 24 DeepSeek-V3 expert GEMMs, each
+    within 0.70-1.20 (the H200 likewise). A kernel that ran at the hot expert's pace
+    would take 1.5-2x as long."""
+    rows_ = [r for r in rows(card, "grouped_gemm.csv")
              if r["family"] == "deepseek-v3" and r["groups"] == "8"]
     balanced = {}
     for r in rows_:
