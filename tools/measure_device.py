@@ -243,12 +243,35 @@ class Timer:
         return statistics.median(times), first
 
     def replayed(self, fn):
-        """(seconds, "graph") from ``graphed``, or (seconds, "events") from plain event
-        timing where the call cannot be captured in a graph."""
+        """(seconds, "graph", eager seconds) from ``graphed``, or (seconds, "events",
+        the same seconds) from plain event timing where the call cannot be captured."""
         try:
-            return self.graphed(fn)[0], "graph"
-        except RuntimeError:
-            return self(fn), "events"
+            sec, eager = self.graphed(fn)
+            return sec, "graph", eager
+        except RuntimeError as err:
+            print(f"graph capture refused ({str(err)[:100]}): timed by events", flush=True)
+            sec = self(fn)
+            return sec, "events", sec
+
+    def sdpa_fwd_bwd(self, q, k, v, kind, **kwargs):
+        """(forward, backward) seconds of ``scaled_dot_product_attention`` on ``kind``'s
+        backend (``sdpa_backends``); the backward as autograd runs it, dQ, dK and dV."""
+        from torch.nn.attention import sdpa_kernel
+        sdpa = self.torch.nn.functional.scaled_dot_product_attention
+        with sdpa_kernel(kind):
+            fwd = self(lambda: sdpa(q, k, v, **kwargs))
+            o = sdpa(q, k, v, **kwargs)
+            go = self.torch.randn_like(o)
+            bwd = self(lambda: self.torch.autograd.grad(o, (q, k, v), go, retain_graph=True))
+        return fwd, bwd
+
+
+def sdpa_backends():
+    """SDPA backend label -> ``torch.nn.attention.SDPBackend`` (FlashAttention-2 ``flash``,
+    cuDNN ``cudnn``, memory-efficient ``efficient``, unfused ``math``)."""
+    from torch.nn.attention import SDPBackend
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
 def smi(fields):
@@ -327,11 +350,7 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                 a, b = randn((m, k)), randn((k, n))
             else:  # dY^T (n_out = m, tokens = k) @ X (tokens, k_in = n)
                 a, b = randn((k, m)).t(), randn((k, n))
-            try:
-                s, eager = timer.graphed(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
-            except RuntimeError as err:  # capture refused: the eager time, marked
-                print(f"graph {m}x{n}x{k}: {str(err)[:120]}", flush=True)
-                s = eager = timer(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
+            s, _, eager = timer.replayed(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
             g.row([m, n, k, "bf16", f"{s:.6e}", f"{2.0 * m * n * k / s / 1e12:.2f}", role, layer, f"{eager:.6e}"])
             done += 1
             del c
@@ -343,9 +362,7 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
     if "attention" in parts:
         a_w = Writer(out / "attention.csv", ["backend", "batch", "seq", "heads", "head_dim", "causal", "fwd_s",
                                              "bwd_s", "fwd_tflops", "bwd_tflops", "error"])
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        backends = sdpa_backends()
         for backend, b, s, h, d, causal in attention_plan():
             if left() < 0.2 * budget_s:
                 print("attention: budget reached", flush=True)
@@ -354,14 +371,10 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
             try:
                 q, k_, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
                             for _ in range(3))
-                with sdpa_kernel(backends[backend]):
-                    fwd = timer(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=causal))
-                    o = F.scaled_dot_product_attention(q, k_, v, is_causal=causal)
-                    go = torch.randn_like(o)
-                    bwd = timer(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
+                fwd, bwd = timer.sdpa_fwd_bwd(q, k_, v, backends[backend], is_causal=causal)
                 a_w.row([backend, b, s, h, d, int(causal), f"{fwd:.6e}", f"{bwd:.6e}", f"{flops / fwd / 1e12:.2f}",
                          f"{2.5 * flops / bwd / 1e12:.2f}", ""])
-                del q, k_, v, o, go
+                del q, k_, v
             except Exception as err:  # noqa: BLE001 - a backend that refuses a shape is a result
                 a_w.row([backend, b, s, h, d, int(causal), "", "", "", "", f"{type(err).__name__}: {str(err)[:120]}"])
             torch.cuda.empty_cache()
@@ -454,7 +467,7 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                 def fn(a=a, b=b, offs=offs):
                     return torch._grouped_mm(a, b, offs=offs, out_dtype=torch.bfloat16)
 
-                sec, how = timer.replayed(fn)
+                sec, how, _ = timer.replayed(fn)
                 gw.row([fam, linear, role, groups, "/".join(map(str, rows)), m, n, k, f"{sec:.6e}",
                         f"{flops / sec / 1e12:.2f}", how, ""])
             except Exception as err:  # noqa: BLE001 - a refused layout is a result
@@ -465,12 +478,10 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
 
     # ---- attention variants: grouped-query and MLA head dims, per backend
     if "attention_variants" in parts:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         vw = Writer(out / "attention_variants.csv", ["label", "backend", "batch", "seq", "heads", "kv_heads",
                                                      "qk_dim", "v_dim", "fwd_s", "bwd_s", "fwd_tflops",
                                                      "bwd_tflops", "error"])
-        kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+        kinds = {name: kind for name, kind in sdpa_backends().items() if name != "math"}
         for label, b, s, h, hk, dq, dv in ATTN_VARIANTS:
             flops = 2.0 * b * s * s * h * (dq + dv) / 2.0
             for backend, kind in kinds.items():
@@ -479,14 +490,10 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                     k_ = torch.randn(b, hk, s, dq, device=dev, dtype=torch.bfloat16, requires_grad=True)
                     v = torch.randn(b, hk, s, dv, device=dev, dtype=torch.bfloat16, requires_grad=True)
                     gqa = {"enable_gqa": True} if hk != h else {}
-                    with sdpa_kernel(kind):
-                        fwd = timer(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True, **gqa))
-                        o = F.scaled_dot_product_attention(q, k_, v, is_causal=True, **gqa)
-                        go = torch.randn_like(o)
-                        bwd = timer(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
+                    fwd, bwd = timer.sdpa_fwd_bwd(q, k_, v, kind, is_causal=True, **gqa)
                     vw.row([label, backend, b, s, h, hk, dq, dv, f"{fwd:.6e}", f"{bwd:.6e}",
                             f"{flops / fwd / 1e12:.2f}", f"{2.5 * flops / bwd / 1e12:.2f}", ""])
-                    del q, k_, v, o, go
+                    del q, k_, v
                 except Exception as err:  # noqa: BLE001
                     vw.row([label, backend, b, s, h, hk, dq, dv, "", "", "", "",
                             f"{type(err).__name__}: {str(err)[:120]}"])
@@ -495,11 +502,10 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
 
     # ---- decode attention: one query token a sequence over its cached keys (memory-bound)
     if "decode_attention" in parts:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import sdpa_kernel
         dw = Writer(out / "decode_attention.csv", ["backend", "batch", "context", "heads", "kv_heads", "head_dim",
                                                    "seconds", "kv_bytes", "GB_per_s", "timing", "error"])
-        kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+        kinds = sdpa_backends()
         for h, hk in DECODE_HEADS:
             for b in DECODE_BATCH:
                 for ctx in DECODE_CONTEXT:
@@ -517,7 +523,7 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                             def fn(q=q, k_=k_, v=v, kind=kind, gqa=gqa):
                                 with sdpa_kernel(kind):
                                     return F.scaled_dot_product_attention(q, k_, v, **gqa)
-                            sec, how = timer.replayed(fn)
+                            sec, how, _ = timer.replayed(fn)
                             moved = kv_bytes + 2 * b * h * 128 * 2
                             dw.row([backend, b, ctx, h, hk, 128, f"{sec:.6e}", kv_bytes, f"{moved / sec / 1e9:.1f}",
                                     how, ""])
