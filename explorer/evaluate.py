@@ -15,7 +15,7 @@ from paraspace.kernels.codes import ZERO_3, ZERO_3_DEFERRED
 from paraspace.kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from paraspace.kernels.training import OUTPUTS, evaluate_rows
 from paraspace.spaces.catalog import LoadedSpace
-from paraspace.spaces.enums import AllReduceAlgorithm, Collective, parse
+from paraspace.spaces.enums import DTYPE_BYTES, AllReduceAlgorithm, Collective, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import GB, Dimensions, Hardware, Model, SpaceSpec, validate
 
@@ -77,6 +77,7 @@ def pack_hardware(hw: Hardware, dtype: str,
         peak_16bit_flops_per_s=dev.peak_flops_per_s("bf16") if "bf16" in dev.peak_TFLOP_per_s else 0.0,
         hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
+        gemm_k_fill=dev.gemm_k_fill_bytes / DTYPE_BYTES[dtype],
         attention_efficiency=dev.attention_efficiency_of(attention_kernel), memory_efficiency=dev.memory_efficiency,
         memory_overhead_bytes=dev.memory_overhead_bytes, memory_fragmentation=dev.memory_fragmentation,
         comm_buffer_bytes=dev.comm_buffer_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,

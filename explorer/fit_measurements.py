@@ -96,7 +96,7 @@ from paraspace.kernels.collectives import flat_time_s, link_bytes_per_s, size_fr
 from paraspace.kernels.ops import gemm_time_s
 from paraspace.results.writer import publish
 from paraspace.spaces import catalog
-from paraspace.spaces.enums import Collective, Dtype, labels, parse
+from paraspace.spaces.enums import DTYPE_BYTES, Collective, Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import GB, TFLOP, Hardware, LinkTier
 
@@ -105,7 +105,6 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 #: round-trip relative error above which a fitted point is reported
 TOLERANCE = 0.05
 #: bytes per element of each GEMM precision (the memory-roofline check)
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "tf32": 4.0, "fp32": 4.0}
 #: no collective completes faster than this: a shorter measured time is a unit mistake
 MIN_COLLECTIVE_S = 1e-9
 #: keep alpha strictly below every point's time / steps (a bandwidth term remains)

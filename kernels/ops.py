@@ -85,14 +85,29 @@ def table_efficiency(m: float, n: float, k: float, dev) -> float:
     return lo_e + w * (hi_e - lo_e)
 
 
+#: A GEMM's rate rises with its reduction length k as ``loop_fill(k, fill)``: each
+#: output tile's main loop steps over k while its prologue and epilogue (loading the
+#: first operand tiles, writing the output tile) are a fixed part. Measured on an H100
+#: SXM5 and an H200 (docs/measurements/, cuBLAS, graph-replayed, m >= 1024): BF16
+#: GEMMs reach 0.57 of their plateau rate at k = 512 and 0.95 at k = 2048, FP8 ones
+#: (torch._scaled_mm) less at the same k, and both follow plateau x k / (k + fill)
+#: best with a fill of 256 bytes of k: 128 BF16 elements, 256 FP8 ones (the BF16 fit's
+#: MAPE over 715 shapes 3.7% -> 2.8% and its bias at k <= 1024 -7% -> 0%; FP8 over 96
+#: shapes 4.8% -> 2.9%, -12% -> -2%). A profile states it (``Device.gemm_k_fill_bytes``:
+#: Hopper's 256; a part not measured, 0); ``gemm_k_fill`` of a device record is it in
+#: elements of the GEMM precision (``explorer.evaluate.pack_hardware``); 0: no fill.
+
+
 @jit
 def gemm_efficiency(m: float, n: float, k: float, dev, tiles) -> float:
     """Achieved / peak FLOP/s of an (m x k) @ (k x n) GEMM: the measured table
     where the device has one, else the best tile's wave and padding efficiency
-    times the device's large-GEMM efficiency."""
+    times the device's large-GEMM efficiency and the share of it its reduction
+    length reaches (``loop_fill`` of k over the device's ``gemm_k_fill``)."""
     if dev.n_gemm > 0:
         return table_efficiency(m, n, k, dev)
-    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles)
+    fill = loop_fill(k, dev.gemm_k_fill) if dev.gemm_k_fill > 0.0 else 1.0
+    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles) * fill
 
 
 @jit
@@ -181,14 +196,16 @@ ATTENTION_BWD_RATE = 0.90
 
 
 @jit
-def attention_fill(keys: float, fill: float) -> float:
-    """The share of a fused attention kernel's plateau rate reached when each call
-    spans ``keys`` keys: keys / (keys + fill). 1 for ``keys`` <= 0: no keys (no work to
-    slow), or a kernel the fill does not describe (decode kernels, which split the keys
-    of a few queries over the blocks, say 0)."""
-    if keys <= 0.0:
+def loop_fill(steps: float, fill: float) -> float:
+    """The share of a kernel's plateau rate reached when each thread block's main loop
+    runs over ``steps`` (a fused attention call's keys, a GEMM's reduction length k)
+    and the block also pays a fixed part worth ``fill`` of them (loading its tile,
+    writing its output): steps / (steps + fill). 1 for ``steps`` <= 0: no work to slow,
+    or a kernel the fill does not describe (decode attention kernels, which split the
+    keys of a few queries over the blocks, say 0)."""
+    if steps <= 0.0:
         return 1.0
-    return keys / (keys + fill)
+    return steps / (steps + fill)
 
 
 @jit
@@ -199,7 +216,7 @@ def attention_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_head
 
     FLOP: forward per ``attention_flops``; backward 2.5x forward (it recomputes P), at
     ``ATTENTION_BWD_RATE`` of the forward's FLOP rate; both rates scaled by
-    ``attention_fill`` of the keys per call.
+    ``loop_fill`` of the keys per call.
     Traffic with flash: Q, K, V read and O written (O(s) not O(s^2)); backward
     about twice that. Without flash, the s_q x s_kv score matrix is written and
     read back four times (scores, softmax, probabilities for P V) in each direction.
@@ -224,8 +241,8 @@ def attention_qkv_fwd_bwd_s(b: float, s_q: float, s_kv: float, heads: float, kv_
     fill_f = 1.0
     fill_b = 1.0
     if flash:
-        fill_f = attention_fill(call_keys, ATTENTION_FWD_FILL_KEYS)
-        fill_b = attention_fill(call_keys, ATTENTION_BWD_FILL_KEYS)
+        fill_f = loop_fill(call_keys, ATTENTION_FWD_FILL_KEYS)
+        fill_b = loop_fill(call_keys, ATTENTION_BWD_FILL_KEYS)
     else:
         traffic += 4.0 * b * heads * s_q * s_kv * dtype_bytes
     bw = dev.hbm_bytes_per_s * dev.memory_efficiency

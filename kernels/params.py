@@ -26,6 +26,7 @@ DEVICE = np.dtype(
         ("compute_units", np.float64),
         ("launch_s", np.float64),
         ("gemm_max_efficiency", np.float64),
+        ("gemm_k_fill", np.float64),  # k elements a GEMM tile's fixed part is worth (schema Device.gemm_k_fill_bytes)
         ("attention_efficiency", np.float64),
         ("memory_efficiency", np.float64),
         ("memory_overhead_bytes", np.float64),  # fixed: CUDA context, workspace
@@ -141,7 +142,7 @@ DEFAULTS = {
     **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                      "mtp_depth", "sliding_window", "kernel_fusion", "allreduce_algorithm",
-                     "memory_fragmentation", "comm_buffer_bytes"), 0.0),
+                     "memory_fragmentation", "comm_buffer_bytes", "gemm_k_fill"), 0.0),
     "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
     "loss_bytes": LOSS_BYTES["fused"],

@@ -101,6 +101,10 @@ class Dtype(IntEnum):
     FP4 = 6  #: 4-bit floating point (NVFP4 / MXFP4 on Blackwell)
 
 
+#: bytes per element of each precision (``Dtype``), as its operands are stored
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "tf32": 4.0, "fp32": 4.0, "int8": 1.0, "fp4": 0.5}
+
+
 class Reason(IntEnum):
     """Why a combination of strategy values is not a candidate.
 

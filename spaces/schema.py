@@ -159,6 +159,11 @@ class Device(Record):
     gemm_max_efficiency: Fraction
     #: output tile shapes (rows, cols) the GEMM library chooses from
     gemm_tiles: tuple[tuple[Width, Width], ...]
+    #: the fixed part of each output tile's work (loading its first operand tiles,
+    #: writing its output) in bytes of the reduction dimension k: a GEMM runs at
+    #: gemm_max_efficiency x k / (k + this / element bytes) (``kernels.ops.loop_fill``).
+    #: Measured 256 on Hopper (docs/measurements/); 0: not measured, no fill
+    gemm_k_fill_bytes: Annotated[float, Field(ge=0, le=65536, allow_inf_nan=False)] = 0.0
     #: measured GEMM efficiency (achieved / peak) at (m, n, k) points; where given it
     #: replaces the tile model (kernels.ops: interpolated in log m among the points
     #: of the nearest (n, k)); ``paraspace calibrate gemm`` writes it

@@ -330,7 +330,7 @@ def test_link_efficiency_above_one(tmp_path):
 
 
 def test_device_efficiency_above_one(tmp_path):
-    err, path = hardware_error(tmp_path, h100_with("gemm_max_efficiency = 0.625", "gemm_max_efficiency = 1.01"))
+    err, path = hardware_error(tmp_path, h100_with("gemm_max_efficiency = 0.65", "gemm_max_efficiency = 1.01"))
     assert_message(err, path, "device.gemm_max_efficiency", "1.01", "less than or equal to 1")
 
 

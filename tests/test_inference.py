@@ -237,7 +237,7 @@ def test_prefill_by_hand(one_unit, nvlink, toy_tiles):
     the embedding 2 x 1280 x 1024 x 2 B, and the head on the last token only:
     norm 2 x 1024 x 2 B, the LM head as a 128-row tile, 128 x 2 x 32000 x 1024
     FLOP, sampling 32000 x 2 B. The fused attention call spans 1280 keys: it runs at
-    1280 / (1280 + 450) of the rate (``ops.attention_fill``), its FLOP x 1730 / 1280."""
+    1280 / (1280 + 450) of the rate (``ops.loop_fill``), its FLOP x 1730 / 1280."""
     flop = (2 * 1280 * 1536 * 1024 + 1280 * 1280 * 8 * 256 * 1730 / 1280 + 2 * 1280 * 1024 * 1024
             + 2 * 1280 * 8192 * 1024 + 2 * 1280 * 1024 * 4096)
     mem = 10 * 1280 * 1024 * 2 + 2 * 1280 * 1280 * 2 + 1280 * 2 * 2 * 128 * 2 + 3 * 1280 * 4096 * 2

@@ -56,6 +56,36 @@ def test_gemm_compute_bound(toy_dev, toy_tiles):
     assert ops.gemm_time_s(4096.0, 4096.0, 4096.0, toy_dev[0], toy_tiles, 2.0) == pytest.approx(expected, rel=1e-14)
 
 
+def test_gemm_reduction_fill_by_hand(make_device, toy_tiles):
+    """1280 x 1280 output (one full wave of 100 tiles, tile eff 1) over k = 128 with a
+    fill of 128: the tiles run at 128 / (128 + 128) = 1/2 of the plateau. 2 x 1280^2 x
+    128 = 419,430,400 FLOP at 100 TFLOP/s x 1/2 = 8.388608 us (the traffic, (2 x 1280 x
+    128 + 1280^2) x 2 B = 3,932,160 B at 1 TB/s = 3.93 us, stays below it); at k = 3840
+    (fill share 3840 / 3968) 2 x 1280^2 x 3840 / (1e14 x 3840 / 3968) = 130.023424 us;
+    no fill (0, the default): 4.194304 us at k = 128."""
+    filled = make_device(gemm_k_fill=128.0)[0]
+    assert ops.gemm_efficiency(1280.0, 1280.0, 128.0, filled, toy_tiles) == 0.5
+    assert ops.gemm_time_s(1280.0, 1280.0, 128.0, filled, toy_tiles, 2.0) == pytest.approx(8.388608e-6, rel=1e-14)
+    assert ops.gemm_time_s(1280.0, 1280.0, 3840.0, filled, toy_tiles, 2.0) == pytest.approx(130.023424e-6, rel=1e-14)
+    plain = make_device()[0]
+    assert ops.gemm_time_s(1280.0, 1280.0, 128.0, plain, toy_tiles, 2.0) == pytest.approx(4.194304e-6, rel=1e-14)
+
+
+def test_gemm_fill_is_256_bytes_of_k_in_every_precision():
+    """The packed device's fill is 256 bytes of the GEMM precision: 128 BF16 / FP16
+    elements, 256 FP8 / INT8, 512 FP4, 64 TF32 / FP32 (``Device.gemm_k_fill_bytes``, Hopper's
+    measured value, which the Blackwell profiles take with Hopper's efficiencies); a part
+    not measured (A100) has none."""
+    from paraspace.explorer.evaluate import pack_hardware
+    from paraspace.spaces.catalog import load_hardware
+
+    hw = load_hardware("b200-sxm-180gb")
+    want = {"bf16": 128.0, "fp16": 128.0, "fp8": 256.0, "int8": 256.0, "fp4": 512.0, "tf32": 64.0, "fp32": 64.0}
+    for dtype, fill in want.items():
+        assert pack_hardware(hw, dtype)[0][0].gemm_k_fill == fill, dtype
+    assert pack_hardware(load_hardware("a100-sxm4-80gb"), "bf16")[0][0].gemm_k_fill == 0.0
+
+
 def test_gemm_memory_bound_with_launch(make_device, toy_tiles):
     """GEMV 1 x 8192 x 8192 at 100 GB/s HBM, 5 us launch.
     Compute: 1 x 8192 pads to 128 x 8192 (64 tiles, one wave of 100 slots):
@@ -134,7 +164,7 @@ def test_attention_fill_keys_per_call(toy_dev):
     assert (ring - dev.launch_s) / (whole - dev.launch_s) == pytest.approx((1474 / 1024) / (4546 / 4096), rel=1e-12)
     plain = [ops.attention_qkv_fwd_bwd_s(*args, False, dev, 2.0, keys) for keys in (1024.0, 4096.0)]
     assert plain[0] == plain[1]
-    assert ops.attention_fill(450.0, ops.ATTENTION_FWD_FILL_KEYS) == 0.5
+    assert ops.loop_fill(450.0, ops.ATTENTION_FWD_FILL_KEYS) == 0.5
 
 
 def test_attention_backward_rate_from_the_fa3_paper():
@@ -143,8 +173,8 @@ def test_attention_backward_rate_from_the_fa3_paper():
     cuDNN 516/595 = 0.867, FA3 561/648 = 0.866. The model's at 16,384 keys per call:
     0.90 x (16384 / 17384) / (16384 / 16834) = 0.8715."""
     keys = 16384.0
-    ratio = (ops.ATTENTION_BWD_RATE * ops.attention_fill(keys, ops.ATTENTION_BWD_FILL_KEYS)
-             / ops.attention_fill(keys, ops.ATTENTION_FWD_FILL_KEYS))
+    ratio = (ops.ATTENTION_BWD_RATE * ops.loop_fill(keys, ops.ATTENTION_BWD_FILL_KEYS)
+             / ops.loop_fill(keys, ops.ATTENTION_FWD_FILL_KEYS))
     assert ratio == pytest.approx(0.8715255, rel=1e-6)
     for bwd, fwd in ((322, 370), (516, 595), (561, 648)):
         assert bwd / fwd == pytest.approx(ratio, abs=0.006)
@@ -223,6 +253,7 @@ def _random_device(rng) -> dict[str, float]:
         gemm_max_efficiency=rng.uniform(0.3, 1.0), attention_efficiency=rng.uniform(0.2, 1.0),
         memory_efficiency=rng.uniform(0.5, 1.0), memory_overhead_bytes=0.0, host_link_bytes_per_s=25e9,
         host_memory_bytes_per_s=50e9, host_capacity_bytes=256 * 2**30,
+        gemm_k_fill=float(rng.choice([0.0, 64.0, 128.0, 256.0, 512.0])),
     )
 
 

@@ -28,9 +28,12 @@ TRAINING = VALIDATION / "training.csv"
 #: in sample under the old rate, does not yet absorb; held out, where the knob is
 #: refitted, MosaicML improves 14.5% -> 13.4% and Narayanan 13.9% -> 13.6%); 8.2% once
 #: fused attention's rate follows the keys per call and its plateaus are the ones
-#: measured on an H100 (docs/measurements/; kernels.ops.attention_fill) and the GEMM
-#: and FA1 knobs are refitted under it (H100 family 0.575 -> 0.625, A100 0.65 -> 0.675)
-MAPE_OK_THRESHOLD = 0.082
+#: measured on an H100 (docs/measurements/; kernels.ops.loop_fill) and the GEMM
+#: and FA1 knobs are refitted under it (H100 family 0.575 -> 0.625, A100 0.65 -> 0.675);
+#: 8.0% once Hopper GEMMs pay the measured fill of their reduction length (128 BF16 /
+#: 256 FP8 elements of k, the profile's gemm_k_fill_bytes) and the H100 family's GEMM
+#: knob is refitted under it (0.625 -> 0.65)
+MAPE_OK_THRESHOLD = 0.081
 #: the sources of the first version of training.csv (202 rows), whose ok rows the
 #: threshold above was set on; the attention kernel now comes from the rows'
 #: ``attention`` column, not from source names, and gives the same figure
@@ -39,9 +42,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
                  "mosaicml-llm-foundry")
 #: every ok row of the second version (266 rows: torchtitan, KempnerForge, NeMo
 #: Automodel, fms-fsdp added), in sample: 10.0%; 9.94% with the 500 W H100's sustained
-#: clock and attention's backward rate; 9.52% with the measured attention rates (only
-#: moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0952
+#: clock and attention's backward rate; 9.52% with the measured attention rates; 9.41%
+#: with the Hopper GEMMs' measured reduction fill (only moves down)
+MAPE_OK_ALL_THRESHOLD = 0.0942
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -322,7 +325,9 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: 10.7% with fused attention as measured on an H100 (its rate rising with the keys per
 #: call, FA2's plateau 0.36 of the peak there, A100's FA2 plateau the FlashAttention-2
 #: paper's 0.70): MosaicML 9.4%, torchtitan 2412 18.9%, NeMo 7.9%, H200 3.8%.
-LOSO_MAPE_OK_THRESHOLD = 0.108
+#: 10.5% with the Hopper GEMMs' measured reduction fill (kernels.ops.loop_fill of k over
+#: the profile's gemm_k_fill_bytes): MosaicML 9.2%, NeMo Automodel 36.0%, H200 2.6%.
+LOSO_MAPE_OK_THRESHOLD = 0.106
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -330,8 +335,13 @@ LOSO_MAPE_OK_THRESHOLD = 0.108
 #: already over, gain the slower attention backward); issue 14 open for both. With the
 #: measured attention rates torchtitan 2412 fell to 18.9%; NeMo Automodel rose 36.7% ->
 #: 37.2% (one exception to "only down", said here: its two ok rows, DeepSeek-V3 already
-#: over-predicted, gain the slower short-key attention)
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.19, "nemo-automodel-perf": 0.373, "kempnerforge-h200": 0.16}
+#: over-predicted, gain the slower short-key attention). With the Hopper GEMMs' reduction
+#: fill NeMo Automodel fell to 36.0%, and two more exceptions, said here: torchtitan 2412
+#: 18.9% -> 19.3% and KempnerForge 15.6% -> 16.03%. Both are already predicted too fast
+#: (-19%, -10% signed); the fill slows the short-k GEMMs of the other Hopper sources
+#: more than theirs, so the family's GEMM knob fitted without them rises (0.625 -> 0.65)
+#: and speeds their long-k GEMMs (overall 10.7% -> 10.5%, in sample 9.5% -> 9.4%)
+LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.194, "nemo-automodel-perf": 0.36, "kempnerforge-h200": 0.161}
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ def main() -> None:
         "(`attn_impl: triton`); the record of each source's error with the knobs fitted without it is in the hardware "
         "TOMLs. The FA2 `attention_efficiency` is not fitted: it is the plateau measured on an H100 "
         "(`docs/measurements/`) or published for the A100, and a fused kernel's rate rises toward it with the keys "
-        "one call spans, as measured (`kernels/ops.py` `attention_fill`); the memory efficiencies keep their "
+        "one call spans, as measured (`kernels/ops.py` `loop_fill`); the memory efficiencies keep their "
         "documented values. The "
         "attention kernel, head dims, MLA dims and node size come from each row's columns, never from its source.",
         "",
