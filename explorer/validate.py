@@ -489,8 +489,15 @@ def inference_model(row: dict[str, str | None], source: str) -> Model:
 SERVING_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_gpu")
 #: host and scheduler time per engine iteration, as the catalog serving spaces assume
 SERVING_HOST_US = 200.0
-#: requests each simulated engine serves (the closed loop's start-up burst is a small part)
-SERVING_REQUESTS = 1000
+#: requests a closed-loop row's benchmark sends per concurrent user: AIConfigurator's own
+#: measurement harnesses send 10 x concurrency (ai-dynamo/aiconfigurator
+#: ``eval/benchmarks/genai_perf_runner.py``: ``--request-count`` v * 10 after a
+#: ``--warmup-request-count`` of v * 2; ``bench_serving_runner.py``: ``num_prompts`` cc * 10,
+#: "~10 requests per active user"). The simulation starts them cold, all users at once, as
+#: a measured run does once its warm-up has drained, so the start-up burst (every user's
+#: prompt queued together) is a tenth of the requests the means are taken over, as in
+#: the measurement, not the thousandth a long run makes it
+SERVING_REQUESTS_PER_USER = 10
 
 
 #: the engine's token budget over max_batch + input_len, in tokens: the closed-loop rows
@@ -555,7 +562,8 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
         "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
         "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
         "workload": {"input_len": ints["input_len"], "output_len": ints["output_len"],
-                     "concurrency": ints["concurrency"], "n_requests": SERVING_REQUESTS},
+                     "concurrency": ints["concurrency"],
+                     "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"]},
         "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
                        "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row.get("kv_dtype") or dtype],
                        "redundant_experts": [redundant],

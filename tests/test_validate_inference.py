@@ -236,15 +236,23 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: user's next request two); only moves down, with one exception, said here: the H100
 #: family's GEMM knob, refitted on the training rows once fused attention ran at its
 #: measured rates (0.575 -> 0.625, docs/measurements/), speeds every H100 prediction, and
-#: these rows were already too fast (TPOT -11% signed): 14.1% -> 14.9%
-INFERENCE_LOSO_OK_THRESHOLD = 0.150
+#: these rows were already too fast (TPOT -11% signed): 14.1% -> 14.9%; 14.8% with the
+#: Hopper GEMMs' reduction fill; 13.7% once a closed-loop row's benchmark serves 10
+#: requests per user from a cold start, as AIConfigurator's harness does
+#: (``validate.SERVING_REQUESTS_PER_USER``; the simulation had run 1,000)
+INFERENCE_LOSO_OK_THRESHOLD = 0.137
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
 #: TTFT 23.9% (target 20%; TensorRT-LLM -19% signed, vLLM -6%). The same exception as
 #: above: TPOT 11.3%, TTFT 24.9%. Not a GEMM the model prices too fast: at the
 #: catalog's knob it is 8-15% slower than the measured cuBLAS kernels of 16-2,048 rows
-#: (docs/measurements/h100-sxm5-80gb); the serving model misses time elsewhere
-CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.114, "ttft_s": 0.250}
+#: (docs/measurements/h100-sxm5-80gb); the serving model misses time elsewhere. 11.2% and
+#: 24.7% with the Hopper GEMMs' reduction fill. With the benchmark's length (10 requests per
+#: user, cold start: the start-up burst, every user's prompt queued at once, is a tenth of
+#: the requests rather than a thousandth) TTFT 24.7% -> 21.1%, and one more exception,
+#: said here: TPOT 11.2% -> 11.5% (the run's drain, fewer users decoding at the end, is a
+#: larger share too: smaller, faster decode steps, where these rows were already fast)
+CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.116, "ttft_s": 0.212}
 #: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
 #: all over-predicted (the fastest dispatch / TBO layout is the prediction)
 PHASE_OK_THRESHOLD = 0.349

@@ -219,7 +219,9 @@ def inference_section(path: Path) -> list[str]:
            "fitted on nothing. Each closed-loop row's engine runs its framework's scheduler (TensorRT-LLM: whole "
            "prompts; vLLM, SGLang: chunked; TensorRT-LLM and SGLang with the overlap scheduler; "
            "`validate.ENGINE_SCHEDULER`) under the token budget AIConfigurator configured it with, max_batch + "
-           f"input_len + {validate.SERVING_TOKEN_SLACK} per rank.", ""]
+           f"input_len + {validate.SERVING_TOKEN_SLACK} per rank, and serves "
+           f"{validate.SERVING_REQUESTS_PER_USER} requests per concurrent user from a cold start, as "
+           "AIConfigurator's measurement harness sends them (`validate.SERVING_REQUESTS_PER_USER`).", ""]
     out += head + [line(f"all `{g}` rows", None, g) for g in ("ok", "uncertain") if st[g]["n"]]
     for key, title in (("by_metric", "metric"), ("by_framework", "framework"), ("by_gpu", "GPU"),
                        ("by_source", "source")):
