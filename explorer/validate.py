@@ -519,6 +519,33 @@ ENGINE_SCHEDULER = {"vllm": ("continuous", False), "sglang": ("continuous", True
                     "trtllm": ("continuous-unchunked", True)}
 
 
+#: the engine families that keep the KV cache in the model's data type when a row does not
+#: say otherwise: their ``kv_cache_dtype`` defaults to "auto", "the model data type"
+#: (docs.vllm.ai, engine arguments; SGLang's ``--kv-cache-dtype auto`` alike), 16-bit
+#: however the GEMM weights are quantised: an FP8 cache is asked for, never implied.
+#: TensorRT-LLM's "auto" follows the checkpoint's quantisation instead (``KvCacheConfig.dtype``),
+#: and its FP8 checkpoints (ModelOpt's, whose ``kv_cache_qformat`` defaults to fp8) carry
+#: an FP8 cache; it and every engine not listed keep the cache in the row's dtype
+MODEL_DTYPE_KV_ENGINES = ("vllm", "sglang")
+#: the 16-bit type a model's activations (and so its "auto" cache) keep under 8-bit GEMMs
+ACTIVATION_DTYPE = "bf16"
+
+
+def row_kv_dtype(row: dict[str, str | None], dtype: str, where: str = "row") -> str:
+    """The KV cache precision of an inference row: its ``kv_dtype`` column (one of
+    ``WEIGHT_BYTES``, else a ``CatalogError`` naming ``where``), else its engine's
+    default (``MODEL_DTYPE_KV_ENGINES``): the model's 16-bit data type for vLLM and
+    SGLang, the row's ``dtype`` otherwise."""
+    stated = row.get("kv_dtype")
+    if stated:
+        if stated not in WEIGHT_BYTES:
+            raise CatalogError(where, "kv_dtype", stated, f"one of {sorted(WEIGHT_BYTES)} or EMPTY")
+        return stated
+    if framework_of(row.get("framework")) in MODEL_DTYPE_KV_ENGINES and WEIGHT_BYTES.get(dtype, 2.0) < 2.0:
+        return ACTIVATION_DTYPE
+    return dtype
+
+
 def engine_scheduler(framework: str) -> tuple[str, bool]:
     """The serving scheduler of a row's engine and whether it overlaps (``ENGINE_SCHEDULER``)."""
     words = framework.lower().split()
@@ -565,7 +592,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
                      "concurrency": ints["concurrency"],
                      "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"]},
         "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
-                       "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row.get("kv_dtype") or dtype],
+                       "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row_kv_dtype(row, dtype, where)],
                        "redundant_experts": [redundant],
                        "max_batch": [batch_per_rank * ranks],
                        "max_tokens": [(batch_per_rank + ints["input_len"] + SERVING_TOKEN_SLACK) * ranks],
@@ -586,7 +613,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     if metric in LATENCY_BOUNDED or metric in THROUGHPUT_BOUNDED:
         # a step runs at least one sequence (a latency's floor) and at most the
         # concurrency on one replica (a throughput's ceiling: it rises with the batch)
-        kv_dtype = row.get("kv_dtype") or dtype
+        kv_dtype = row_kv_dtype(row, dtype, where)
         if kv_dtype in WEIGHT_BYTES and dtype in WEIGHT_BYTES:
             srv = replica_record(model, tp=ints["tp"], pp=ints["pp"], ep=ep, attention_dp=attention_dp,
                                  n_gpus=ints["n_gpus"], dtype=dtype, kv_dtype=kv_dtype)[0]
@@ -679,9 +706,7 @@ def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
     dtype = row.get("dtype") or ""
     if dtype not in WEIGHT_BYTES or dtype not in hardware.device.peak_TFLOP_per_s:
         raise CatalogError(where, "dtype", dtype, f"one of {sorted(WEIGHT_BYTES)} that {hardware.name} has a peak for")
-    kv_dtype = row.get("kv_dtype") or dtype
-    if kv_dtype not in WEIGHT_BYTES:
-        raise CatalogError(where, "kv_dtype", kv_dtype, f"one of {sorted(WEIGHT_BYTES)} or EMPTY")
+    kv_dtype = row_kv_dtype(row, dtype, where)
     tp, pp = ints["tp"], ints["pp"]
     ep = _num(row, "ep", source) or 1
     if model.moe is not None and tp % ep:
@@ -834,9 +859,8 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     best: tuple[float, dict[str, Any]] | None = None
     for attention_dp in layouts:
         for e in eps:
-            # the KV cache in the weights' precision (FP8 checkpoints quantise it too), as before
             srv = replica_record(model, tp=tp, pp=pp, ep=e, attention_dp=attention_dp, n_gpus=ints["n_gpus"],
-                                 dtype=dtype, kv_dtype=dtype)
+                                 dtype=dtype, kv_dtype=row_kv_dtype(row, dtype, where))
             out = inference.serve(packed_model[0], device[0], tiers, tiles, srv[0], float(batch or 0),
                                   float(ints["input_len"]), float(ints["output_len"]))
             value = float(out[column])

@@ -478,8 +478,9 @@ def test_sliding_window_bounds_keys_and_cache(toy_dev, fast_flops, nvlink, toy_t
 #: one exception, said here: 18.1% once the H100 family's GEMM knob was refitted on the
 #: training rows under the measured attention rates (0.575 -> 0.625; these rows were
 #: already too fast, tests/test_validate_inference.py says more); 18.0% with the Hopper
-#: GEMMs' reduction fill, 16.3% with the benchmark's 10 requests per user
-SERVING_MAPE_OK_THRESHOLD = 0.164
+#: GEMMs' reduction fill, 16.3% with the benchmark's 10 requests per user, 16.0% with
+#: vLLM's default 16-bit KV cache
+SERVING_MAPE_OK_THRESHOLD = 0.161
 
 
 @needs_data
@@ -510,7 +511,8 @@ def test_closed_loop_serving_rows_go_through_the_serving_simulation():
                         # AIConfigurator's benchmark: 10 requests per user (validate.SERVING_REQUESTS_PER_USER)
                         "n_requests": 10 * int(row["concurrency"])},
            "dimensions": {"tp": [int(row["tp"])], "pp": [int(row["pp"])], "ep": [int(row["ep"] or 1)],
-                          "attention_dp": [False], "dtype": [row["dtype"]], "kv_dtype": [row["kv_dtype"] or row["dtype"]],
+                          # FP8 weights; vLLM's "auto" cache keeps the model's 16-bit type (validate.row_kv_dtype)
+                          "attention_dp": [False], "dtype": [row["dtype"]], "kv_dtype": [row["kv_dtype"] or "bf16"],
                           "max_batch": [int(row["batch"] or row["concurrency"])],
                           # AIConfigurator's budget for the engine: batch + isl + 1,500; vLLM chunks prompts
                           "max_tokens": [int(row["batch"] or row["concurrency"]) + int(row["input_len"]) + 1500],

@@ -239,8 +239,10 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: these rows were already too fast (TPOT -11% signed): 14.1% -> 14.9%; 14.8% with the
 #: Hopper GEMMs' reduction fill; 13.7% once a closed-loop row's benchmark serves 10
 #: requests per user from a cold start, as AIConfigurator's harness does
-#: (``validate.SERVING_REQUESTS_PER_USER``; the simulation had run 1,000)
-INFERENCE_LOSO_OK_THRESHOLD = 0.137
+#: (``validate.SERVING_REQUESTS_PER_USER``; the simulation had run 1,000); 13.4% once a
+#: row silent on its KV cache reads as its engine's default (``validate.row_kv_dtype``:
+#: vLLM and SGLang keep the model's 16-bit type under FP8 weights)
+INFERENCE_LOSO_OK_THRESHOLD = 0.135
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
 #: TTFT 23.9% (target 20%; TensorRT-LLM -19% signed, vLLM -6%). The same exception as
@@ -251,11 +253,15 @@ INFERENCE_LOSO_OK_THRESHOLD = 0.137
 #: user, cold start: the start-up burst, every user's prompt queued at once, is a tenth of
 #: the requests rather than a thousandth) TTFT 24.7% -> 21.1%, and one more exception,
 #: said here: TPOT 11.2% -> 11.5% (the run's drain, fewer users decoding at the end, is a
-#: larger share too: smaller, faster decode steps, where these rows were already fast)
-CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.116, "ttft_s": 0.212}
+#: larger share too: smaller, faster decode steps, where these rows were already fast).
+#: With vLLM's default 16-bit KV cache (its FP8 rows had read an FP8 one) TPOT 11.5% ->
+#: 10.4% (vLLM's 16 rows 11.3% -> 5.4%), and one more exception, said here: TTFT 21.1% ->
+#: 21.7%, vLLM's TTFT rows, already over-predicted (+20%), waiting behind longer steps (+23%)
+CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.105, "ttft_s": 0.217}
 #: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
-#: all over-predicted (the fastest dispatch / TBO layout is the prediction)
-PHASE_OK_THRESHOLD = 0.349
+#: all over-predicted (the fastest dispatch / TBO layout is the prediction); 31.8% with
+#: SGLang's default 16-bit KV cache (the decode row 43% -> 34%)
+PHASE_OK_THRESHOLD = 0.318
 
 
 @needs_data
@@ -270,6 +276,21 @@ def test_published_inference_loso_equals_in_sample(published):
     for metric, threshold in CLOSED_LOOP_OK_THRESHOLDS.items():
         closed = validate.summary([r for r in published if r.metric == metric])["ok"]
         assert closed["n"] == 83 and closed["mape"] <= threshold, (metric, closed)
+
+
+def test_kv_cache_dtype_is_the_engines_default_where_a_row_is_silent():
+    """An EMPTY ``kv_dtype`` reads as the engine's default ``kv_cache_dtype``: vLLM and
+    SGLang keep the model's 16-bit data type ("auto") under FP8 weights; TensorRT-LLM's
+    "auto" follows the checkpoint (its FP8 checkpoints quantise the cache), as does an
+    engine the table does not name; a stated column always wins."""
+    fp8 = {"dtype": "fp8", "kv_dtype": None}
+    assert validate.row_kv_dtype({**fp8, "framework": "vllm 0.12.0"}, "fp8") == "bf16"
+    assert validate.row_kv_dtype({**fp8, "framework": "SGLang (May 2025 main)"}, "fp8") == "bf16"
+    assert validate.row_kv_dtype({**fp8, "framework": "trtllm 1.0.0rc3"}, "fp8") == "fp8"
+    assert validate.row_kv_dtype({**fp8, "framework": "DeepSeek in-house inference engine"}, "fp8") == "fp8"
+    assert validate.row_kv_dtype({**fp8, "framework": ""}, "fp8") == "fp8"
+    assert validate.row_kv_dtype({"dtype": "fp16", "kv_dtype": "", "framework": "vllm"}, "fp16") == "fp16"
+    assert validate.row_kv_dtype({"dtype": "fp8", "kv_dtype": "fp8", "framework": "vllm"}, "fp8") == "fp8"
 
 
 def test_engine_scheduler_and_token_budget_of_a_closed_loop_row(monkeypatch):
