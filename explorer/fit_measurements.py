@@ -104,7 +104,6 @@ from paraspace.spaces.schema import GB, TFLOP, Hardware, LinkTier
 SMALL_MESSAGE_BYTES = 64 * 1024
 #: round-trip relative error above which a fitted point is reported
 TOLERANCE = 0.05
-#: bytes per element of each GEMM precision (the memory-roofline check)
 #: no collective completes faster than this: a shorter measured time is a unit mistake
 MIN_COLLECTIVE_S = 1e-9
 #: keep alpha strictly below every point's time / steps (a bandwidth term remains)

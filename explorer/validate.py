@@ -524,8 +524,9 @@ ENGINE_SCHEDULER = {"vllm": ("continuous", False), "sglang": ("continuous", True
 #: (docs.vllm.ai, engine arguments; SGLang's ``--kv-cache-dtype auto`` alike), 16-bit
 #: however the GEMM weights are quantised: an FP8 cache is asked for, never implied.
 #: TensorRT-LLM's "auto" follows the checkpoint's quantisation instead (``KvCacheConfig.dtype``),
-#: and its FP8 checkpoints (ModelOpt's, whose ``kv_cache_qformat`` defaults to fp8) carry
-#: an FP8 cache; it and every engine not listed keep the cache in the row's dtype
+#: which no column names: it and every engine not listed keep the cache in the row's dtype,
+#: as before (AIConfigurator's FP8 TensorRT-LLM rows at TP 1 and 128 users measure latencies
+#: that only an FP8 cache explains: a 16-bit one holds too few of their sequences)
 MODEL_DTYPE_KV_ENGINES = ("vllm", "sglang")
 #: the 16-bit type a model's activations (and so its "auto" cache) keep under 8-bit GEMMs
 ACTIVATION_DTYPE = "bf16"

@@ -106,8 +106,7 @@ def gemm_efficiency(m: float, n: float, k: float, dev, tiles) -> float:
     length reaches (``loop_fill`` of k over the device's ``gemm_k_fill``)."""
     if dev.n_gemm > 0:
         return table_efficiency(m, n, k, dev)
-    fill = loop_fill(k, dev.gemm_k_fill) if dev.gemm_k_fill > 0.0 else 1.0
-    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles) * fill
+    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles) * loop_fill(k, dev.gemm_k_fill)
 
 
 @jit
