@@ -32,7 +32,7 @@ from paraspace.kernels.moe import dispatch_s
 from paraspace.kernels.training import moe_layer_params
 from paraspace.spaces.catalog import LoadedSpace, load_hardware, names
 from paraspace.spaces.encode import Encoder
-from paraspace.spaces.enums import Dispatch, Recompute, Schedule, label, labels, parse
+from paraspace.spaces.enums import DTYPE_BYTES, Dispatch, Recompute, Schedule, label, labels, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import Hardware, Model, SpaceSpec, validate
 
@@ -393,7 +393,7 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
 
 
 #: bytes per element of a DeepEP payload precision
-PAYLOAD_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0}
+PAYLOAD_BYTES = {name: DTYPE_BYTES[name] for name in ("fp8", "bf16", "fp16")}
 #: the GPU DeepEP's V1 numbers were measured on, for rows that name only the architecture
 COMM_DEFAULT_GPU = "h800-sxm5-80gb"
 #: experts assumed where a row does not state them (DeepSeek-V3's 256; divides every EP size 8..256)
@@ -472,7 +472,7 @@ INFERENCE_METRICS = {
 }
 #: bytes per element of the weights and the KV cache by the row's dtype (FP8
 #: checkpoints quantise the KV cache too); activations, embedding and LM head stay 16-bit
-WEIGHT_BYTES = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+WEIGHT_BYTES = {name: DTYPE_BYTES[name] for name in ("fp16", "bf16", "fp8")}
 INFERENCE_REQUIRED = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "glu", "n_gpus", "tp", "pp",
                       "input_len", "output_len")
 #: README: "Head dimension = hidden/heads unless notes give another value"
@@ -542,7 +542,8 @@ def row_kv_dtype(row: dict[str, str | None], dtype: str, where: str = "row") -> 
         if stated not in WEIGHT_BYTES:
             raise CatalogError(where, "kv_dtype", stated, f"one of {sorted(WEIGHT_BYTES)} or EMPTY")
         return stated
-    if framework_of(row.get("framework")) in MODEL_DTYPE_KV_ENGINES and WEIGHT_BYTES.get(dtype, 2.0) < 2.0:
+    if (framework_of(row.get("framework")) in MODEL_DTYPE_KV_ENGINES
+            and DTYPE_BYTES.get(dtype, 2.0) < DTYPE_BYTES[ACTIVATION_DTYPE]):
         return ACTIVATION_DTYPE
     return dtype
 
@@ -585,6 +586,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     # batch and token budget are per attention-DP rank; an engine of tp ranks runs tp of them
     batch_per_rank = batch or ints["concurrency"]
     scheduler, overlap = engine_scheduler(row.get("framework") or "")
+    kv_dtype = row_kv_dtype(row, dtype, where)
     ranks = ints["tp"] if attention_dp else 1
     raw = {
         "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
@@ -593,7 +595,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
                      "concurrency": ints["concurrency"],
                      "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"]},
         "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
-                       "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [row_kv_dtype(row, dtype, where)],
+                       "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [kv_dtype],
                        "redundant_experts": [redundant],
                        "max_batch": [batch_per_rank * ranks],
                        "max_tokens": [(batch_per_rank + ints["input_len"] + SERVING_TOKEN_SLACK) * ranks],
@@ -614,7 +616,6 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     if metric in LATENCY_BOUNDED or metric in THROUGHPUT_BOUNDED:
         # a step runs at least one sequence (a latency's floor) and at most the
         # concurrency on one replica (a throughput's ceiling: it rises with the batch)
-        kv_dtype = row_kv_dtype(row, dtype, where)
         if kv_dtype in WEIGHT_BYTES and dtype in WEIGHT_BYTES:
             srv = replica_record(model, tp=ints["tp"], pp=ints["pp"], ep=ep, attention_dp=attention_dp,
                                  n_gpus=ints["n_gpus"], dtype=dtype, kv_dtype=kv_dtype)[0]
@@ -857,11 +858,12 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     packed_model = pack_model(model)
     column = inference.OUTPUTS.index(INFERENCE_METRICS[metric])
     higher_is_better = "throughput" in metric
+    kv_dtype = row_kv_dtype(row, dtype, where)
     best: tuple[float, dict[str, Any]] | None = None
     for attention_dp in layouts:
         for e in eps:
             srv = replica_record(model, tp=tp, pp=pp, ep=e, attention_dp=attention_dp, n_gpus=ints["n_gpus"],
-                                 dtype=dtype, kv_dtype=row_kv_dtype(row, dtype, where))
+                                 dtype=dtype, kv_dtype=kv_dtype)
             out = inference.serve(packed_model[0], device[0], tiers, tiles, srv[0], float(batch or 0),
                                   float(ints["input_len"]), float(ints["output_len"]))
             value = float(out[column])

@@ -90,7 +90,7 @@ from pydantic import Field, model_validator
 from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
 from paraspace.spaces import expert_balance
 from paraspace.spaces.encode import Encoded
-from paraspace.spaces.enums import DTYPE_BYTES as ELEMENT_BYTES
+from paraspace.spaces import enums
 from paraspace.spaces.enums import Dispatch, Dtype, label, parse
 from paraspace.spaces.errors import MISSING, CatalogError
 from paraspace.spaces.schema import MAX_COUNT, AttentionKernel, Hardware, Model, Record, validate
@@ -109,7 +109,7 @@ SERVING_DIR = CATALOG_DIR / "serving"
 MAX_DRAFT_TOKENS = 16
 
 #: bytes per element of the precisions a serving space may name (weights and KV cache)
-DTYPE_BYTES = {name: ELEMENT_BYTES[name] for name in ("bf16", "fp16", "fp8", "int8", "fp4")}
+DTYPE_BYTES = {name: enums.DTYPE_BYTES[name] for name in ("bf16", "fp16", "fp8", "int8", "fp4")}
 
 
 class Scheduler(IntEnum):

@@ -22,6 +22,7 @@ from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack_hardware
 from paraspace.kernels import moe, ops
 from paraspace.spaces.catalog import load_hardware
+from paraspace.spaces.enums import DTYPE_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "measurements"
@@ -124,7 +125,7 @@ def _gemm_errors(card: str, dtype: str, k_fill: bool) -> tuple[np.ndarray, np.nd
            for r in shapes if 2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) >= 1e11]
     dev["gemm_max_efficiency"] = statistics.median(eff)
     dev["gemm_k_fill"] = fill
-    nbytes = 1.0 if dtype == "fp8" else 2.0
+    nbytes = DTYPE_BYTES[dtype]
     errors = np.array([ops.gemm_time_s(float(r["m"]), float(r["n"]), float(r["k"]), dev[0], tiles, nbytes)
                        / float(r["seconds"]) - 1 for r in shapes])
     return errors, np.array([float(r["k"]) for r in shapes])
