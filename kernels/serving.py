@@ -33,8 +33,12 @@ length (memory-bound: the KV bytes of a token over the achieved HBM bandwidth,
 all layers). ``pair_s`` is the attention core's FLOP per causal pair, 2 x
 heads / tp x (qk + v dims) per layer, at the attention peak (added to, not
 overlapped with, the rows' Q/O traffic). A chunk of ``c`` prompt tokens after
-``p`` cached ones makes c * (p + c / 2) pairs, so a prompt's chunks sum to
-in * (p0 + in / 2) however it is cut.
+``p`` cached ones makes c * (p + c / 2) pairs, and each of its rows also pays the
+fused kernel's fixed part, ``ROW_FILL_KEYS`` (225) keys' worth: c * (p + c / 2 + 225)
+pair-equivalents, so a prompt's chunks sum to in * (p0 + in / 2 + 225) however it is
+cut. For a whole prompt of L keys that is L^2 / 2 x (L + 450) / L, the measured
+causal law plateau x L / (L + 450) (``kernels.ops.loop_fill``), the rate
+``kernels.inference``'s prefill already runs at.
 
 Steady state (per engine)
 -------------------------
@@ -132,7 +136,7 @@ from paraspace.kernels.inference import (
     verify_attention_block_s,
 )
 from paraspace.kernels.jit import jit
-from paraspace.kernels.ops import attention_peak, gemm_time_s, memory_bound_s
+from paraspace.kernels.ops import ATTENTION_FWD_FILL_KEYS, attention_peak, gemm_time_s, memory_bound_s
 from paraspace.kernels.training import device_layers, layer_params, moe_layer_params
 
 # spaces.serving.Scheduler
@@ -203,6 +207,10 @@ N_OUT = len(OUTPUTS)
     O_MEM_W, O_MEM_KV, O_MEM_PEAK, O_REASON,
 ) = range(N_OUT)
 
+#: the fused attention kernel's fixed part per prompt row, in keys: a causal call over L
+#: keys runs at plateau x L / (L + ATTENTION_FWD_FILL_KEYS), i.e. takes as long as
+#: L^2 / 2 + L x ATTENTION_FWD_FILL_KEYS / 2 pairs at the plateau (module doc)
+ROW_FILL_KEYS = 0.5 * ATTENTION_FWD_FILL_KEYS
 #: the fixed points stop when a step moves less than this share
 FIXED_POINT_RTOL = 1e-12
 FIXED_POINT_ITERATIONS = 200
@@ -429,9 +437,10 @@ def decode_reads(input_len: float, nd: float, q: float, e_tok: float) -> float:
 
 @jit
 def prompt_pairs(input_len: float, hit: float) -> float:
-    """Causal pairs of one prompt's prefill: in_new (p0 + in_new / 2), p0 the cached prefix."""
+    """Causal pairs of one prompt's prefill with the kernel's fill, in plateau-rate
+    pair-equivalents: in_new (p0 + in_new / 2 + ROW_FILL_KEYS), p0 the cached prefix."""
     new = input_len * (1.0 - hit)
-    return new * (input_len - new + 0.5 * new)
+    return new * (input_len - new + 0.5 * new + ROW_FILL_KEYS)
 
 
 @jit

@@ -125,7 +125,7 @@ from numba import prange
 
 from paraspace.kernels.inference import moe_mlp_s
 from paraspace.kernels.jit import jit
-from paraspace.kernels.serving import STATIC, UNCHUNKED, kv_transfer_s
+from paraspace.kernels.serving import ROW_FILL_KEYS, STATIC, UNCHUNKED, kv_transfer_s
 
 #: Output columns of ``simulate_rows``, in order.
 SIM_OUTPUTS = (
@@ -308,7 +308,7 @@ def _chunk(r: int, budget: float, prior: float, target, done_pre, chunk):
     completes the prompt else 0)."""
     c = min(target[r] - done_pre[r], budget)
     chunk[r] = c
-    return c, c * (prior + 0.5 * c), 1.0 if done_pre[r] + c >= target[r] else 0.0
+    return c, c * (prior + 0.5 * c + ROW_FILL_KEYS), 1.0 if done_pre[r] + c >= target[r] else 0.0
 
 
 @jit(inline=True)

@@ -20,6 +20,9 @@ from collections.abc import Callable
 
 #: spaces.serving.Scheduler's codes: static batches; continuous with chunked prompts; continuous, whole prompts
 STATIC, CONTINUOUS, UNCHUNKED = 0, 1, 2
+#: the fused attention kernel's fixed part per prompt row, in keys: a causal call over L keys
+#: runs at plateau x L / (L + 450) (docs/measurements), L^2 / 2 + 225 L pair-equivalents
+ROW_FILL = 225.0
 
 
 def lookup(grid: list[float], table: list[float], x: float) -> float:
@@ -63,7 +66,7 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
                  draft_steps: Callable[[float], float] = lambda b: 0.0) -> dict[str, float]:
     """The analytic tier's closed forms for one candidate (kernels.serving module doc)."""
     new = input_len * (1 - hit)
-    pairs_one = new * (input_len - new + new / 2)
+    pairs_one = new * (input_len - new + new / 2 + ROW_FILL)
     nd = output_len - 1
     q = draft + 1
     e_tok = expected_tokens(acceptance, draft)
@@ -242,7 +245,7 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
                     budget = 0  # whole prompts in order: the first that does not fit ends them
                     continue
                 c = min(target[r] - computed[r], budget)
-                pairs += c * (kv[r] - target[r] + computed[r] + c / 2)
+                pairs += c * (kv[r] - target[r] + computed[r] + c / 2 + ROW_FILL)
                 tokens += c
                 prompt += c
                 budget -= c
@@ -381,7 +384,7 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
             else:
                 break
             c = min(target[r] - computed[r], budget)
-            pairs += c * (cached[r] + computed[r] + c / 2)
+            pairs += c * (cached[r] + computed[r] + c / 2 + ROW_FILL)
             tokens += c
             budget -= c
             held += in_len[r]

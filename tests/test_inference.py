@@ -479,8 +479,8 @@ def test_sliding_window_bounds_keys_and_cache(toy_dev, fast_flops, nvlink, toy_t
 #: training rows under the measured attention rates (0.575 -> 0.625; these rows were
 #: already too fast, tests/test_validate_inference.py says more); 18.0% with the Hopper
 #: GEMMs' reduction fill, 16.3% with the benchmark's 10 requests per user, 16.0% with
-#: vLLM's default 16-bit KV cache
-SERVING_MAPE_OK_THRESHOLD = 0.161
+#: vLLM's default 16-bit KV cache, 15.9% with the attention kernel's fill on each prompt row
+SERVING_MAPE_OK_THRESHOLD = 0.16
 
 
 @needs_data

@@ -20,6 +20,7 @@ from naive_serving import lookup, simulate as naive_simulate, steady_state
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack_hardware, pack_model
 from paraspace.kernels import inference, serving_sim
+from paraspace.kernels.ops import ATTENTION_FWD_FILL_KEYS, loop_fill
 from paraspace.kernels import serving as ks
 from paraspace.results import serving_schema
 from paraspace.spaces import serving as sp
@@ -185,16 +186,32 @@ def test_iteration_parts_by_hand(fast):
     assert ks.pair_s(m, d, srv) == pytest.approx(8192 / 1e18, rel=REL)
 
 
+@pytest.mark.parametrize("keys", [64.0, 512.0, 4096.0, 32768.0])
+def test_a_whole_prompts_attention_follows_the_measured_fill_law(keys):
+    """The fused attention kernel runs a causal call over L keys at plateau x L / (L + 450)
+    (kernels.ops.loop_fill, docs/measurements): L^2 / 2 pairs take as long as
+    L^2 / 2 x (L + 450) / L = L (L / 2 + 225) pairs at the plateau, which is what the
+    serving tier charges a prompt (``prompt_pairs``: 225 keys a prompt row). L = 512:
+    512 x 481 = 246,272 = 131,072 x 962 / 512."""
+    assert ks.prompt_pairs(keys, 0.0) == pytest.approx(0.5 * keys * keys / loop_fill(keys, ATTENTION_FWD_FILL_KEYS),
+                                                       rel=1e-12)
+    if keys == 512.0:
+        assert ks.prompt_pairs(keys, 0.0) == 246_272.0
+    # a prefix hit leaves p cached keys before the new rows: 750 new of 1,000 with 0.25 hit
+    assert ks.prompt_pairs(1000.0, 0.25) == pytest.approx(750.0 * (250.0 + 375.0 + 225.0), rel=1e-12)
+
+
 def test_prefill_and_decode_step_by_hand(fast):
     """One user, a 512-token prompt, 16 output tokens:
-      prefill = rows_s(512) + head(1) + 8192e-18 * 512 * 256 pairs
-              = (190464*512 + 60817408 + 134144 + 65536000) e-12 + 1.073741824e-9
-              = 224005120e-12 + 1.073741824e-9 = 2.24006193741824e-4 s (the TTFT)
+      prefill = rows_s(512) + head(1) + 8192e-18 * 512 * (256 + 225) pair-equivalents
+                (the causal pairs 512 x 256, and the kernel's fill: 225 keys a prompt row)
+              = (190464*512 + 60817408 + 134144 + 65536000) e-12 + 8192e-18 * 246272
+              = 224005120e-12 + 2.017460224e-9 = 2.24007137460224e-4 s (the TTFT)
       decode j = 1..15 reads 512 + j tokens: 15 (rows_s(1) + head(1)) + 2048e-12 * (15*512 + 120)
               = 15 * 126678016e-12 + 2048e-12 * 7800 = 1.90017024e-3 + 1.59744e-5 = 1.91614464e-3 s
       TPOT = 1.91614464e-3 / 15; 16 tokens over prefill + decode."""
     out = analytic(fast, toy_srv(), workload())
-    prefill = 224005120e-12 + 1.073741824e-9
+    prefill = 224005120e-12 + 2.017460224e-9
     decode = 15 * 126678016e-12 + 2048e-12 * 7800
     assert out["prefill_s"] == pytest.approx(prefill, rel=1e-9)
     assert out["ttft_s"] == pytest.approx(prefill, rel=1e-9)
@@ -284,7 +301,8 @@ def test_kv_transfer_by_hand(fast, make_tiers):
 def test_disaggregated_poisson_row_by_its_definition(fast):
     """Poisson 20 requests/s, 512 in / 16 out, one prefill replica and one decode replica of
     one device each: the prefill iteration packs floor(4096 / 512) = 8 prompts in t_p =
-    rows_s(4096) + head(8) + pair 8 x 512 x 256, so mu = 8 / t_p prompts/s and the wait is
+    rows_s(4096) + head(8) + pair 8 x 512 x (256 + 225) (the causal pairs and the attention
+    kernel's fill, 225 keys a prompt row), so mu = 8 / t_p prompts/s and the wait is
     rho / (2 (1 - rho)) t_p at rho = 20 / mu; the decode batch B makes B / (15 t_d(B)) = 20;
     TTFT = wait + t_p + transfer (the decode replica streams the answer once the cache has
     arrived); TPOT = 15 t_d / 15 = t_d."""
@@ -293,7 +311,7 @@ def test_disaggregated_poisson_row_by_its_definition(fast):
     out = analytic(fast, srv, workload(concurrency=0.0, rate_per_s=20.0, devices=2.0), max_tokens=4096.0,
                    prefill=toy_srv(n_gpus=2.0))
     t_p = ks.rows_s(m, d, tiers, tiles, srv[0], 4096.0) + ks.head_rows_s(m, d, tiers, tiles, srv[0], 8.0) \
-        + ks.pair_s(m, d, srv[0]) * 8 * 512 * 256
+        + ks.pair_s(m, d, srv[0]) * 8 * 512 * (256 + 225)
     rho = 20.0 / (8.0 / t_p)
     b = out["batch"]
     t_d = ks.decode_only_s(m, d, tiers, tiles, srv[0], 0.0, ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), b, 520.0)
@@ -428,19 +446,21 @@ def test_preemption_frees_the_cache_and_every_request_finishes(fast):
 def test_prompts_per_iteration_by_hand(fast, scheduler):
     """Three users send 100-token prompts of one output token each under a budget of 250
     tokens, no host time. Chunked: iteration 1 computes prompts 1 and 2 and 50 tokens of 3
-    (250 tokens; causal pairs 100 x 50 + 100 x 50 + 50 x 25 = 11,250; two prompts complete),
-    iteration 2 the other 50 (pairs 50 x (50 + 25) = 3,750; one completes). Unchunked:
-    prompt 3 does not fit the 50 tokens left, so iteration 1 computes prompts 1 and 2
-    (200 tokens, 10,000 pairs) and iteration 2 prompt 3 whole (100 tokens, 5,000 pairs).
+    (250 tokens; causal pairs 100 x 50 + 100 x 50 + 50 x 25 = 11,250, plus the attention
+    kernel's fill of 225 keys a prompt row, 250 x 225 = 56,250: 67,500 pair-equivalents; two
+    prompts complete), iteration 2 the other 50 (50 x (50 + 25 + 225) = 15,000; one
+    completes). Unchunked: prompt 3 does not fit the 50 tokens left, so iteration 1 computes
+    prompts 1 and 2 (200 tokens, 10,000 + 45,000 = 55,000) and iteration 2 prompt 3 whole
+    (100 tokens, 5,000 + 22,500 = 27,500).
     Every first token is its request's end: TTFT = e2e, the mean of (t1, t1, t1 + t2)."""
     sim, (g, h, _, pair_coef, _, _, _) = run_sim(fast, toy_srv(), [100.0] * 3, [1.0] * 3, clients=3,
                                                  max_tokens=250.0, scheduler=scheduler)
     cost = lambda tokens, rows, pairs: (serving_sim.lookup(GRID, g, tokens) + serving_sim.lookup(GRID, h, rows)
                                         + pair_coef * pairs)
     if scheduler == ks.UNCHUNKED:
-        t1, t2 = cost(200.0, 2.0, 10_000.0), cost(100.0, 1.0, 5_000.0)
+        t1, t2 = cost(200.0, 2.0, 55_000.0), cost(100.0, 1.0, 27_500.0)
     else:
-        t1, t2 = cost(250.0, 2.0, 11_250.0), cost(50.0, 1.0, 3_750.0)
+        t1, t2 = cost(250.0, 2.0, 67_500.0), cost(50.0, 1.0, 15_000.0)
     assert sim["iterations"] == 2
     assert sim["ttft_s"] == pytest.approx((3.0 * t1 + t2) / 3.0, rel=REL)
     assert sim["makespan_s"] == pytest.approx(t1 + t2, rel=REL)
@@ -450,21 +470,21 @@ def test_prompts_per_iteration_by_hand(fast, scheduler):
 def test_overlap_scheduler_admits_an_arrival_one_iteration_later_by_hand(fast, overlap):
     """Two users; 10-token prompts; request 0 wants 2 tokens, request 1 five, request 2
     (user 0's next) one; no host time. Iteration 1 prefills 0 and 1 (20 tokens, 2 rows,
-    pairs 2 x 10 x 5 = 100); iteration 2 decodes both (KV read 11 + 11 = 22) and request 0
+    pairs 2 x 10 x 5 = 100 plus the attention kernel's fill, 20 rows x 225: 4,600); iteration 2 decodes both (KV read 11 + 11 = 22) and request 0
     ends, so request 2 arrives at t2. Without overlap iteration 3 prefills it beside request
-    1's decode (11 tokens, 2 rows, KV read 12, pairs 50): TTFT_2 = t(3). With the overlap
+    1's decode (11 tokens, 2 rows, KV read 12, pairs 50 + 10 x 225 = 2,300): TTFT_2 = t(3). With the overlap
     scheduler iteration 3's batch was chosen when iteration 2 started, and iteration 4's
     when iteration 3 started, at t2 itself, before the engine had reported request 0's
     end: iterations 3 and 4 decode request 1 alone (1 token, KV read 12, then 13),
-    iteration 5 takes request 2 (11 tokens, 2 rows, KV read 14, pairs 50): TTFT_2 =
+    iteration 5 takes request 2 (11 tokens, 2 rows, KV read 14, pairs 2,300): TTFT_2 =
     t(3') + t(4') + t(5). Requests 0 and 1 see t(1). Mean TTFT = (2 t(1) + TTFT_2) / 3."""
     sim, (g, h, kv_coef, pair_coef, _, _, _) = run_sim(fast, toy_srv(), [10.0] * 3, [2.0, 5.0, 1.0], clients=2,
                                                         overlap=overlap)
     cost = lambda tokens, rows, kv, pairs: (serving_sim.lookup(GRID, g, tokens) + serving_sim.lookup(GRID, h, rows)
                                             + kv_coef * kv + pair_coef * pairs)
-    t1 = cost(20.0, 2.0, 0.0, 100.0)
-    ttft_2 = (cost(1.0, 1.0, 12.0, 0.0) + cost(1.0, 1.0, 13.0, 0.0) + cost(11.0, 2.0, 14.0, 50.0) if overlap
-              else cost(11.0, 2.0, 12.0, 50.0))
+    t1 = cost(20.0, 2.0, 0.0, 4_600.0)
+    ttft_2 = (cost(1.0, 1.0, 12.0, 0.0) + cost(1.0, 1.0, 13.0, 0.0) + cost(11.0, 2.0, 14.0, 2_300.0) if overlap
+              else cost(11.0, 2.0, 12.0, 2_300.0))
     assert sim["ttft_s"] == pytest.approx((2.0 * t1 + ttft_2) / 3.0, rel=REL)
 
 

@@ -106,7 +106,8 @@ def test_a_run_whose_last_request_ends_at_its_admission_is_complete():
                              n_prefill=1, n_decode=2, p_cap=1e7, d_cap=1e7, host=0.0, hit=0.0, draft=0,
                              xfer=np.array([1e-4]))
     sim = kernel(d)
-    prefill = ss.lookup(GRID, d["p_g"], 512.0) + ss.lookup(GRID, d["p_h"], 1.0) + d["p_pair"] * 512 * 256
+    # the prompt's causal pairs and the attention kernel's fill, 225 keys a row
+    prefill = ss.lookup(GRID, d["p_g"], 512.0) + ss.lookup(GRID, d["p_h"], 1.0) + d["p_pair"] * 512 * (256 + 225)
     assert sim["stuck"] == 0
     assert sim["ttft_s"] == sim["e2e_latency_s"] == pytest.approx(prefill + 1e-4, rel=REL)
     assert sim["tpot_s"] == 0.0 and sim["iterations"] == 0 and sim["prefill_iterations"] == 1

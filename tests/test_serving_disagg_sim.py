@@ -27,7 +27,8 @@ from test_serving import GRID, space, tables, toy_srv  # noqa: F401 - fast is a 
 from test_serving import fast  # noqa: F401
 
 REL = 1e-12
-PREFILL_512 = 2.24006193741824e-4
+#: test_serving's one-user prefill: rows_s(512) + head(1) + 8192e-18 x 512 x (256 + 225)
+PREFILL_512 = 2.24007137460224e-4
 DECODE_512_16 = 1.91614464e-3
 
 
@@ -93,19 +94,19 @@ def kv_coef(env) -> float:
 
 def test_one_request_ttft_is_prefill_plus_transfer(fast, make_tiers):
     """One user, one request of 512 in / 16 out over a 1 GB/s, 5 us link:
-      TTFT = prefill 2.24006193741824e-4 + transfer 1.053576e-3 = 1.277582193741824e-3 s
+      TTFT = prefill 2.24007137460224e-4 + transfer 1.053576e-3 = 1.277583137460224e-3 s
       TPOT = the 15 decode iterations 15 x 126678016e-12 + 2048e-12 x 7800 = 1.91614464e-3 s, / 15
-      e2e  = TTFT + 1.91614464e-3 = 3.193726833741824e-3 s
+      e2e  = TTFT + 1.91614464e-3 = 3.193727777460224e-3 s
     and the log holds one prefill iteration, one transfer and 15 decode iterations, in that order."""
     tiers = make_tiers((8, 1e9, 5e-6), (0, 1e8, 2e-5))
     sim, log, _ = run_disagg(fast, [512.0], [16.0], clients=1, tiers=tiers, log_rows=32)
     decode = 15 * 126678016e-12 + kv_coef(fast) * 7800
     assert decode == pytest.approx(DECODE_512_16, rel=1e-9)
     assert sim["ttft_s"] == pytest.approx(PREFILL_512 + 1.053576e-3, rel=REL)
-    assert sim["ttft_s"] == pytest.approx(1.277582193741824e-3, rel=REL)
+    assert sim["ttft_s"] == pytest.approx(1.277583137460224e-3, rel=REL)
     assert sim["tpot_s"] == pytest.approx(decode / 15, rel=REL)
-    assert sim["e2e_latency_s"] == pytest.approx(1.277582193741824e-3 + decode, rel=REL)
-    assert sim["makespan_s"] == pytest.approx(3.193726833741824e-3, rel=1e-9)
+    assert sim["e2e_latency_s"] == pytest.approx(1.277583137460224e-3 + decode, rel=REL)
+    assert sim["makespan_s"] == pytest.approx(3.193727777460224e-3, rel=1e-9)
     assert (sim["iterations"], sim["prefill_iterations"], sim["stuck"]) == (15, 1, 0)
     kinds = log[:17, ss.L_KIND].tolist()
     assert kinds == [ss.LOG_PREFILL, ss.LOG_TRANSFER] + [ss.LOG_DECODE] * 15
@@ -120,9 +121,10 @@ def test_constant_lengths_run_in_waves(fast, n_prefill, n_decode):
     max_batch 8: each replica prefills its 8 prompts in one iteration, every cache lands at
     the same instant (equal prompts, equal transfers), the least-loaded routing gives each
     decode engine 8, which decode together and finish together: the deployment runs waves of
-      prefill  t_p = rows_s(512) + head(8) + 8192e-18 x 8 x 64 x 32 pairs
-                   = (190464 x 512 + 60817408 + 134144 x 8 + 65536000) e-12 + 1.34217728e-10
-                   = 224944128e-12 + 1.34217728e-10 = 2.24944262217728e-4 s
+      prefill  t_p = rows_s(512) + head(8) + 8192e-18 x 8 x 64 x (32 + 225) pair-equivalents
+                     (causal pairs and the attention kernel's fill of 225 keys a prompt row)
+                   = (190464 x 512 + 60817408 + 134144 x 8 + 65536000) e-12 + 1.077936128e-9
+                   = 224944128e-12 + 1.077936128e-9 = 2.24945205936128e-4 s
       transfer x   = 64 x 2048 / 1e11 = 1.31072e-6 s (the fast fixture's NVLink, no latency)
       decode       = sum_j=1..15 [rows_s(8) + head(8) + 2048e-12 x 8 x (64 + j)]
     so TTFT = t_p + x and TPOT = decode / 15 for every request, and the deployment makes
@@ -131,9 +133,9 @@ def test_constant_lengths_run_in_waves(fast, n_prefill, n_decode):
     n = 8 * users
     sim, _, _ = run_disagg(fast, [64.0] * n, [16.0] * n, clients=users, n_prefill=n_prefill, n_decode=n_decode,
                            max_batch=8, max_tokens=512.0)
-    t_p = (190464 * 512 + 60817408 + 134144 * 8 + 65536000) * 1e-12 + 8192e-18 * 8 * 64 * 32
+    t_p = (190464 * 512 + 60817408 + 134144 * 8 + 65536000) * 1e-12 + 8192e-18 * 8 * 64 * (32 + 225)
     x = 64 * 2048 / 1e11
-    assert t_p == pytest.approx(2.24944262217728e-4, rel=REL)
+    assert t_p == pytest.approx(2.24945205936128e-4, rel=REL)
     kv = kv_coef(fast)
     decode = sum((190464 * 8 + 60817408 + 134144 * 8 + 65536000) * 1e-12 + kv * 8 * (64 + j) for j in range(1, 16))
     period = t_p + x + decode

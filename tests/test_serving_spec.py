@@ -119,8 +119,9 @@ def test_verification_reads_the_cache_once_and_multiplies_the_flop(make_device, 
 
 def one_user(k: float, a: float) -> tuple[float, float]:
     """Hand figures for one user, 512-token prompt, 16 output tokens (15 decoded), k drafts at rate a:
-      prefill = rows_s(512) + head(1) + draft_prompt_s(512) + 3 layers' pairs 12288e-18 x 512 x 256
-              = (97517568 + 60817408 + 134144 + 65536000 + 91750400) e-12 + 1.610612736e-9
+      prefill = rows_s(512) + head(1) + draft_prompt_s(512) + 3 layers' pairs 12288e-18 x 512 x (256 + 225)
+                (the causal pairs and the attention kernel's fill, 225 keys a prompt row)
+              = (97517568 + 60817408 + 134144 + 65536000 + 91750400) e-12 + 3.026190336e-9
       a step  = rows_s(3 x 1) + head(3) + 2 (draft_rows_s(1) + head(1))
               = (324608 x 3 + 126353408 + 2 x 100384768) e-12 = 328096768e-12 s (k = 2)
       n = 15 / E steps reading 512 + 3 + (j - 1) E tokens, j = 1 .. n:
@@ -129,7 +130,7 @@ def one_user(k: float, a: float) -> tuple[float, float]:
     assert k == 2.0
     e = naive_expected(a, 2)
     n = 15 / e
-    prefill = 315755520 * E12 + 12288 * 512 * 256 / 1e18
+    prefill = 315755520 * E12 + 12288 * 512 * (256 + 225) / 1e18
     decode = n * 328096768 * E12 + 4096 * E12 * (n * 515 + e * n * (n - 1) / 2)
     return prefill, decode
 

@@ -241,8 +241,10 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: requests per user from a cold start, as AIConfigurator's harness does
 #: (``validate.SERVING_REQUESTS_PER_USER``; the simulation had run 1,000); 13.4% once a
 #: row silent on its KV cache reads as its engine's default (``validate.row_kv_dtype``:
-#: vLLM and SGLang keep the model's 16-bit type under FP8 weights)
-INFERENCE_LOSO_OK_THRESHOLD = 0.135
+#: vLLM and SGLang keep the model's 16-bit type under FP8 weights); 13.36% once the serving
+#: tiers charge the fused attention kernel's fill on each prompt row (``kernels.serving``
+#: ``ROW_FILL_KEYS``, the measured law the prefill kernels already ran at)
+INFERENCE_LOSO_OK_THRESHOLD = 0.134
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
 #: TTFT 23.9% (target 20%; TensorRT-LLM -19% signed, vLLM -6%). The same exception as
@@ -256,8 +258,10 @@ INFERENCE_LOSO_OK_THRESHOLD = 0.135
 #: larger share too: smaller, faster decode steps, where these rows were already fast).
 #: With vLLM's default 16-bit KV cache (its FP8 rows had read an FP8 one) TPOT 11.5% ->
 #: 10.4% (vLLM's 16 rows 11.3% -> 5.4%), and one more exception, said here: TTFT 21.1% ->
-#: 21.7%, vLLM's TTFT rows, already over-predicted (+20%), waiting behind longer steps (+23%)
-CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.105, "ttft_s": 0.217}
+#: 21.7%, vLLM's TTFT rows, already over-predicted (+20%), waiting behind longer steps (+23%).
+#: With the attention kernel's fill on each prompt row: TPOT 10.2%, TTFT 21.6% (TensorRT-LLM's
+#: 67 rows -17.1% -> -16.5% signed, vLLM's 16 +23.3% -> +24.2%)
+CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.103, "ttft_s": 0.2165}
 #: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
 #: all over-predicted (the fastest dispatch / TBO layout is the prediction); 31.8% with
 #: SGLang's default 16-bit KV cache (the decode row 43% -> 34%)
