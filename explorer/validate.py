@@ -51,7 +51,7 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
     # configurations turn it on with sequence parallelism
     "tp_overlap": [False, True],
     "ep": [1, 2, 4, 8, 16, 32, 64],
-    "dispatch": ["alltoall", "allgather"],
+    "dispatch": ["alltoall", "allgather", "hierarchical"],
 }
 #: the row's ``attention`` column (the fused-attention kernel generation it ran) as the
 #: space's (flash_attention, attention_kernel). ``unfused`` materialises the s x s scores
@@ -314,7 +314,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         dims["ep"] = [ep] if ep is not None else UNKNOWN_SEARCH["ep"]
         if ep is None:
             searched["ep"] = dims["ep"]
-        # Megatron-Core's MoE token dispatchers: all-to-all(v) or all-gather
+        # the token dispatchers of Megatron-Core (all-to-all(v), all-gather, and DeepEP's
+        # hierarchical kernels behind its ``flex`` dispatcher) and of NeMo Automodel (DeepEP)
         dims["dispatch"] = searched["dispatch"] = UNKNOWN_SEARCH["dispatch"]
     for key in ("micro_batch", "zero"):
         value = _num(row, key, source)

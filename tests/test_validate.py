@@ -14,6 +14,7 @@ from paraspace.explorer import validate
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import evaluate, pack
 from paraspace.spaces.encode import Encoder
+from paraspace.spaces.enums import Dispatch
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 TRAINING = VALIDATION / "training.csv"
@@ -43,8 +44,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: every ok row of the second version (266 rows: torchtitan, KempnerForge, NeMo
 #: Automodel, fms-fsdp added), in sample: 10.0%; 9.94% with the 500 W H100's sustained
 #: clock and attention's backward rate; 9.52% with the measured attention rates; 9.41%
-#: with the Hopper GEMMs' measured reduction fill (only moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0942
+#: with the Hopper GEMMs' measured reduction fill; 9.30% once a MoE row silent on its
+#: dispatcher may run DeepEP's hierarchical kernels (only moves down)
+MAPE_OK_ALL_THRESHOLD = 0.0931
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -94,7 +96,7 @@ def test_published_training_rows_within_threshold(training_results):
 
 
 @pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (-19%, context parallel at 128K-256K), NeMo "
-                   "Automodel's MoE rows (+33%): issue 14 open")
+                   "Automodel's DeepSeek-V3 row on 256 GPUs (+35%): issue 14 open")
 def test_every_source_within_the_target(training_results):
     stats = validate.summary(training_results)
     ok_sources = {k: v for k, v in stats["by_source"].items() if not k.endswith("(uncertain)")}
@@ -123,7 +125,31 @@ def test_moe_rows_are_predicted_with_the_expert_layout_searched(tmp_path):
     kind, results = validate.run(write(tmp_path, [ROW, moe]))
     assert [r.status for r in results] == ["ok", "ok"]
     assert {"ep", "dispatch"} <= set(results[1].chosen)
-    assert results[1].chosen["dispatch"] in ("alltoall", "allgather")
+    assert results[1].chosen["dispatch"] in validate.UNKNOWN_SEARCH["dispatch"]
+
+
+def test_a_moe_row_silent_on_its_dispatcher_may_run_deepep_across_nodes(tmp_path):
+    """No column names the token dispatcher, so a MoE row is searched over all-to-all,
+    all-gather and DeepEP's hierarchical kernels (Megatron-Core's ``flex`` dispatcher,
+    NeMo Automodel). EP16 over two nodes of 8 with 64 experts (4 a rank), top-8:
+    all-to-all sends a token over the NIC once per rank of the other node holding one of
+    its experts, 8 (1 - C(60,8) / C(64,8)) = 3.4 copies on average; DeepEP once per
+    destination node, 1 - C(32,8) / C(64,8) = 0.997, and forwards inside it over NVLink.
+    So the fastest layout, the prediction, is the hierarchical one, and it beats the best
+    of the other two."""
+    moe = {**ROW, "id": "moe16", "n_gpus": "16", "tp": "1", "pp": "1", "dp": "16", "n_experts": "64", "topk": "8",
+           "expert_ffn": "2048", "n_shared_experts": "0", "first_dense_layers": "0", "ep": "16", "micro_batch": "1",
+           "global_batch": "64", "zero": "1"}
+    kind, results = validate.run(write(tmp_path, [moe]))
+    assert results[0].status == "ok" and results[0].chosen["dispatch"] == "hierarchical"
+    space, searched = validate.training_space(dict(moe), "t")
+    assert searched["dispatch"] == ["alltoall", "allgather", "hierarchical"]
+    enc = Encoder(space).encode_all()
+    out = evaluate(pack(space), enc.columns)
+    fits = out["feasible"] > 0
+    flat = fits & (enc.columns["dispatch"] != int(Dispatch.HIERARCHICAL))
+    assert results[0].predicted == pytest.approx(float(np.min(out["step_time_s"][fits])), rel=1e-12)
+    assert results[0].predicted < float(np.min(out["step_time_s"][flat]))
 
 
 def test_a_bad_header_is_an_error_for_the_file(tmp_path):
@@ -327,7 +353,9 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: paper's 0.70): MosaicML 9.4%, torchtitan 2412 18.9%, NeMo 7.9%, H200 3.8%.
 #: 10.5% with the Hopper GEMMs' measured reduction fill (kernels.ops.loop_fill of k over
 #: the profile's gemm_k_fill_bytes): MosaicML 9.2%, NeMo Automodel 36.0%, H200 2.6%.
-LOSO_MAPE_OK_THRESHOLD = 0.106
+#: 10.43% once a MoE row silent on its dispatcher is searched over DeepEP's hierarchical
+#: kernels too (validate.UNKNOWN_SEARCH): NeMo Automodel 36.0% -> 23.6%.
+LOSO_MAPE_OK_THRESHOLD = 0.105
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -340,8 +368,10 @@ LOSO_MAPE_OK_THRESHOLD = 0.106
 #: 18.9% -> 19.3% and KempnerForge 15.6% -> 16.03%. Both are already predicted too fast
 #: (-19%, -10% signed); the fill slows the short-k GEMMs of the other Hopper sources
 #: more than theirs, so the family's GEMM knob fitted without them rises (0.625 -> 0.65)
-#: and speeds their long-k GEMMs (overall 10.7% -> 10.5%, in sample 9.5% -> 9.4%)
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.194, "nemo-automodel-perf": 0.36, "kempnerforge-h200": 0.161}
+#: and speeds their long-k GEMMs (overall 10.7% -> 10.5%, in sample 9.5% -> 9.4%). NeMo
+#: Automodel 23.6% once its DeepSeek-V3 row may run DeepEP across its 8 nodes (+60% -> +35%
+#: in sample)
+LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.194, "nemo-automodel-perf": 0.237, "kempnerforge-h200": 0.161}
 
 
 @pytest.mark.slow
