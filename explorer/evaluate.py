@@ -108,7 +108,7 @@ def pack_hardware(hw: Hardware, dtype: str,
 
 def pack(space: LoadedSpace) -> Packed:
     spec = space.spec
-    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype, spec.attention_kernel)
+    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype, space.model.attention_kernel(spec.attention_kernel))
     workload = params.record(
         params.WORKLOAD,
         global_batch=spec.global_batch, seq_len=spec.seq_len,

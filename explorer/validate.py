@@ -715,7 +715,7 @@ def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
     if model.moe is not None and tp % ep:
         raise CatalogError(where, "ep", ep, f"a divisor of tp = {tp}")
     attention_dp = _num(row, "attention_dp", source) == 1
-    device, tiers, tiles = pack_hardware(hardware, dtype)
+    device, tiers, tiles = pack_hardware(hardware, dtype, model.attention_kernel(UNKNOWN_ATTENTION))
     m, dev = pack_model(model)[0], device[0]
     seq = float(ints["input_len"])
     batch = _num(row, "batch", source)
@@ -855,7 +855,7 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
         else:
             eps = searched["ep"] = [d for d in range(1, tp + 1) if tp % d == 0 and experts % d == 0]
         layouts = searched["attention"] = [False, True]
-    device, tiers, tiles = pack_hardware(hw, dtype)
+    device, tiers, tiles = pack_hardware(hw, dtype, model.attention_kernel(UNKNOWN_ATTENTION))
     packed_model = pack_model(model)
     column = inference.OUTPUTS.index(INFERENCE_METRICS[metric])
     higher_is_better = "throughput" in metric

@@ -81,6 +81,10 @@ Text = Annotated[str, Field(min_length=1)]
 #: class's rate on an H100, docs/measurements/); they differ in achieved FLOP/s
 #: (``Device.attention_efficiency*``)
 AttentionKernel = Literal["flash2", "flash1", "flash3"]
+#: the kernels with one head width for Q, K and V: FlashAttention-2 refuses MLA's 192 / 128
+#: dims where cuDNN's fused attention runs them (docs/measurements/h100-sxm5-80gb,
+#: attention_variants.csv), FlashAttention 1 the same (``Model.attention_kernel``)
+EQUAL_HEAD_DIM_KERNELS = ("flash1", "flash2")
 
 
 class Record(BaseModel):
@@ -407,6 +411,18 @@ class Model(Record):
     @property
     def d_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    def attention_kernel(self, asked: str) -> str:
+        """The fused attention kernel that runs this model's attention when ``asked`` is
+        named: a kernel of ``EQUAL_HEAD_DIM_KERNELS`` has no path for query/key and value
+        heads of different widths (MLA's 192 and 128), so such a model runs the
+        FlashAttention-3 class instead (cuDNN's fused attention, which Transformer Engine
+        runs, FA3, FlashMLA); on a device with no rate of that class
+        (``Device.attention_efficiency_of``) it is priced at FlashAttention-2's."""
+        if self.mla is not None and asked in EQUAL_HEAD_DIM_KERNELS:
+            if self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim != self.mla.v_head_dim:
+                return "flash3"
+        return asked
 
 
 # --------------------------------------------------------------------------- spaces

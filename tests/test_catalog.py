@@ -650,3 +650,15 @@ def test_space_with_no_valid_row_other_reason(tmp_path):
     encoded = Encoder(space_from_raw(raw, "s", tmp_path)).encode_all()
     assert encoded.n_rows == 0
     assert encoded.first_reason[Reason.BATCH] == 2 == encoded.n_combinations
+
+
+def test_mla_attention_runs_a_kernel_that_has_unequal_head_dims():
+    """FlashAttention 1 and 2 take one head width for Q, K and V; MLA's queries and keys
+    are 128 + 64 = 192 wide and its values 128 (DeepSeek-V2 and V3), so a space asking
+    for either runs the FlashAttention-3 class (cuDNN, FA3, FlashMLA) on them. A GQA model
+    keeps what it asks for, and "flash3" is kept by both."""
+    mla, gqa = load_model("deepseek-v3"), load_model("llama3-70b")
+    assert (mla.mla.qk_nope_head_dim + mla.mla.qk_rope_head_dim, mla.mla.v_head_dim) == (192, 128)
+    assert [mla.attention_kernel(k) for k in ("flash1", "flash2", "flash3")] == ["flash3"] * 3
+    assert load_model("deepseek-v2").attention_kernel("flash2") == "flash3"
+    assert [gqa.attention_kernel(k) for k in ("flash1", "flash2", "flash3")] == ["flash1", "flash2", "flash3"]

@@ -45,8 +45,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: Automodel, fms-fsdp added), in sample: 10.0%; 9.94% with the 500 W H100's sustained
 #: clock and attention's backward rate; 9.52% with the measured attention rates; 9.41%
 #: with the Hopper GEMMs' measured reduction fill; 9.30% once a MoE row silent on its
-#: dispatcher may run DeepEP's hierarchical kernels (only moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0931
+#: dispatcher may run DeepEP's hierarchical kernels; 9.27% once MLA attention runs the
+#: FlashAttention-3 class, FA2 having no path for its unequal head dims (only moves down)
+MAPE_OK_ALL_THRESHOLD = 0.0928
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -96,7 +97,7 @@ def test_published_training_rows_within_threshold(training_results):
 
 
 @pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (-19%, context parallel at 128K-256K), NeMo "
-                   "Automodel's DeepSeek-V3 row on 256 GPUs (+35%): issue 14 open")
+                   "Automodel's DeepSeek-V3 row on 256 GPUs (+28%): issue 14 open")
 def test_every_source_within_the_target(training_results):
     stats = validate.summary(training_results)
     ok_sources = {k: v for k, v in stats["by_source"].items() if not k.endswith("(uncertain)")}
@@ -354,8 +355,9 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: 10.5% with the Hopper GEMMs' measured reduction fill (kernels.ops.loop_fill of k over
 #: the profile's gemm_k_fill_bytes): MosaicML 9.2%, NeMo Automodel 36.0%, H200 2.6%.
 #: 10.43% once a MoE row silent on its dispatcher is searched over DeepEP's hierarchical
-#: kernels too (validate.UNKNOWN_SEARCH): NeMo Automodel 36.0% -> 23.6%.
-LOSO_MAPE_OK_THRESHOLD = 0.105
+#: kernels too (validate.UNKNOWN_SEARCH): NeMo Automodel 36.0% -> 23.6%. 10.40% once MLA
+#: attention runs the FlashAttention-3 class (``Model.attention_kernel``): Automodel 19.8%.
+LOSO_MAPE_OK_THRESHOLD = 0.1041
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -370,8 +372,8 @@ LOSO_MAPE_OK_THRESHOLD = 0.105
 #: more than theirs, so the family's GEMM knob fitted without them rises (0.625 -> 0.65)
 #: and speeds their long-k GEMMs (overall 10.7% -> 10.5%, in sample 9.5% -> 9.4%). NeMo
 #: Automodel 23.6% once its DeepSeek-V3 row may run DeepEP across its 8 nodes (+60% -> +35%
-#: in sample)
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.194, "nemo-automodel-perf": 0.237, "kempnerforge-h200": 0.161}
+#: in sample), 19.8% once its MLA attention runs the FlashAttention-3 class (+28%)
+LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.194, "nemo-automodel-perf": 0.199, "kempnerforge-h200": 0.161}
 
 
 @pytest.mark.slow

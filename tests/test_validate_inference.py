@@ -243,7 +243,8 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: row silent on its KV cache reads as its engine's default (``validate.row_kv_dtype``:
 #: vLLM and SGLang keep the model's 16-bit type under FP8 weights); 13.36% once the serving
 #: tiers charge the fused attention kernel's fill on each prompt row (``kernels.serving``
-#: ``ROW_FILL_KEYS``, the measured law the prefill kernels already ran at)
+#: ``ROW_FILL_KEYS``, the measured law the prefill kernels already ran at); 13.40% with MLA
+#: attention at the FlashAttention-3 class's rate (the SGLang phase rows below)
 INFERENCE_LOSO_OK_THRESHOLD = 0.134
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
@@ -264,8 +265,13 @@ INFERENCE_LOSO_OK_THRESHOLD = 0.134
 CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.103, "ttft_s": 0.2165}
 #: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
 #: all over-predicted (the fastest dispatch / TBO layout is the prediction); 31.8% with
-#: SGLang's default 16-bit KV cache (the decode row 43% -> 34%)
-PHASE_OK_THRESHOLD = 0.318
+#: SGLang's default 16-bit KV cache (the decode row 43% -> 34%). One exception, said here:
+#: 35.2% once MLA attention runs the FlashAttention-3 class it needs (``Model.attention_kernel``:
+#: FlashAttention-2 has no path for its 192 / 128 head dims; FlashMLA's decode reaches
+#: 580 TFLOP/s on an H800, DeepSeek's FlashMLA README): the decode row, already too fast,
+#: 34% -> 43%, the prefill rows 41% / 20% -> 42% / 20%. What SGLang spends beyond the
+#: kernels at EP72 is not modelled; the faster attention is what the kernels run
+PHASE_OK_THRESHOLD = 0.353
 
 
 @needs_data
