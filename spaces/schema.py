@@ -499,7 +499,8 @@ class SpaceSpec(Record):
     seq_len: PositiveInt
     dtype: Text = "bf16"
     flash_attention: bool = True
-    #: which fused attention kernel runs the core when ``flash_attention`` (``AttentionKernel``)
+    #: which fused attention kernel runs the core when ``flash_attention`` (``AttentionKernel``;
+    #: an MLA model runs the FlashAttention-3 class whichever is named, ``Model.attention_kernel``)
     attention_kernel: AttentionKernel = "flash2"
     #: devices per server, overriding the hardware profile's (``Hardware.with_node_devices``):
     #: the same GPUs in 4-GPU servers, or part of one server

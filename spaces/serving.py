@@ -394,7 +394,8 @@ class ServingSpec(Record):
     #: candidates the iteration-level simulation refines (the best by analytic throughput)
     simulate_top: Annotated[int, Field(ge=0)] = 32
     #: the fused attention kernel of prefill and decode (``schema.AttentionKernel``): its
-    #: achieved FLOP/s where attention is compute-bound (MLA decode, long prefills)
+    #: achieved FLOP/s where attention is compute-bound (MLA decode, long prefills); an MLA
+    #: model runs the FlashAttention-3 class whichever is named (``Model.attention_kernel``)
     attention_kernel: AttentionKernel = "flash2"
     dimensions: ServingDimensions = ServingDimensions()
 
