@@ -34,6 +34,13 @@ paraspace itself never imports). Writes into OUT_DIR:
     One query token a sequence over 512-32K cached keys (GQA 32 on 8 KV heads, and
     MHA), 1-128 sequences, per SDPA backend: achieved bytes per second of the cache
     read, what the serving kernels price at ``memory_efficiency`` of HBM.
+``gemm_fp8_scaling.csv``
+    Serving-sized forward GEMMs (16 to 8,192 tokens) of Qwen3-32B and Llama 3 70B at TP 1-8
+    in BF16 and in FP8 under each scaling recipe an engine loads: one scale a tensor
+    (``tensor``, fast accumulation), a scale per token and per output channel (``row``,
+    fast accumulation), and DeepSeek-style blocks (``block``: activations 1 x 128,
+    weights 128 x 128, ``torch.nn.functional.scaled_mm``), what block-quantized FP8
+    checkpoints (Qwen3-*-FP8, DeepSeek-V3) run.
 ``env.json``
     The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
     the date: the provenance a committed table carries.
@@ -97,8 +104,15 @@ DECODE_HEADS = ((32, 8), (32, 32))
 DECODE_BATCH = (1, 8, 32, 128)
 DECODE_CONTEXT = (512, 2048, 8192, 32768)
 DECODE_MAX_KV_BYTES = 8 << 30
+#: (family, hidden, query width, qkv width, gate+up width, down input) of the FP8 scaling
+#: sweep: Qwen3-32B's 64 query heads of 128 are wider than its hidden size
+SCALING_MODELS = (("qwen3-32b", 5120, 8192, 10240, 51200, 25600),
+                  ("llama3-70b", 8192, 8192, 10240, 57344, 28672))
+SCALING_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192)
+SCALINGS = ("bf16", "tensor", "row", "block")
 TARGET_S = 0.02
-PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention")
+PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
+         "fp8_scaling")
 
 
 def linear_layers():
@@ -120,6 +134,18 @@ def gemm_plan(tokens=TOKENS, roles=ROLES):
         for s in tokens:
             shapes = {"fwd": (s, n_out, k_in), "dgrad": (s, k_in, n_out), "wgrad": (n_out, k_in, s)}
             plan += [(layer, r, *shapes[r]) for r in roles]
+    return plan
+
+
+def scaling_plan():
+    """(layer, m, n, k) of the FP8 scaling sweep: the forward GEMM of every projection of
+    ``SCALING_MODELS`` at every TP size and ``SCALING_TOKENS`` tokens."""
+    plan = []
+    for fam, h, q, qkv, up, down in SCALING_MODELS:
+        for t in TP_SIZES:
+            for layer, n_out, k_in in ((f"{fam}/qkv/tp{t}", qkv // t, h), (f"{fam}/out/tp{t}", h, q // t),
+                                       (f"{fam}/gate_up/tp{t}", up // t, h), (f"{fam}/down/tp{t}", h, down // t)):
+                plan += [(layer, m, n_out, k_in) for m in SCALING_TOKENS]
     return plan
 
 
@@ -441,6 +467,53 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
             except Exception as err:  # noqa: BLE001
                 print(f"fp8 {m}x{n}x{k}: {type(err).__name__}: {str(err)[:160]}", flush=True)
                 break
+    # ---- FP8 scaling recipes at serving sizes: one GEMM per (shape, recipe), graph-replayed
+    if "fp8_scaling" in parts:
+        sw = Writer(out / "gemm_fp8_scaling.csv", ["m", "n", "k", "scaling", "seconds", "tflops",
+                                                   "weight_GB_per_s", "layer", "timing", "error"])
+        f8 = torch.float8_e4m3fn
+        sm = getattr(F, "scaled_mm", None)
+        st = getattr(F, "ScalingType", None)
+        for layer, m, n, k in scaling_plan():
+            if left() < 0.05 * budget_s:
+                print("fp8 scaling: budget reached", flush=True)
+                break
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+            c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            xa, wb = x.to(f8), w.to(f8)
+            one = torch.ones((), device=dev, dtype=torch.float32)
+            # row: a scale per token (m, 1) and per output channel (1, n); block: (m, k/128)
+            # activation scales column-major, the weight's (n/128, k/128) scales transposed,
+            # its k blocks padded to a multiple of 4 as cuBLAS asks
+            row_a = torch.rand(m, 1, device=dev, dtype=torch.float32) + 0.5
+            row_b = torch.rand(1, n, device=dev, dtype=torch.float32) + 0.5
+            kb = k // 128
+            blk_a = (torch.rand(kb, m, device=dev, dtype=torch.float32) + 0.5).t()
+            blk_b = (torch.rand(n // 128, -(-kb // 4) * 4, device=dev, dtype=torch.float32) + 0.5).t()
+            calls = {
+                "bf16": lambda: torch.matmul(x, w.t(), out=c),
+                "tensor": lambda: torch._scaled_mm(xa, wb.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                   use_fast_accum=True, out=c),
+                "row": lambda: torch._scaled_mm(xa, wb.t(), scale_a=row_a, scale_b=row_b, out_dtype=torch.bfloat16,
+                                                use_fast_accum=True, out=c),
+                "block": (lambda: sm(xa, wb.t(), blk_a, st.BlockWise1x128, blk_b, st.BlockWise128x128,
+                                     output_dtype=torch.bfloat16)) if sm is not None else None,
+            }
+            for scaling in SCALINGS:
+                wbytes = n * k * (2 if scaling == "bf16" else 1)
+                try:
+                    if calls[scaling] is None:
+                        raise RuntimeError("torch.nn.functional.scaled_mm absent")
+                    sec, how, _ = timer.replayed(calls[scaling])
+                    sw.row([m, n, k, scaling, f"{sec:.6e}", f"{2.0 * m * n * k / sec / 1e12:.2f}",
+                            f"{wbytes / sec / 1e9:.1f}", layer, how, ""])
+                except Exception as err:  # noqa: BLE001 - a refused recipe is a result
+                    sw.row([m, n, k, scaling, "", "", "", layer, "", f"{type(err).__name__}: {str(err)[:120]}"])
+            del x, w, c, xa, wb
+            torch.cuda.empty_cache()
+        print(f"fp8 scaling done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
     # ---- grouped GEMMs of MoE experts (torch._grouped_mm: one kernel for every local expert)
     if "grouped" in parts:
         gw = Writer(out / "grouped_gemm.csv", ["family", "linear", "role", "groups", "rows", "m", "n", "k",
@@ -562,6 +635,17 @@ def summary(out: Path) -> None:
         for r in csv.DictReader(open(p)):
             print("decode", r["backend"], r["batch"], r["context"], r["heads"], r["kv_heads"], r["GB_per_s"],
                   r["timing"], r["error"][:50])
+    p = out / "gemm_fp8_scaling.csv"
+    if p.exists():
+        rows = list(csv.DictReader(open(p)))
+        by = {}
+        for r in rows:
+            if not r["error"]:
+                by.setdefault((int(r["m"]), r["scaling"]), []).append(float(r["tflops"]))
+        errors = [r["error"] for r in rows if r["error"]]
+        print("fp8 scaling:", len(errors), "errors", *errors[:3])
+        for key, v in sorted(by.items()):
+            print(f"  m={key[0]} {key[1]}: n={len(v)} median {statistics.median(v):.0f} TFLOP/s")
     for name in ("grouped_gemm.csv", "attention_variants.csv"):
         p = out / name
         if p.exists():
