@@ -68,8 +68,8 @@ def _table_fits(hw: Hardware, field: str, points: tuple, limit: int) -> None:
         raise CatalogError(hw.name, field, f"{len(points)} points", f"at most {limit} points")
 
 
-def pack_hardware(hw: Hardware, dtype: str,
-                  attention_kernel: str = "flash2") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_hardware(hw: Hardware, dtype: str, attention_kernel: str = "flash2",
+                  fp8_scaling: str = "tensor") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     dev = hw.device
     device = params.record(
         params.DEVICE,
@@ -78,6 +78,7 @@ def pack_hardware(hw: Hardware, dtype: str,
         hbm_capacity_bytes=dev.hbm_capacity_bytes, compute_units=dev.compute_units,
         launch_s=dev.launch_overhead_s, gemm_max_efficiency=dev.gemm_max_efficiency,
         gemm_k_fill=dev.gemm_k_fill_bytes / DTYPE_BYTES[dtype],
+        gemm_scaling_overhead=dev.gemm_scaling_overhead_of(dtype, fp8_scaling),
         attention_efficiency=dev.attention_efficiency_of(attention_kernel), memory_efficiency=dev.memory_efficiency,
         memory_overhead_bytes=dev.memory_overhead_bytes, memory_fragmentation=dev.memory_fragmentation,
         comm_buffer_bytes=dev.comm_buffer_bytes, host_link_bytes_per_s=dev.host_link_bytes_per_s,
@@ -108,7 +109,8 @@ def pack_hardware(hw: Hardware, dtype: str,
 
 def pack(space: LoadedSpace) -> Packed:
     spec = space.spec
-    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype, space.model.attention_kernel(spec.attention_kernel))
+    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype, space.model.attention_kernel(spec.attention_kernel),
+                                         spec.fp8_scaling)
     workload = params.record(
         params.WORKLOAD,
         global_batch=spec.global_batch, seq_len=spec.seq_len,

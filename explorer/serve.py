@@ -84,7 +84,8 @@ def pack_serving(space: LoadedServing) -> PackedServing:
     devs = None
     tiers = tiles = None
     for name in spec.dimensions.dtype:
-        device, tiers, tiles = pack_hardware(space.hardware, name, space.model.attention_kernel(spec.attention_kernel))
+        device, tiers, tiles = pack_hardware(space.hardware, name, space.model.attention_kernel(spec.attention_kernel),
+                                             spec.fp8_scaling)
         if devs is None:
             devs = np.zeros(len(Dtype), dtype=device.dtype)
         devs[int(parse(Dtype, name))] = device[0]

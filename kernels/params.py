@@ -27,6 +27,9 @@ DEVICE = np.dtype(
         ("launch_s", np.float64),
         ("gemm_max_efficiency", np.float64),
         ("gemm_k_fill", np.float64),  # k elements a GEMM tile's fixed part is worth (schema Device.gemm_k_fill_bytes)
+        # extra compute time of the precision's GEMMs under their scaling recipe (0: none;
+        # schema Device.gemm_scaling_overhead)
+        ("gemm_scaling_overhead", np.float64),
         ("attention_efficiency", np.float64),
         ("memory_efficiency", np.float64),
         ("memory_overhead_bytes", np.float64),  # fixed: CUDA context, workspace
@@ -137,12 +140,12 @@ LOSS_BYTES = {"fused": 4.0, "unfused": 12.0}
 DERIVED_IMBALANCE = 0.0
 
 #: scalar fields that may be omitted: the MoE / MLA description of a dense MHA
-#: model (0) and the routing imbalance (derived)
+#: model (0), a device's GEMM refinements (none) and the routing imbalance (derived)
 DEFAULTS = {
     **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                      "mtp_depth", "sliding_window", "kernel_fusion", "allreduce_algorithm",
-                     "memory_fragmentation", "comm_buffer_bytes", "gemm_k_fill"), 0.0),
+                     "memory_fragmentation", "comm_buffer_bytes", "gemm_k_fill", "gemm_scaling_overhead"), 0.0),
     "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
     "loss_bytes": LOSS_BYTES["fused"],

@@ -9,7 +9,7 @@ and only those reach the kernels.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -81,6 +81,16 @@ Text = Annotated[str, Field(min_length=1)]
 #: class's rate on an H100, docs/measurements/); they differ in achieved FLOP/s
 #: (``Device.attention_efficiency*``)
 AttentionKernel = Literal["flash2", "flash1", "flash3"]
+#: how an 8-bit GEMM's operands are scaled: "tensor" (one scale a tensor: Transformer
+#: Engine's and torchao's FP8 training recipes, per-tensor FP8 checkpoints), "row" (a scale
+#: per token and per output channel) or "block" (DeepSeek-V3's fine-grained recipe,
+#: arXiv:2412.19437 section 3.3: activations in 1 x 128 tiles, weights in 128 x 128
+#: blocks, the accumulators promoted and rescaled every 128 of k; the block-quantized FP8
+#: checkpoints of DeepSeek-V3 and Qwen3 load so). Priced by ``Device.gemm_scaling_overhead``
+Fp8Scaling = Literal["tensor", "row", "block"]
+FP8_SCALINGS = get_args(Fp8Scaling)
+#: the precision whose GEMMs a scaling recipe applies to
+SCALED_DTYPE = "fp8"
 #: the kernels with one head width for Q, K and V: FlashAttention-2 refuses MLA's 192 / 128
 #: dims where cuDNN's fused attention runs them (docs/measurements/h100-sxm5-80gb,
 #: attention_variants.csv), FlashAttention 1 the same (``Model.attention_kernel``)
@@ -172,6 +182,11 @@ class Device(Record):
     #: replaces the tile model (kernels.ops: interpolated in log m among the points
     #: of the nearest (n, k)); ``paraspace calibrate gemm`` writes it
     gemm_efficiency: tuple[tuple[GemmDim, GemmDim, GemmDim, Fraction], ...] = ()
+    #: the extra compute time of an 8-bit GEMM under a scaling recipe (``Fp8Scaling``),
+    #: as a fraction of the same GEMM with one scale a tensor: the recipe's rescaling
+    #: work inside the main loop. Measured per part (docs/measurements/); a recipe not
+    #: listed costs nothing extra
+    gemm_scaling_overhead: dict[str, Annotated[float, Field(ge=0, le=4, allow_inf_nan=False)]] = {}
     #: achieved / peak (16-bit) FLOP/s of FlashAttention-2-class kernels (FA2, cuDNN /
     #: Transformer Engine fused attention)
     attention_efficiency: Fraction
@@ -222,6 +237,9 @@ class Device(Record):
                 raise ValueError(f"peak_TFLOP_per_s.{key}: a precision named one of {labels(Dtype)}")
         if not self.gemm_tiles:
             raise ValueError("gemm_tiles: at least one (rows, cols) tile")
+        for key in self.gemm_scaling_overhead:
+            if key not in FP8_SCALINGS:
+                raise ValueError(f"gemm_scaling_overhead.{key}: a scaling recipe named one of {list(FP8_SCALINGS)}")
         return self
 
     @property
@@ -259,6 +277,11 @@ class Device(Record):
     def peak_flops_per_s(self, dtype: str) -> float:
         """The dense peak of ``dtype`` at the clock the part sustains (``sustained_clock_fraction``)."""
         return self.peak_TFLOP_per_s[dtype] * TFLOP * self.sustained_clock_fraction
+
+    def gemm_scaling_overhead_of(self, dtype: str, scaling: str) -> float:
+        """The extra GEMM compute time of ``dtype`` GEMMs scaled by ``scaling``
+        (``gemm_scaling_overhead``): 0 for any precision but FP8, whose recipes it prices."""
+        return self.gemm_scaling_overhead.get(scaling, 0.0) if dtype == SCALED_DTYPE else 0.0
 
     def attention_efficiency_of(self, kernel: str) -> float:
         """Achieved / peak FLOP/s of the attention core run by ``kernel`` (``ATTENTION_KERNELS``)."""
@@ -502,6 +525,8 @@ class SpaceSpec(Record):
     #: which fused attention kernel runs the core when ``flash_attention`` (``AttentionKernel``;
     #: an MLA model runs the FlashAttention-3 class whichever is named, ``Model.attention_kernel``)
     attention_kernel: AttentionKernel = "flash2"
+    #: how FP8 GEMM operands are scaled when ``dtype`` is "fp8" (``Fp8Scaling``)
+    fp8_scaling: Fp8Scaling = "tensor"
     #: devices per server, overriding the hardware profile's (``Hardware.with_node_devices``):
     #: the same GPUs in 4-GPU servers, or part of one server
     node_devices: PositiveInt | None = None

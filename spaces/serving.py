@@ -93,7 +93,7 @@ from paraspace.spaces.encode import Encoded
 from paraspace.spaces import enums
 from paraspace.spaces.enums import Dispatch, Dtype, label, parse
 from paraspace.spaces.errors import MISSING, CatalogError
-from paraspace.spaces.schema import MAX_COUNT, AttentionKernel, Hardware, Model, Record, validate
+from paraspace.spaces.schema import MAX_COUNT, AttentionKernel, Fp8Scaling, Hardware, Model, Record, validate
 
 #: value types of serving records: lengths, rates and latencies share the catalog's bound on
 #: counts (spaces.schema.MAX_COUNT, 2**24: far past any prompt, rate or SLA in seconds)
@@ -397,6 +397,9 @@ class ServingSpec(Record):
     #: achieved FLOP/s where attention is compute-bound (MLA decode, long prefills); an MLA
     #: model runs the FlashAttention-3 class whichever is named (``Model.attention_kernel``)
     attention_kernel: AttentionKernel = "flash2"
+    #: how the FP8 GEMMs of an "fp8" dtype candidate are scaled (``schema.Fp8Scaling``): the
+    #: recipe the checkpoint was quantized with (block-quantized checkpoints load "block")
+    fp8_scaling: Fp8Scaling = "tensor"
     dimensions: ServingDimensions = ServingDimensions()
 
 

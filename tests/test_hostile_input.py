@@ -134,6 +134,8 @@ def test_denormal_bandwidth(tmp_path):
      "less than or equal to 16777216"),
     ("gemm_tiles = [[128, 128]", "gemm_tiles = [[128, 4294967296]", "device.gemm_tiles.0.1", "4294967296",
      "less than or equal to 1048576"),
+    ("block = 0.19 }", "block = -0.19 }", "device.gemm_scaling_overhead.block", "-0.19",
+     "greater than or equal to 0"),
 ])
 def test_hardware_numbers_out_of_bounds(tmp_path, old, new, field, shown, expected):
     path = with_line(tmp_path, H100, old, new)
@@ -174,6 +176,7 @@ def space_message(tmp_path: Path, **changes) -> str:
     ({"dimensions": {"dp": [2**40]}}, "dimensions.dp.0 = 1099511627776: expected less than or equal to 16777216"),
     ({"dimensions": {"recompute_layers": [0, 10**9]}},
      "dimensions.recompute_layers.1 = 1000000000: expected less than or equal to 100000"),
+    ({"fp8_scaling": "blockwise"}, "fp8_scaling = 'blockwise': expected 'tensor', 'row' or 'block'"),
 ])
 def test_space_numbers_out_of_bounds(tmp_path, changes, message):
     assert space_message(tmp_path, **changes) == f"spaces/user.toml: {message}"

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paraspace.explorer.evaluate import pack_hardware
 from paraspace.kernels import ops
 from paraspace.kernels.params import DEVICE, record
+from paraspace.spaces.catalog import load_hardware
 
 TILES_H100 = np.array([[128.0, 128.0], [128.0, 256.0], [256.0, 128.0], [64.0, 128.0], [128.0, 64.0], [64.0, 64.0]])
 PROPS = settings(max_examples=60, deadline=None)
@@ -69,6 +71,43 @@ def test_gemm_reduction_fill_by_hand(make_device, toy_tiles):
     assert ops.gemm_time_s(1280.0, 1280.0, 3840.0, filled, toy_tiles, 2.0) == pytest.approx(130.023424e-6, rel=1e-14)
     plain = make_device()[0]
     assert ops.gemm_time_s(1280.0, 1280.0, 128.0, plain, toy_tiles, 2.0) == pytest.approx(4.194304e-6, rel=1e-14)
+
+
+def test_gemm_scaling_overhead_lengthens_compute_not_traffic_by_hand(make_device, toy_tiles):
+    """FP8 in 128 x 128 blocks (overhead 0.19): a 1280 x 1280 x 3840 GEMM's 2 x 1280^2 x
+    3840 = 12,582,912,000 FLOP at 100 TFLOP/s take 125.82912 us, x 1.19 = 149.7366528 us;
+    its operands, (2 x 1280 x 3840 + 1280^2) x 1 B = 11,468,800 B at 1 TB/s = 11.4688 us,
+    bound neither. On an HBM of 1 GB/s the same GEMM is traffic-bound, 11.4688 ms with and
+    without the recipe (its compute, 0.15 ms, hides under the operands' traffic)."""
+    blocks = make_device(gemm_scaling_overhead=0.19)[0]
+    plain = make_device()[0]
+    assert ops.gemm_time_s(1280.0, 1280.0, 3840.0, plain, toy_tiles, 1.0) == pytest.approx(125.82912e-6, rel=1e-12)
+    assert ops.gemm_time_s(1280.0, 1280.0, 3840.0, blocks, toy_tiles, 1.0) == pytest.approx(149.7366528e-6, rel=1e-12)
+    for overhead in (0.0, 0.19):
+        slow_hbm = make_device(hbm_bytes_per_s=1e9, gemm_scaling_overhead=overhead)[0]
+        assert ops.gemm_time_s(1280.0, 1280.0, 3840.0, slow_hbm, toy_tiles, 1.0) == pytest.approx(11.4688e-3, rel=1e-12)
+
+
+def test_the_scaling_recipe_reaches_only_fp8_gemms():
+    """The H100 family's measured overheads (row 0.02, block 0.19) pack into an FP8
+    device record; BF16 has no recipe, per-tensor scaling costs nothing, and a part with
+    no measurement (the A100, which has no FP8) has none."""
+    h100 = load_hardware("h100-sxm5-80gb")
+    assert pack_hardware(h100, "fp8", "flash2", "block")[0][0].gemm_scaling_overhead == 0.19
+    assert pack_hardware(h100, "fp8", "flash2", "row")[0][0].gemm_scaling_overhead == 0.02
+    assert pack_hardware(h100, "fp8", "flash2", "tensor")[0][0].gemm_scaling_overhead == 0.0
+    assert pack_hardware(h100, "bf16", "flash2", "block")[0][0].gemm_scaling_overhead == 0.0
+    assert pack_hardware(load_hardware("h800-sxm5-80gb"), "fp8", "flash2", "block")[0][0].gemm_scaling_overhead == 0.19
+    assert pack_hardware(load_hardware("a100-sxm4-80gb"), "bf16", "flash2", "block")[0][0].gemm_scaling_overhead == 0.0
+
+
+def test_an_unknown_scaling_recipe_is_refused_by_name():
+    """A profile keying an overhead by a recipe that does not exist is refused with the
+    field and the recipes there are."""
+    from paraspace.spaces.schema import Device
+    base = load_hardware("h100-sxm5-80gb").device.model_dump()
+    with pytest.raises(ValueError, match=r"gemm_scaling_overhead\.blocks: a scaling recipe named one of"):
+        Device(**{**base, "gemm_scaling_overhead": {"blocks": 0.2}})
 
 
 def test_gemm_fill_is_256_bytes_of_k_in_every_precision():
@@ -254,6 +293,7 @@ def _random_device(rng) -> dict[str, float]:
         memory_efficiency=rng.uniform(0.5, 1.0), memory_overhead_bytes=0.0, host_link_bytes_per_s=25e9,
         host_memory_bytes_per_s=50e9, host_capacity_bytes=256 * 2**30,
         gemm_k_fill=float(rng.choice([0.0, 64.0, 128.0, 256.0, 512.0])),
+        gemm_scaling_overhead=float(rng.choice([0.0, 0.02, 0.19])),
     )
 
 

@@ -286,6 +286,7 @@ BAD_INPUT = [
     ({"dimensions.kv_dtype": ["fp8", "fp8"]}, (), "dimensions.kv_dtype", "['fp8', 'fp8']", "distinct values"),
     ({"dimensions.scheduler": ["fifo"]}, (), "dimensions.scheduler.0", "'fifo'", "'static', 'continuous' or 'continuous-unchunked'"),
     ({"dimensions.dtype": ["fp7"]}, (), "dimensions.dtype", "'fp7'", "one of ['bf16', 'fp16', 'fp4', 'fp8', 'int8']"),
+    ({"fp8_scaling": "blocky"}, (), "fp8_scaling", "'blocky'", "'tensor', 'row' or 'block'"),
     ({"model": "llama9"}, (), "model", "'llama9'", "a model TOML path or one of ['deepseek-v2'"),
     ({"hardware": "h999"}, (), "hardware", "'h999'", "a hardware TOML path or one of ['a100-sxm4-40gb'"),
     ({"model": "nowhere/model.toml"}, (), "model", "'nowhere/model.toml'", "an existing TOML file"),

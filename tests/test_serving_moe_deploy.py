@@ -304,10 +304,11 @@ def test_deepseek_published_deployment_is_a_feasible_candidate():
     per_decode_gpu = ranked["output_tokens_per_s_per_gpu"][i] * 240 / 144
     assert 1850 / 1.5 < per_decode_gpu < 1850 * 1.5
     # two-batch overlap hides most of the dispatch: without it the same row's decode step is
-    # over 15% longer (49.7 ms against 42.2 with MLA on the FlashMLA-class kernel; with MLA at
-    # FA2's rate, before the space said which kernel, the row without it missed the 50 ms)
+    # over 12% longer (49.7 ms against 43.7 with MLA on the FlashMLA-class kernel and the
+    # GEMMs block-scaled; 42.2 with per-tensor FP8 GEMMs; with MLA at FA2's rate, before the
+    # space said which kernel, the row without it missed the 50 ms)
     twin = published(ranked, tbo=0)
-    assert twin.sum() == 1 and ranked["tpot_s"][twin][0] > 1.15 * ranked["tpot_s"][i]
+    assert twin.sum() == 1 and ranked["tpot_s"][twin][0] > 1.12 * ranked["tpot_s"][i]
     assert summary.n_feasible > 1
 
 
