@@ -46,8 +46,10 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: clock and attention's backward rate; 9.52% with the measured attention rates; 9.41%
 #: with the Hopper GEMMs' measured reduction fill; 9.30% once a MoE row silent on its
 #: dispatcher may run DeepEP's hierarchical kernels; 9.27% once MLA attention runs the
-#: FlashAttention-3 class, FA2 having no path for its unequal head dims (only moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0928
+#: FlashAttention-3 class, FA2 having no path for its unequal head dims; 8.71% once a ZeRO-3
+#: row with tensor parallelism is priced without TP overlap (validate.FULLY_SHARDED: FSDP
+#: trainers issue those collectives in line) rather than searched for it (only moves down)
+MAPE_OK_ALL_THRESHOLD = 0.0872
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -96,13 +98,34 @@ def test_published_training_rows_within_threshold(training_results):
     assert stats["status"]["unsupported"] == 0 and stats["status"]["no-candidate"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (-19%, context parallel at 128K-256K), NeMo "
-                   "Automodel's DeepSeek-V3 row on 256 GPUs (+28%): issue 14 open")
+@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (16.8%, -16% signed: context parallel at "
+                   "128K-256K), NeMo Automodel's DeepSeek-V3 row on 256 GPUs (+28%): issue 14 open")
 def test_every_source_within_the_target(training_results):
     stats = validate.summary(training_results)
     ok_sources = {k: v for k, v in stats["by_source"].items() if not k.endswith("(uncertain)")}
     assert len(ok_sources) >= 10
     assert all(v["mape"] <= SOURCE_MAPE_OK_TARGET for v in ok_sources.values()), ok_sources
+
+
+@pytest.mark.parametrize(("zero", "overlap", "searched"), [("3", [False], False), ("1", [False, True], True),
+                                                          ("", [False, True], True)])
+def test_a_fully_sharded_tp_row_runs_its_tp_collectives_in_line(tmp_path, zero, overlap, searched):
+    """A row silent on sequence parallelism may run it, and with it Megatron-Core's TP
+    overlap, which the search considers. A ZeRO-3 (FSDP) row with TP is not searched for
+    the overlap: FSDP trainers issue their TP collectives in line (validate.FULLY_SHARDED).
+    The same row under ZeRO-1, or silent on its ZeRO stage, is. Priced in line, the ZeRO-3
+    row is no faster than the same row would be with the overlap searched."""
+    row = {**ROW, "zero": zero, "sequence_parallel": ""}
+    space, found = validate.training_space(row, "test")
+    assert list(space.spec.dimensions.tp_overlap) == overlap
+    assert ("tp_overlap" in found) == searched
+    if zero == "3":
+        (in_line,) = validate.run(write(tmp_path, [row]))[1]
+        assert in_line.status == "ok" and "tp_overlap" not in in_line.chosen
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(validate, "FULLY_SHARDED", -1)
+            (searched_row,) = validate.run(write(tmp_path, [row], name="s.csv"))[1]
+        assert in_line.predicted >= searched_row.predicted
 
 
 def test_unknown_micro_batch_is_searched_and_the_fastest_chosen(tmp_path):
@@ -357,7 +380,10 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: 10.43% once a MoE row silent on its dispatcher is searched over DeepEP's hierarchical
 #: kernels too (validate.UNKNOWN_SEARCH): NeMo Automodel 36.0% -> 23.6%. 10.40% once MLA
 #: attention runs the FlashAttention-3 class (``Model.attention_kernel``): Automodel 19.8%.
-LOSO_MAPE_OK_THRESHOLD = 0.1041
+#: 9.84% once a ZeRO-3 row with tensor parallelism is priced without TP overlap instead of
+#: searched for it (validate.FULLY_SHARDED): KempnerForge 16.0% -> 11.2%, torchtitan 2412
+#: 19.3% -> 16.8%, the other sources unchanged.
+LOSO_MAPE_OK_THRESHOLD = 0.0985
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -372,8 +398,10 @@ LOSO_MAPE_OK_THRESHOLD = 0.1041
 #: more than theirs, so the family's GEMM knob fitted without them rises (0.625 -> 0.65)
 #: and speeds their long-k GEMMs (overall 10.7% -> 10.5%, in sample 9.5% -> 9.4%). NeMo
 #: Automodel 23.6% once its DeepSeek-V3 row may run DeepEP across its 8 nodes (+60% -> +35%
-#: in sample), 19.8% once its MLA attention runs the FlashAttention-3 class (+28%)
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.194, "nemo-automodel-perf": 0.199, "kempnerforge-h200": 0.161}
+#: in sample), 19.8% once its MLA attention runs the FlashAttention-3 class (+28%).
+#: KempnerForge 11.2% and torchtitan 2412 16.8% once their ZeRO-3 TP rows run the TP
+#: collectives in line: KempnerForge is back under the target
+LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.168, "nemo-automodel-perf": 0.199}
 
 
 @pytest.mark.slow

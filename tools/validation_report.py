@@ -89,7 +89,8 @@ def main() -> None:
         "../shared/validation/training.csv`; do not edit by hand.",
         "",
         "Each row is predicted from its own model and strategy columns on the catalog profile of its GPU; fields the "
-        "source left empty are searched and the fastest feasible candidate is the prediction. Error = (predicted - "
+        "source left empty are searched and the fastest feasible candidate is the prediction, except TP comm overlap "
+        "on a ZeRO-3 (FSDP) row, priced off as FSDP trainers run it (`validate.FULLY_SHARDED`). Error = (predicted - "
         "measured) / measured step time. Two knobs per GPU family are fitted (`python -m paraspace.explorer.fit_published "
         "../shared/validation/training.csv`, every source weighted the same): `gemm_max_efficiency` and "
         "`attention_efficiency_flash1`, the FlashAttention-1 / Triton kernel that llm-foundry's benchmark runs use "
