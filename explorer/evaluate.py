@@ -107,10 +107,17 @@ def pack_hardware(hw: Hardware, dtype: str, attention_kernel: str = "flash2",
     return device, tiers, tiles
 
 
+def pack_space_hardware(space, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pack_hardware`` of a training or serving space (``LoadedSpace``, ``LoadedServing``)
+    for GEMMs in ``dtype``: the attention kernel its model runs for the one the space names
+    (``Model.attention_kernel``) and the space's FP8 scaling recipe."""
+    spec = space.spec
+    return pack_hardware(space.hardware, dtype, space.model.attention_kernel(spec.attention_kernel), spec.fp8_scaling)
+
+
 def pack(space: LoadedSpace) -> Packed:
     spec = space.spec
-    device, tiers, tiles = pack_hardware(space.hardware, spec.dtype, space.model.attention_kernel(spec.attention_kernel),
-                                         spec.fp8_scaling)
+    device, tiers, tiles = pack_space_hardware(space, spec.dtype)
     workload = params.record(
         params.WORKLOAD,
         global_batch=spec.global_batch, seq_len=spec.seq_len,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from paraspace.explorer.evaluate import pack_hardware, pack_model
+from paraspace.explorer.evaluate import pack_model, pack_space_hardware
 from paraspace.explorer.sweep import paraspace_version
 from paraspace.kernels import inference, params, serving_sim
 from paraspace.kernels import serving as ks
@@ -84,8 +84,7 @@ def pack_serving(space: LoadedServing) -> PackedServing:
     devs = None
     tiers = tiles = None
     for name in spec.dimensions.dtype:
-        device, tiers, tiles = pack_hardware(space.hardware, name, space.model.attention_kernel(spec.attention_kernel),
-                                             spec.fp8_scaling)
+        device, tiers, tiles = pack_space_hardware(space, name)
         if devs is None:
             devs = np.zeros(len(Dtype), dtype=device.dtype)
         devs[int(parse(Dtype, name))] = device[0]
