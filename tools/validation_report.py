@@ -165,8 +165,9 @@ def main() -> None:
             "(MPT-13B on the A100: 59.5% with, 59.6% without): 77-79% HFU for MPT-7B and 13B on the A100 at "
             "1K-4K tokens. The error falls with the sequence as attention takes over "
             "(MPT-7B on the A100: +26% at 1K, +20% at 4K, +13% at 16K, +2% at 64K), so the gap is in the GEMM part "
-            "of the recompute, which PyTorch's early-stopping checkpoint trims by one GEMM of the four at most (the down projection, whose output the backward does not need). Tried "
-            "and set aside on 2026-11-26: weighting the fit's sources by their row counts (leave-one-source-out "
+            "of the recompute, which PyTorch's early-stopping checkpoint trims by one GEMM of the four at most "
+            "(the down projection, whose output the backward does not need). Tried and set aside on 2026-11-26: "
+            "weighting the fit's sources by their row counts (leave-one-source-out "
             "9.84% to 9.74%, but Narayanan et al. 13.9% to 21.2% and the Megatron README row 6.3% to 12.8%).", "",
             f"**Uncertainty bands:** every prediction carries an 80% band from the leave-one-source-out residuals "
             f"of its class (`explorer/bands.py`, table in `spaces/catalog/bands/training.toml`). Coverage, each "
