@@ -408,8 +408,10 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     return base
 
 
-#: bytes per element of a DeepEP payload precision
-PAYLOAD_BYTES = {name: DTYPE_BYTES[name] for name in ("fp8", "bf16", "fp16")}
+#: bytes per element of the precisions a row may name: a DeepEP payload's, and the
+#: weights' and KV cache's of an inference row (FP8 checkpoints quantise the KV cache
+#: too; activations, embedding and LM head stay 16-bit)
+ROW_DTYPE_BYTES = {name: DTYPE_BYTES[name] for name in ("fp16", "bf16", "fp8")}
 #: the GPU DeepEP's V1 numbers were measured on, for rows that name only the architecture
 COMM_DEFAULT_GPU = "h800-sxm5-80gb"
 #: experts assumed where a row does not state them (DeepSeek-V3's 256; divides every EP size 8..256)
@@ -447,12 +449,12 @@ def predict_comm(row: dict[str, str | None], source: str) -> RowResult:
     if metric not in ("bandwidth_GBps", "latency_us"):
         raise CatalogError(where, "metric", metric, "bandwidth_GBps or latency_us")
     dtype = row.get(f"{op}_dtype") or ""
-    if dtype not in PAYLOAD_BYTES:
-        raise CatalogError(where, f"{op}_dtype", dtype, f"one of {sorted(PAYLOAD_BYTES)}")
+    if dtype not in ROW_DTYPE_BYTES:
+        raise CatalogError(where, f"{op}_dtype", dtype, f"one of {sorted(ROW_DTYPE_BYTES)}")
     experts = _num(row, "n_experts", source) or COMM_DEFAULT_EXPERTS
     hw = row_hardware(row, source, where, gpu)
     _, tiers, _ = pack_hardware(hw, "bf16")
-    token_bytes = ints["tokens_per_rank"] * ints["hidden"] * PAYLOAD_BYTES[dtype]
+    token_bytes = ints["tokens_per_rank"] * ints["hidden"] * ROW_DTYPE_BYTES[dtype]
     algorithm = DISPATCH_HIERARCHICAL if mode == "normal" else DISPATCH_LOW_LATENCY
     max_nodes = NORMAL_MAX_NODES if mode == "normal" else 0
     seconds, intra, inter = dispatch_s(algorithm, token_bytes, float(ints["ep"]), 1.0, float(experts),
@@ -486,9 +488,6 @@ INFERENCE_METRICS = {
     "throughput_tokens_per_s": "tokens_per_s",  # prompt + generated tokens
     "output_throughput_tokens_per_s": "output_tokens_per_s",
 }
-#: bytes per element of the weights and the KV cache by the row's dtype (FP8
-#: checkpoints quantise the KV cache too); activations, embedding and LM head stay 16-bit
-WEIGHT_BYTES = {name: DTYPE_BYTES[name] for name in ("fp16", "bf16", "fp8")}
 INFERENCE_REQUIRED = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "glu", "n_gpus", "tp", "pp",
                       "input_len", "output_len")
 #: README: "Head dimension = hidden/heads unless notes give another value"
@@ -550,13 +549,13 @@ ACTIVATION_DTYPE = "bf16"
 
 def row_kv_dtype(row: dict[str, str | None], dtype: str, where: str = "row") -> str:
     """The KV cache precision of an inference row: its ``kv_dtype`` column (one of
-    ``WEIGHT_BYTES``, else a ``CatalogError`` naming ``where``), else its engine's
+    ``ROW_DTYPE_BYTES``, else a ``CatalogError`` naming ``where``), else its engine's
     default (``MODEL_DTYPE_KV_ENGINES``): the model's 16-bit data type for vLLM and
     SGLang, the row's ``dtype`` otherwise."""
     stated = row.get("kv_dtype")
     if stated:
-        if stated not in WEIGHT_BYTES:
-            raise CatalogError(where, "kv_dtype", stated, f"one of {sorted(WEIGHT_BYTES)} or EMPTY")
+        if stated not in ROW_DTYPE_BYTES:
+            raise CatalogError(where, "kv_dtype", stated, f"one of {sorted(ROW_DTYPE_BYTES)} or EMPTY")
         return stated
     if (framework_of(row.get("framework")) in MODEL_DTYPE_KV_ENGINES
             and DTYPE_BYTES.get(dtype, 2.0) < DTYPE_BYTES[ACTIVATION_DTYPE]):
@@ -632,7 +631,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     if metric in LATENCY_BOUNDED or metric in THROUGHPUT_BOUNDED:
         # a step runs at least one sequence (a latency's floor) and at most the
         # concurrency on one replica (a throughput's ceiling: it rises with the batch)
-        if kv_dtype in WEIGHT_BYTES and dtype in WEIGHT_BYTES:
+        if kv_dtype in ROW_DTYPE_BYTES and dtype in ROW_DTYPE_BYTES:
             srv = replica_record(model, tp=ints["tp"], pp=ints["pp"], ep=ep, attention_dp=attention_dp,
                                  n_gpus=ints["n_gpus"], dtype=dtype, kv_dtype=kv_dtype)[0]
             device, _, _ = pack_hardware(hardware, dtype)
@@ -691,7 +690,7 @@ def replica_record(model: Model, *, tp: int, pp: int, ep: int, attention_dp: boo
         slots = float(n)
         placement = expert_balance.imbalance(model.moe.experts, n - model.moe.experts, ep, 0.0)
     return inference.serving(tp=tp, pp=pp, ep=ep, attention_dp=float(attention_dp), n_gpus=n_gpus,
-                             weight_bytes=WEIGHT_BYTES[dtype], act_bytes=2.0, kv_bytes=WEIGHT_BYTES[kv_dtype],
+                             weight_bytes=ROW_DTYPE_BYTES[dtype], act_bytes=2.0, kv_bytes=ROW_DTYPE_BYTES[kv_dtype],
                              expert_slots=slots, dispatch=float(parse(Dispatch, dispatch)),
                              tbo=float(tbo and attention_dp and ep > 1 and model.moe is not None),
                              placement_imbalance=placement)
@@ -722,8 +721,8 @@ def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
     model = row_model(row, source, where)
     hardware = row_hardware(row, source, where, row.get("gpu") or "")
     dtype = row.get("dtype") or ""
-    if dtype not in WEIGHT_BYTES or dtype not in hardware.device.peak_TFLOP_per_s:
-        raise CatalogError(where, "dtype", dtype, f"one of {sorted(WEIGHT_BYTES)} that {hardware.name} has a peak for")
+    if dtype not in ROW_DTYPE_BYTES or dtype not in hardware.device.peak_TFLOP_per_s:
+        raise CatalogError(where, "dtype", dtype, f"one of {sorted(ROW_DTYPE_BYTES)} that {hardware.name} has a peak for")
     kv_dtype = row_kv_dtype(row, dtype, where)
     tp, pp = ints["tp"], ints["pp"]
     ep = _num(row, "ep", source) or 1
@@ -853,8 +852,8 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
         raise CatalogError(where, "pp", pp, f"at most layers = {ints['layers']}")
     dtype = row.get("dtype") or ""
     hw = load_hardware(gpu)
-    if dtype not in WEIGHT_BYTES or dtype not in hw.device.peak_TFLOP_per_s:
-        known = [d for d in WEIGHT_BYTES if d in hw.device.peak_TFLOP_per_s]
+    if dtype not in ROW_DTYPE_BYTES or dtype not in hw.device.peak_TFLOP_per_s:
+        known = [d for d in ROW_DTYPE_BYTES if d in hw.device.peak_TFLOP_per_s]
         raise CatalogError(where, "dtype", dtype, f"one of {known} (the precisions {gpu} has a peak for)")
     model = inference_model(row, source)
     ep = _num(row, "ep", source)
