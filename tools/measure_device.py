@@ -41,6 +41,19 @@ paraspace itself never imports). Writes into OUT_DIR:
     fast accumulation), and DeepSeek-style blocks (``block``: activations 1 x 128,
     weights 128 x 128, ``torch.nn.functional.scaled_mm``), what block-quantized FP8
     checkpoints (Qwen3-*-FP8, DeepSeek-V3) run.
+``layer.csv``
+    One whole transformer block (``transformer_block``: norms, fused QKV, rotary
+    embedding, SDPA, output projection, SwiGLU or GELU MLP, residuals; Llama 3 8B,
+    MPT-7B / 30B, and a TP8 rank's share of Llama 3 70B and GPT-3 175B) at 2K-8K
+    tokens, forward without autograd (a prefill's), forward and forward + backward, per SDPA backend (FlashAttention-2 and
+    cuDNN) and recompute mode (none; ``selective``, the attention core under
+    ``torch.utils.checkpoint``; ``full``, the whole block), with the bytes the forward
+    keeps for the backward and the step's peak: what the kernels add up a layer from.
+``decode_step.csv``
+    One decode iteration (one token for each of 1-128 sequences of 1K or 4K cached
+    tokens) through four whole SwiGLU blocks of Qwen3-32B and of Llama 3 8B,
+    replayed from a CUDA graph: seconds per layer and the weight and KV-cache bytes
+    it streams, what the serving kernels' decode step prices.
 ``env.json``
     The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
     the date: the provenance a committed table carries.
@@ -110,9 +123,32 @@ SCALING_MODELS = (("qwen3-32b", 5120, 8192, 10240, 51200, 25600),
                   ("llama3-70b", 8192, 8192, 10240, 57344, 28672))
 SCALING_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192)
 SCALINGS = ("bf16", "tensor", "row", "block")
+#: (label, hidden, heads, kv heads, head dim, FFN width, gated (SwiGLU) or GELU, norm, rotary, batch, seq)
+#: of the whole-layer runs: one transformer block, as a data-parallel or TP-sharded rank runs it
+#: (a TP8 shard's heads and FFN columns, no collective)
+LAYER_SHAPES = (
+    ("llama3-8b", 4096, 32, 8, 128, 14336, True, "rms", True, 4, 2048),
+    ("llama3-8b", 4096, 32, 8, 128, 14336, True, "rms", True, 1, 8192),
+    ("mpt-7b", 4096, 32, 32, 128, 16384, False, "ln", False, 8, 1024),
+    ("mpt-7b", 4096, 32, 32, 128, 16384, False, "ln", False, 4, 2048),
+    ("mpt-7b", 4096, 32, 32, 128, 16384, False, "ln", False, 1, 8192),
+    ("mpt-30b", 7168, 56, 56, 128, 28672, False, "ln", False, 2, 2048),
+    ("llama3-70b/tp8", 8192, 8, 1, 128, 3584, True, "rms", True, 2, 4096),
+    ("gpt3-175b/tp8", 12288, 12, 12, 128, 6144, False, "ln", False, 1, 2048),
+)
+#: recompute modes of the whole-layer runs: none; Megatron's selective (the attention
+#: core under torch.utils.checkpoint); full (the whole block under it)
+LAYER_RECOMPUTE = ("none", "selective", "full")
+#: timed calls of each whole-layer measurement (the median is recorded)
+LAYER_REPS = 15
+#: (label, hidden, heads, kv heads, head dim, FFN width, layers) of the decode-step runs:
+#: a CUDA graph of one decode iteration through ``layers`` SwiGLU blocks (weights of their own)
+DECODE_STEP_MODELS = (("qwen3-32b", 5120, 64, 8, 128, 25600, 4), ("llama3-8b", 4096, 32, 8, 128, 14336, 4))
+DECODE_STEP_BATCH = (1, 8, 32, 128)
+DECODE_STEP_CONTEXT = (1024, 4096)
 TARGET_S = 0.02
 PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
-         "fp8_scaling")
+         "fp8_scaling", "layer", "decode_step")
 
 
 def linear_layers():
@@ -183,6 +219,133 @@ def attention_flops(b, s, heads, d, causal):
     return 0.5 * f if causal else f
 
 
+def transformer_block(torch, hidden, heads, kv_heads, head_dim, ffn, gated, norm, rotary, device=None,
+                      dtype=None):
+    """One pre-norm transformer block as an ``nn.Module``: norm, fused QKV, rotary
+    embedding (``rotary``), ``scaled_dot_product_attention`` (causal, grouped-query where
+    ``kv_heads < heads``), output projection and residual; norm, gate+up (``gated``:
+    SwiGLU) or up (GELU), down projection and residual. ``forward(x, recompute)``:
+    ``recompute`` "selective" runs the attention core under ``torch.utils.checkpoint``,
+    "full" the whole block (non-reentrant, as FSDP trainers wrap a block)."""
+    nn, F = torch.nn, torch.nn.functional
+    from torch.utils.checkpoint import checkpoint
+    kw = {"device": device, "dtype": dtype}
+
+    def make_norm():
+        return nn.RMSNorm(hidden, **kw) if norm == "rms" else nn.LayerNorm(hidden, bias=False, **kw)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = make_norm(), make_norm()
+            self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False, **kw)
+            self.out = nn.Linear(heads * head_dim, hidden, bias=False, **kw)
+            self.up = nn.Linear(hidden, (2 if gated else 1) * ffn, bias=False, **kw)
+            self.down = nn.Linear(ffn, hidden, bias=False, **kw)
+            self.cos = self.sin = None
+
+        def rope(self, t):
+            """Rotary embedding of (b, h, s, d), the half-split form Llama runs."""
+            s = t.shape[2]
+            if self.cos is None or self.cos.shape[0] != s:
+                inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=t.device, dtype=torch.float32)
+                                          / head_dim))
+                ang = torch.outer(torch.arange(s, device=t.device, dtype=torch.float32), inv)
+                self.cos, self.sin = ang.cos().to(t.dtype), ang.sin().to(t.dtype)
+            a, b = t.chunk(2, dim=-1)
+            return torch.cat((a * self.cos - b * self.sin, a * self.sin + b * self.cos), dim=-1)
+
+        def core(self, q, k, v):
+            gqa = {"enable_gqa": True} if kv_heads != heads else {}
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+
+        def attention(self, x, recompute):
+            b, s, _ = x.shape
+            qkv = self.qkv(self.norm1(x))
+            q, k, v = qkv.split((heads * head_dim, kv_heads * head_dim, kv_heads * head_dim), dim=-1)
+            q = q.view(b, s, heads, head_dim).transpose(1, 2)
+            k = k.view(b, s, kv_heads, head_dim).transpose(1, 2)
+            v = v.view(b, s, kv_heads, head_dim).transpose(1, 2)
+            if rotary:
+                q, k = self.rope(q), self.rope(k)
+            if recompute == "selective":
+                o = checkpoint(self.core, q, k, v, use_reentrant=False)
+            else:
+                o = self.core(q, k, v)
+            return self.out(o.transpose(1, 2).reshape(b, s, heads * head_dim))
+
+        def mlp(self, x):
+            u = self.up(self.norm2(x))
+            if gated:
+                g, u = u.chunk(2, dim=-1)
+                u = F.silu(g) * u
+            else:
+                u = F.gelu(u, approximate="tanh")
+            return self.down(u)
+
+        def block(self, x, recompute="none"):
+            x = x + self.attention(x, recompute)
+            return x + self.mlp(x)
+
+        def forward(self, x, recompute="none"):
+            if recompute == "full":
+                return checkpoint(self.block, x, use_reentrant=False)
+            return self.block(x, recompute)
+
+    return Block()
+
+
+def layer_flops(hidden, heads, kv_heads, head_dim, ffn, gated, batch, seq):
+    """Model FLOPs of one block's forward: its four linears and the causal attention
+    core (half the pairs, as ``kernels.ops.attention_flops`` counts)."""
+    tokens = batch * seq
+    linear = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden \
+        + hidden * (2 if gated else 1) * ffn + ffn * hidden
+    return 2.0 * tokens * linear + attention_flops(batch, seq, heads, head_dim, True)
+
+
+def decode_step(torch, hidden, heads, kv_heads, head_dim, ffn, layers, batch, context, device=None,
+                dtype=None):
+    """A callable running one decode iteration (one new token for each of ``batch``
+    sequences of ``context`` cached tokens) through ``layers`` SwiGLU blocks, each with
+    its own weights and KV cache: RMSNorm, QKV, the new key and value written into the
+    cache, SDPA over the cache (grouped-query), output projection, residual, RMSNorm,
+    gate+up, SiLU x up, down, residual. Returns (step, weight bytes, KV bytes read)."""
+    F = torch.nn.functional
+    kw = {"device": device, "dtype": dtype}
+    qkv_w = heads * head_dim + 2 * kv_heads * head_dim
+    ws = [dict(n1=torch.ones(hidden, **kw), n2=torch.ones(hidden, **kw),
+               qkv=torch.randn(qkv_w, hidden, **kw) * hidden ** -0.5,
+               out=torch.randn(hidden, heads * head_dim, **kw) * hidden ** -0.5,
+               up=torch.randn(2 * ffn, hidden, **kw) * hidden ** -0.5,
+               down=torch.randn(hidden, ffn, **kw) * ffn ** -0.5,
+               k=torch.randn(batch, kv_heads, context, head_dim, **kw),
+               v=torch.randn(batch, kv_heads, context, head_dim, **kw)) for _ in range(layers)]
+    x0 = torch.randn(batch, 1, hidden, **kw)
+    pos = context - 1
+    gqa = {"enable_gqa": True} if kv_heads != heads else {}
+
+    def step():
+        x = x0
+        for w in ws:
+            h = F.rms_norm(x, (hidden,), w["n1"])
+            q, k, v = F.linear(h, w["qkv"]).split((heads * head_dim, kv_heads * head_dim,
+                                                   kv_heads * head_dim), dim=-1)
+            w["k"][:, :, pos] = k.view(batch, kv_heads, head_dim)
+            w["v"][:, :, pos] = v.view(batch, kv_heads, head_dim)
+            o = F.scaled_dot_product_attention(q.view(batch, 1, heads, head_dim).transpose(1, 2), w["k"], w["v"],
+                                               **gqa)
+            x = x + F.linear(o.transpose(1, 2).reshape(batch, 1, heads * head_dim), w["out"])
+            g, u = F.linear(F.rms_norm(x, (hidden,), w["n2"]), w["up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, w["down"])
+        return x
+
+    size = x0.element_size()
+    weight_bytes = layers * size * (qkv_w * hidden + heads * head_dim * hidden + 3 * ffn * hidden)
+    kv_bytes = layers * 2 * size * batch * kv_heads * context * head_dim
+    return step, weight_bytes, kv_bytes
+
+
 def attention_plan():
     plan = []
     for d, heads in ATTN_HEADS:
@@ -216,7 +379,7 @@ class Timer:
     def __init__(self, torch):
         self.torch = torch
 
-    def __call__(self, fn, warmup=2):
+    def __call__(self, fn, warmup=2, min_reps=3):
         cuda = self.torch.cuda
         for _ in range(warmup):
             fn()
@@ -227,7 +390,7 @@ class Timer:
         e1.record()
         cuda.synchronize()
         first = e0.elapsed_time(e1) / 1e3
-        reps = int(min(50, max(3, math.ceil(TARGET_S / max(first, 1e-6)))))
+        reps = int(min(50, max(min_reps, math.ceil(TARGET_S / max(first, 1e-6)))))
         starts = [cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [cuda.Event(enable_timing=True) for _ in range(reps)]
         for a, z in zip(starts, ends):
@@ -323,6 +486,7 @@ class Writer:
 def run(out: Path, budget_s: float, parts: set[str]) -> None:
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
 
     t_start = time.perf_counter()
 
@@ -341,7 +505,8 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                           "power.max_limit,temperature.gpu,pstate"),
         "timing": f"GEMMs (dense, fp8, grouped): CUDA-graph replay of calls sized to {TARGET_S * 1e3:.0f} ms, "
                   "median of 3 replays; attention and memory passes: CUDA events per call, median of repeats "
-                  f"sized to {TARGET_S * 1e3:.0f} ms; 2 warm-ups each; torch.randn inputs",
+                  f"sized to {TARGET_S * 1e3:.0f} ms; whole layers: CUDA events per call, median of at least "
+                  f"{LAYER_REPS}; decode steps: CUDA-graph replay as the GEMMs; 2 warm-ups each; torch.randn inputs",
     }
     (out / "env.json").write_text(json.dumps(env, indent=1))
     print(json.dumps(env, indent=1), flush=True)
@@ -575,7 +740,6 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
 
     # ---- decode attention: one query token a sequence over its cached keys (memory-bound)
     if "decode_attention" in parts:
-        from torch.nn.attention import sdpa_kernel
         dw = Writer(out / "decode_attention.csv", ["backend", "batch", "context", "heads", "kv_heads", "head_dim",
                                                    "seconds", "kv_bytes", "GB_per_s", "timing", "error"])
         kinds = sdpa_backends()
@@ -606,6 +770,83 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                     del q, k_, v
                     torch.cuda.empty_cache()
         print(f"decode attention done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- one whole transformer block, forward and backward, under each recompute mode
+    if "layer" in parts:
+        lw = Writer(out / "layer.csv", ["label", "backend", "recompute", "batch", "seq", "hidden", "heads",
+                                        "kv_heads", "head_dim", "ffn", "gated", "norm", "infer_s", "fwd_s", "step_s", "bwd_s",
+                                        "fwd_flop", "fwd_tflops", "step_tflops", "saved_bytes", "peak_bytes",
+                                        "error"])
+        kinds = sdpa_backends()
+        for label, h, heads, kvh, d, ffn, gated, norm, rotary, b, s in LAYER_SHAPES:
+            block = transformer_block(torch, h, heads, kvh, d, ffn, gated, norm, rotary, device=dev,
+                                      dtype=torch.bfloat16)
+            params = list(block.parameters())
+            x = torch.randn(b, s, h, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            gy = torch.randn(b, s, h, device=dev, dtype=torch.bfloat16)
+            flops = layer_flops(h, heads, kvh, d, ffn, gated, b, s)
+            for backend in ("flash", "cudnn"):
+                for mode in LAYER_RECOMPUTE:
+                    if left() < 0.05 * budget_s:
+                        break
+                    head = [label, backend, mode, b, s, h, heads, kvh, d, ffn, int(gated), norm]
+                    try:
+                        with sdpa_kernel(kinds[backend]):
+                            with torch.no_grad():  # a prefill's forward: nothing kept
+                                infer = timer(lambda: block(x), min_reps=LAYER_REPS)
+                            fwd = timer(lambda mode=mode: block(x, mode), min_reps=LAYER_REPS)
+
+                            def step(mode=mode):
+                                return torch.autograd.grad(block(x, mode), [x, *params], gy)
+                            step_s = timer(step, min_reps=LAYER_REPS)
+                            torch.cuda.synchronize()
+                            torch.cuda.reset_peak_memory_stats()
+                            base = torch.cuda.memory_allocated()
+                            y = block(x, mode)
+                            saved = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
+                            len(torch.autograd.grad(y, [x, *params], gy))  # the gradients count in the peak
+                            peak = torch.cuda.max_memory_allocated() - base
+                            del y
+                        lw.row([*head, f"{infer:.6e}", f"{fwd:.6e}", f"{step_s:.6e}", f"{step_s - fwd:.6e}", f"{flops:.6e}",
+                                f"{flops / fwd / 1e12:.2f}", f"{3.0 * flops / step_s / 1e12:.2f}", saved, peak, ""])
+                    except Exception as err:  # noqa: BLE001
+                        lw.row([*head, "", "", "", "", f"{flops:.6e}", "", "", "", "",
+                                f"{type(err).__name__}: {str(err)[:120]}"])
+                    torch.cuda.empty_cache()
+            del block, params, x, gy
+            torch.cuda.empty_cache()
+        print(f"layer done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    # ---- one decode iteration through whole blocks, replayed from a CUDA graph
+    if "decode_step" in parts:
+        sw = Writer(out / "decode_step.csv", ["label", "backend", "batch", "context", "layers", "hidden", "heads",
+                                              "kv_heads", "head_dim", "ffn", "seconds_per_layer",
+                                              "weight_bytes_per_layer", "kv_bytes_per_layer", "GB_per_s", "timing",
+                                              "eager_seconds_per_layer", "error"])
+        kinds = sdpa_backends()
+        for label, h, heads, kvh, d, ffn, layers in DECODE_STEP_MODELS:
+            for b in DECODE_STEP_BATCH:
+                for ctx in DECODE_STEP_CONTEXT:
+                    with torch.no_grad():
+                        step, wb, kvb = decode_step(torch, h, heads, kvh, d, ffn, layers, b, ctx, device=dev,
+                                                    dtype=torch.bfloat16)
+                        for backend in ("flash", "cudnn"):
+                            if left() < 0.05 * budget_s:
+                                break
+                            head = [label, backend, b, ctx, layers, h, heads, kvh, d, ffn]
+                            try:
+                                def fn(step=step, kind=kinds[backend]):
+                                    with sdpa_kernel(kind):
+                                        return step()
+                                sec, how, eager = timer.replayed(fn)
+                                sw.row([*head, f"{sec / layers:.6e}", wb // layers, kvb // layers,
+                                        f"{(wb + kvb) / sec / 1e9:.1f}", how, f"{eager / layers:.6e}", ""])
+                            except Exception as err:  # noqa: BLE001
+                                sw.row([*head, "", wb // layers, kvb // layers, "", "", "",
+                                        f"{type(err).__name__}: {str(err)[:120]}"])
+                    del step
+                    torch.cuda.empty_cache()
+        print(f"decode step done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
     env["smi_after"] = smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")
     env["seconds"] = round(time.perf_counter() - t_start, 1)
@@ -655,6 +896,10 @@ def summary(out: Path) -> None:
             if name.startswith("attention"):
                 for r in rows:
                     print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
+    for name in ("layer.csv", "decode_step.csv"):
+        p = out / name
+        if p.exists():
+            print(p.read_text())
     p = out / "memory.csv"
     if p.exists():
         print(p.read_text())
