@@ -127,6 +127,7 @@ def pack(space: LoadedSpace) -> Packed:
         moe_imbalance=params.DERIVED_IMBALANCE if spec.moe_imbalance is None else spec.moe_imbalance,
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
         loss_bytes=params.LOSS_BYTES[spec.cross_entropy],
+        eager_activations=1.0 if spec.elementwise == "eager" else 0.0,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload, family=bands.family_of(space.hardware.name))
 

@@ -117,6 +117,9 @@ WORKLOAD = np.dtype(
         ("moe_imbalance", np.float64),
         ("quantize_attention", np.float64),  # 1: attention projections in the GEMM precision too; 0: 16-bit
         ("loss_bytes", np.float64),  # bytes per logit element the loss holds at its peak (LOSS_BYTES)
+        # 1: the layers run as eager PyTorch ops and keep what those keep besides
+        # (kernels.memory.eager_bytes_per_layer); 0: fused kernels (SpaceSpec.elementwise)
+        ("eager_activations", np.float64),
     ]
 )
 
@@ -149,6 +152,7 @@ DEFAULTS = {
     "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
     "loss_bytes": LOSS_BYTES["fused"],
+    "eager_activations": 0.0,
     "peak_16bit_flops_per_s": 0.0,
 }
 

@@ -551,6 +551,15 @@ class SpaceSpec(Record):
     #: "unfused", PyTorch's cross-entropy over the upcast logits (torchtitan's and
     #: most PyTorch-native trainers'), whose backward holds three fp32 copies
     cross_entropy: Literal["fused", "unfused"] = "fused"
+    #: how a layer's elementwise work runs, which sets what it keeps for the backward
+    #: (``kernels.memory.eager_bytes_per_layer``): "fused", kernels that keep only
+    #: Korthikanti's tensors (Megatron with Transformer Engine: rotary inside attention,
+    #: a fused SwiGLU), or "eager", PyTorch ops one at a time (torchtitan and other
+    #: PyTorch-native trainers without ``torch.compile``), which also keep the rotated Q
+    #: and K, the attention output's transposed copy and an unfused SwiGLU's SiLU output:
+    #: 34% more for a Llama 3 8B layer, measured to the byte on an H100 and an H200
+    #: (``docs/measurements``, ``layer.csv``)
+    elementwise: Literal["fused", "eager"] = "fused"
     dimensions: Dimensions = Dimensions()
 
     @property

@@ -277,14 +277,23 @@ def layer_params(model, t):
     return split / t + replicated
 
 
-def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab):
+def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, eager=0.0):
     """Korthikanti et al. 2022, eq. 1-2, term by term for one layer (tokens
-    b*s/c on this CP rank; 'rep' terms split by t only with SP)."""
+    b*s/c on this CP rank; 'rep' terms split by t only with SP); ``eager``: 1 when
+    the layer runs as eager PyTorch ops, which also keep the rotated Q and K, the
+    attention output's transposed copy and a gated MLP's SiLU output."""
     tokens = b * s / c
     h, dh = model["hidden"], model["head_dim"]
     if recompute == FULL:
         return ab * tokens * h / (t if sp else 1)
     heads, kv = model["heads"] / t, model["kv_heads"] / t
+    eager_kept = 0.0
+    if eager and recompute != SELECTIVE_OPS:
+        eager_kept += ab * tokens * heads * dh  # rotated Q
+        eager_kept += ab * tokens * kv * dh  # rotated K
+        eager_kept += ab * tokens * heads * dh  # the attention output, transposed for the output projection
+        if model["glu"] > 0:
+            eager_kept += ab * tokens * model["ffn"] / t  # SiLU(gate), beside gate, up and the product
     dropout = model["dropout"] > 0
     ops = recompute == SELECTIVE_OPS  # GEMMs q, k, v, o, gate, up, down: the 1st, 3rd, 5th, 7th kept
     rep = 0.0
@@ -323,7 +332,7 @@ def activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab):
         scores = ab * elems  # softmax output
         if dropout:
             scores += 1 * elems + ab * elems  # dropout mask and dropout output
-    return rep + split + scores
+    return rep + split + scores + eager_kept
 
 
 def in_flight_chunks(schedule, p, v, m, stage):
@@ -469,7 +478,9 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     #    layer that keeps its activations and for one fully recomputed (it keeps its input)
     layer_input = ab * tokens * h / (t if sp else 1)
     kept_mode = NONE if recompute == FULL else recompute  # what a layer not recomputed keeps
-    act_out = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab) - layer_input if off_act else 0.0
+    eager = work.get("eager_activations", 0.0)
+    act_out = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab, eager) - layer_input \
+        if off_act else 0.0
     w_in = layer_params(model, t) * work["weight_bytes"] if off_w else 0.0
     g_out = layer_params(model, t) * work["grad_bytes"] if off_w else 0.0
     off_kept = (host_exposed_s(act_out, w_in, layer_f, dev), host_exposed_s(g_out, act_out + w_in, layer_b, dev))
@@ -608,10 +619,10 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     # -- memory, per stage; report the stage with the highest total
     # a layer not recomputed keeps what its recompute mode keeps (all of it under full
     # recompute with last-k), a fully recomputed one its input
-    kept = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab)
+    kept = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab, eager)
     # the layer being recomputed holds again what it did not keep (nothing without recompute)
-    recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab) - \
-        activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab)
+    recompute_buffer = activation_bytes_per_layer(b, s, t, c, sp, NONE, flash, model, ab, eager) - \
+        activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, eager)
     # one set of communication buffers per process group of more than one rank (TP, CP, DP x CP, PP)
     groups = sum(1 for size in (t, c, d * c, p) if size > 1)
     fixed_overhead = dev["memory_overhead_bytes"] + groups * dev.get("comm_buffer_bytes", 0.0)

@@ -1,0 +1,154 @@
+"""What a layer run as eager PyTorch ops keeps for its backward
+(``SpaceSpec.elementwise = "eager"``, ``kernels.memory.eager_bytes_per_layer``).
+
+Measured to the byte on an H100 and an H200 (``docs/measurements``, ``layer.csv``,
+``tests/test_device_measurements.py``): beside Korthikanti's tensors an eager block
+keeps the rotated Q and K (rotary applied out of place), the attention output's
+transposed copy the output projection reads, and an unfused SwiGLU's SiLU output.
+Fused kernels (Megatron with Transformer Engine) keep none of them, the default."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_memory_variants import run
+
+from paraspace.explorer.cli import main
+from paraspace.explorer.evaluate import pack_model
+from paraspace.kernels import params
+from paraspace.kernels.codes import (
+    RECOMPUTE_FULL,
+    RECOMPUTE_MOE_DISPATCH,
+    RECOMPUTE_NONE,
+    RECOMPUTE_NORMS,
+    RECOMPUTE_SELECTIVE,
+    RECOMPUTE_SELECTIVE_OPS,
+)
+from paraspace.kernels.memory import activation_bytes_per_layer, eager_bytes_per_layer
+from paraspace.spaces.catalog import load_model, space_from_raw
+from paraspace.spaces.errors import CatalogError
+
+#: modes whose layers keep their activations (what eager ops add applies) and those that do not
+KEEPING = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_NORMS, RECOMPUTE_MOE_DISPATCH)
+
+
+def test_llama3_8b_layer_by_hand(llama3_8b):
+    """Llama 3 8B (h 4,096, 32 heads and 8 KV heads of 128, f 14,336), 4 x 2,048 tokens,
+    t = 1, ab = 2: rotated Q 32 x 128 + rotated K 8 x 128 + the transposed attention
+    output 32 x 128 = 9,216, plus SiLU(gate) 14,336: 23,552 elements, 47,104 bytes a
+    token, 385,875,968 for the 8,192 tokens. The fused count is 139,392 a token (4 ab h +
+    ab d (2 x 32 + 2 x 8) + 3 ab f + 4 x 32 = 32,768 + 20,480 + 86,016 + 128): eager keeps
+    33.8% more. At t = 4 every term is a TP rank's quarter."""
+    model = llama3_8b[0]
+    eager = eager_bytes_per_layer(4.0, 2048.0, 1.0, 1.0, RECOMPUTE_NONE, model, 2.0, False, 1.0)
+    assert eager == 2 * 8192 * (32 * 128 + 8 * 128 + 32 * 128 + 14336) == 385_875_968
+    fused = activation_bytes_per_layer(4.0, 2048.0, 1.0, 1.0, False, RECOMPUTE_NONE, True, model, 2.0)
+    assert fused == 8192 * 139_392
+    assert eager / fused == pytest.approx(0.338, abs=5e-4)
+    assert eager_bytes_per_layer(4.0, 2048.0, 4.0, 1.0, RECOMPUTE_NONE, model, 2.0, False, 1.0) == eager / 4
+
+
+def test_nothing_more_where_the_layer_keeps_only_its_input_or_a_policy_decides(llama3_8b):
+    """Full recompute keeps the layer input; selective-ops' per-op policy decides what is
+    kept (``kernels.memory``): neither keeps the eager extras."""
+    model = llama3_8b[0]
+    for mode in (RECOMPUTE_FULL, RECOMPUTE_SELECTIVE_OPS):
+        assert eager_bytes_per_layer(1.0, 4096.0, 1.0, 1.0, mode, model, 2.0, False, 1.0) == 0.0
+    for mode in KEEPING:
+        assert eager_bytes_per_layer(1.0, 4096.0, 1.0, 1.0, mode, model, 2.0, False, 1.0) > 0.0
+
+
+def test_gelu_mlp_keeps_no_silu_output(gpt3_175b):
+    """A two-matrix GELU MLP keeps its input and the GELU output either way: only the
+    attention's extras (GPT-3 175B, 96 heads of 128: 2 x 96 + 96 = 288 x 128 elements a
+    token at t = 1)."""
+    eager = eager_bytes_per_layer(1.0, 2048.0, 1.0, 1.0, RECOMPUTE_NONE, gpt3_175b[0], 2.0, False, 1.0)
+    assert eager == 2 * 2048 * 288 * 128
+
+
+def test_moe_layer_keeps_each_routed_rows_silu_output():
+    """DeepSeek-V3 (MLA: 128 heads, rotary dim 64, v 128; 8 of 256 experts of 2,048, one
+    shared), one sequence of 4,096 tokens at t = 1, imbalance 1.25: the attention's
+    rotary parts and transposed output 128 x (64 + 128) + 64 = 24,640 a token, the routed
+    rows' SiLU outputs 4,096 x 8 x 1.25 x 2,048 and the shared expert's 4,096 x 2,048."""
+    m = pack_model(load_model("deepseek-v3"))[0]
+    eager = eager_bytes_per_layer(1.0, 4096.0, 1.0, 1.0, RECOMPUTE_NONE, m, 2.0, True, 1.25)
+    want = 2 * (4096 * 24_640 + 4096 * 8 * 1.25 * 2048 + 4096 * 2048)
+    assert eager == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute", [RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL])
+def test_eager_adds_its_bytes_for_each_layer_in_flight_and_no_time(h100, llama3_8b, make_workload, recompute):
+    """Llama 3 8B's 32 layers on one device, one micro-batch of 4,096 tokens: the peak holds
+    every layer's activations once, so eager adds 32 x 47,104 x 4,096 bytes where the
+    layers keep them (none, selective); under full recompute only the layer being
+    recomputed holds them, while its backward runs: 47,104 x 4,096 once. The step time
+    does not move (the eager ops' time is the unfused elementwise passes the kernels
+    already price)."""
+    model = llama3_8b[0]
+    fused, eager = (run(llama3_8b, h100.device, h100.tiers, h100.tiles,
+                        make_workload(global_batch=1.0, eager_activations=e), recompute=recompute)
+                    for e in (0.0, 1.0))
+    per_layer = eager_bytes_per_layer(1.0, 4096.0, 1.0, 1.0, RECOMPUTE_NONE, model, 2.0, False, 1.0)
+    assert per_layer == 47_104 * 4096
+    layers = 1 if recompute == RECOMPUTE_FULL else 32
+    assert eager["mem_activations_bytes"] - fused["mem_activations_bytes"] == pytest.approx(layers * per_layer,
+                                                                                          rel=1e-12)
+    assert eager["step_time_analytic_s"] == fused["step_time_analytic_s"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), mb=st.integers(1, 4), recompute=st.sampled_from(KEEPING + (
+    RECOMPUTE_FULL, RECOMPUTE_SELECTIVE_OPS)), sp=st.integers(0, 1), pp=st.sampled_from([1, 2, 4]),
+       off_act=st.integers(0, 1))
+def test_eager_never_needs_less_memory(h100, llama3_8b, make_workload, tp, mb, recompute, sp, pp, off_act):
+    """Fuzz over the strategy: eager's peak is never below fused's, its step time the same
+    but for activation offload, which moves the extra bytes too (never faster)."""
+    work = {e: make_workload(global_batch=16.0, eager_activations=e) for e in (0.0, 1.0)}
+    fused, eager = (run(llama3_8b, h100.device, h100.tiers, h100.tiles, work[e], tp=tp, mb=mb, recompute=recompute,
+                        sp=sp, pp=pp, dp=1, n_micro=16 // mb, off_act=off_act) for e in (0.0, 1.0))
+    assert eager["mem_peak_bytes"] >= fused["mem_peak_bytes"]
+    assert eager["step_time_analytic_s"] >= fused["step_time_analytic_s"]
+    if not off_act:
+        assert eager["step_time_analytic_s"] == fused["step_time_analytic_s"]
+
+
+def test_the_default_is_fused():
+    from paraspace.spaces.schema import SpaceSpec
+
+    assert SpaceSpec.model_fields["elementwise"].default == "fused"
+    assert params.DEFAULTS["eager_activations"] == 0.0
+
+
+def test_a_space_sets_it_and_a_bad_value_is_named(tmp_path):
+    raw = {"name": "eager", "description": "eager ops", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
+           "devices": 8, "global_batch": 8, "seq_len": 8192, "elementwise": "eager",
+           "dimensions": {"tp": [1], "pp": [1]}}
+    assert space_from_raw(raw, "test", tmp_path).spec.elementwise == "eager"
+    with pytest.raises(CatalogError) as err:
+        space_from_raw({**raw, "elementwise": "compiled"}, "test", tmp_path)
+    assert "elementwise" in str(err.value) and "compiled" in str(err.value)
+
+
+def test_sweep_end_to_end(tmp_path):
+    """``paraspace sweep`` of one Llama 3 8B configuration (t = 1, one micro-batch of
+    8,192 tokens, no recompute, FSDP on 8 GPUs) either way: the eager rows hold 32 x 47,104
+    x 8,192 bytes more activations, nothing else changes."""
+    out = {}
+    for kind in ("fused", "eager"):
+        toml = tmp_path / f"{kind}.toml"
+        toml.write_text(f'name = "{kind}"\ndescription = "ops"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
+                        f'devices = 8\nglobal_batch = 8\nseq_len = 8192\nelementwise = "{kind}"\n[dimensions]\n'
+                        'tp = [1]\npp = [1]\nmicro_batch = [1]\nzero = [3]\nrecompute = ["none"]\n')
+        path = tmp_path / "out" / f"{kind}.parquet"
+        result = CliRunner().invoke(main, ["sweep", str(toml), "--out", str(path), "--no-progress"],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        out[kind] = pl.read_parquet(path)
+    gap = out["eager"]["mem_activations_bytes"][0] - out["fused"]["mem_activations_bytes"][0]
+    assert gap == pytest.approx(32 * 47_104 * 8192, rel=1e-12)
+    assert np.array_equal(out["eager"]["step_time_s"].to_numpy(), out["fused"]["step_time_s"].to_numpy())
