@@ -146,7 +146,13 @@ def main() -> None:
             "(the space setting `cross_entropy = \"unfused\"`): on its Llama 3.1 8B context-parallel rows, 32K "
             "tokens per GPU, that takes the prediction from 49.3 to 80.6 GiB against 83.9-84.5 measured, and on "
             "the 70B 2D rows from 40.8 to 56.4 against 67.6-71.9. `validate` keeps the default because no column "
-            "says which loss a run computed.", "",
+            "says which loss a run computed. Layers run as eager PyTorch ops keep more than the fused count "
+            "(`elementwise = \"eager\"`: the rotated Q and K, the attention output's transposed copy, the SwiGLU's "
+            "SiLU output; 34% more for a Llama 3 8B layer, measured to the byte in `docs/measurements/`), but "
+            "applied to the torchtitan and KempnerForge rows on 2026-11-26 it moves memory MAPE from 42.8% to 46.9% "
+            "(torchtitan's from 40.7% to 50.7%, its mean signed error from -23.1% to -11.3%; with the unfused "
+            "loss as well, 47.4% and +6.9%): the rows' errors spread both ways, so activations are not what "
+            "limits them, and no column says whether a run compiled its layers.", "",
             "**Recompute `selective`:** the schema's word covers two modes the model knows: Megatron's "
             "attention-core recompute (`selective`, what `validate` reads it as) and torchtitan's per-op policy "
             "(`selective-ops`: every other GEMM output kept, the norms, activations and other GEMMs run again). "
@@ -166,7 +172,12 @@ def main() -> None:
             "1K-4K tokens. The error falls with the sequence as attention takes over "
             "(MPT-7B on the A100: +26% at 1K, +20% at 4K, +13% at 16K, +2% at 64K), so the gap is in the GEMM part "
             "of the recompute, which PyTorch's early-stopping checkpoint trims by one GEMM of the four at most "
-            "(the down projection, whose output the backward does not need). Tried and set aside on 2026-11-26: "
+            "(the down projection, whose output the backward does not need). Measured whole on an H100 and an "
+            "H200 (`docs/measurements/`, `layer.csv`), that checkpoint adds 0.68-0.94 of a forward to an MPT-7B "
+            "block's step (0.68-1.06 over every block measured), where the kernels charge one: the direction of "
+            "these rows, but Megatron's reentrant checkpoint (Narayanan et al.'s full-recompute rows, already "
+            "13% fast) reruns the whole forward and no column says which one a run used. Tried and set aside on "
+            "2026-11-26: "
             "weighting the fit's sources by their row counts (leave-one-source-out "
             "9.84% to 9.74%, but Narayanan et al. 13.9% to 21.2% and the Megatron README row 6.3% to 12.8%).", "",
             f"**Uncertainty bands:** every prediction carries an 80% band from the leave-one-source-out residuals "
