@@ -63,28 +63,35 @@ def test_the_schema_names_every_loss_the_kernels_size():
     assert params.DEFAULTS["loss_bytes"] == params.LOSS_BYTES[SpaceSpec.model_fields["cross_entropy"].default]
 
 
-def test_a_space_sets_the_loss_and_a_bad_value_is_named(tmp_path):
-    raw = {"name": "ce", "description": "unfused loss", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
-           "devices": 8, "global_batch": 8, "seq_len": 8192, "cross_entropy": "unfused",
-           "dimensions": {"tp": [1], "pp": [1]}}
-    assert space_from_raw(raw, "test", tmp_path).spec.cross_entropy == "unfused"
+@pytest.mark.parametrize(("field", "good", "bad"), [("cross_entropy", "unfused", "chunked"),
+                                                    ("elementwise", "eager", "compiled")])
+def test_a_space_sets_a_memory_setting_and_a_bad_value_is_named(tmp_path, field, good, bad):
+    """The loss and the elementwise ops (``tests/test_eager_activations.py``): a space's
+    value is kept, a value the schema does not name is refused with the field and value."""
+    raw = {"name": "setting", "description": "a memory setting", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
+           "devices": 8, "global_batch": 8, "seq_len": 8192, field: good, "dimensions": {"tp": [1], "pp": [1]}}
+    assert getattr(space_from_raw(raw, "test", tmp_path).spec, field) == good
     with pytest.raises(CatalogError) as err:
-        space_from_raw({**raw, "cross_entropy": "chunked"}, "test", tmp_path)
-    assert "cross_entropy" in str(err.value) and "chunked" in str(err.value)
+        space_from_raw({**raw, field: bad}, "test", tmp_path)
+    assert field in str(err.value) and bad in str(err.value)
+
+
+def sweep_one(tmp_path, field: str, value: str, recompute: str) -> pl.DataFrame:
+    """``paraspace sweep`` end to end of Llama 3 8B on 8 H100 with FSDP, one sequence of
+    8,192 tokens a GPU at t = 1, the space's ``field`` set to ``value``: its Parquet rows."""
+    toml = tmp_path / f"{field}-{value}.toml"
+    toml.write_text(f'name = "{value}"\ndescription = "{field}"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
+                    f'devices = 8\nglobal_batch = 8\nseq_len = 8192\n{field} = "{value}"\n[dimensions]\n'
+                    f'tp = [1]\npp = [1]\nmicro_batch = [1]\nzero = [3]\nrecompute = ["{recompute}"]\n')
+    out = tmp_path / "out" / f"{field}-{value}.parquet"
+    result = CliRunner().invoke(main, ["sweep", str(toml), "--out", str(out), "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return pl.read_parquet(out)
 
 
 def test_sweep_with_the_unfused_loss_needs_more_memory(tmp_path):
     """End to end: the same space through ``paraspace sweep`` with either loss; the
     unfused one's rows hold 8 x 8,192 x 128,256 bytes more on the device (t = 1)."""
-    peaks = {}
-    for kind in ("fused", "unfused"):
-        toml = tmp_path / f"{kind}.toml"
-        toml.write_text(f'name = "{kind}"\ndescription = "loss"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
-                        f'devices = 8\nglobal_batch = 8\nseq_len = 8192\ncross_entropy = "{kind}"\n[dimensions]\n'
-                        'tp = [1]\npp = [1]\nmicro_batch = [1]\nzero = [3]\nrecompute = ["full"]\n')
-        out = tmp_path / "out" / f"{kind}.parquet"
-        result = CliRunner().invoke(main, ["sweep", str(toml), "--out", str(out), "--no-progress"],
-                                    catch_exceptions=False)
-        assert result.exit_code == 0, result.output
-        peaks[kind] = pl.read_parquet(out)["mem_activations_bytes"][0]
+    peaks = {kind: sweep_one(tmp_path, "cross_entropy", kind, "full")["mem_activations_bytes"][0]
+             for kind in ("fused", "unfused")}
     assert peaks["unfused"] - peaks["fused"] == pytest.approx(8 * 8192 * VOCAB, rel=1e-12)

@@ -10,14 +10,12 @@ Fused kernels (Megatron with Transformer Engine) keep none of them, the default.
 from __future__ import annotations
 
 import numpy as np
-import polars as pl
 import pytest
-from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cross_entropy_memory import sweep_one
 from test_memory_variants import run
 
-from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack_model
 from paraspace.kernels import params
 from paraspace.kernels.codes import (
@@ -29,8 +27,7 @@ from paraspace.kernels.codes import (
     RECOMPUTE_SELECTIVE_OPS,
 )
 from paraspace.kernels.memory import activation_bytes_per_layer, eager_bytes_per_layer
-from paraspace.spaces.catalog import load_model, space_from_raw
-from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.catalog import load_model
 
 #: modes whose layers keep their activations (what eager ops add applies) and those that do not
 KEEPING = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_NORMS, RECOMPUTE_MOE_DISPATCH)
@@ -124,31 +121,12 @@ def test_the_default_is_fused():
     assert params.DEFAULTS["eager_activations"] == 0.0
 
 
-def test_a_space_sets_it_and_a_bad_value_is_named(tmp_path):
-    raw = {"name": "eager", "description": "eager ops", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
-           "devices": 8, "global_batch": 8, "seq_len": 8192, "elementwise": "eager",
-           "dimensions": {"tp": [1], "pp": [1]}}
-    assert space_from_raw(raw, "test", tmp_path).spec.elementwise == "eager"
-    with pytest.raises(CatalogError) as err:
-        space_from_raw({**raw, "elementwise": "compiled"}, "test", tmp_path)
-    assert "elementwise" in str(err.value) and "compiled" in str(err.value)
-
-
 def test_sweep_end_to_end(tmp_path):
     """``paraspace sweep`` of one Llama 3 8B configuration (t = 1, one micro-batch of
     8,192 tokens, no recompute, FSDP on 8 GPUs) either way: the eager rows hold 32 x 47,104
-    x 8,192 bytes more activations, nothing else changes."""
-    out = {}
-    for kind in ("fused", "eager"):
-        toml = tmp_path / f"{kind}.toml"
-        toml.write_text(f'name = "{kind}"\ndescription = "ops"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
-                        f'devices = 8\nglobal_batch = 8\nseq_len = 8192\nelementwise = "{kind}"\n[dimensions]\n'
-                        'tp = [1]\npp = [1]\nmicro_batch = [1]\nzero = [3]\nrecompute = ["none"]\n')
-        path = tmp_path / "out" / f"{kind}.parquet"
-        result = CliRunner().invoke(main, ["sweep", str(toml), "--out", str(path), "--no-progress"],
-                                    catch_exceptions=False)
-        assert result.exit_code == 0, result.output
-        out[kind] = pl.read_parquet(path)
+    x 8,192 bytes more activations, nothing else changes. (A space sets the field and a
+    bad value is named: ``tests/test_cross_entropy_memory.py``.)"""
+    out = {kind: sweep_one(tmp_path, "elementwise", kind, "none") for kind in ("fused", "eager")}
     gap = out["eager"]["mem_activations_bytes"][0] - out["fused"]["mem_activations_bytes"][0]
     assert gap == pytest.approx(32 * 47_104 * 8192, rel=1e-12)
     assert np.array_equal(out["eager"]["step_time_s"].to_numpy(), out["fused"]["step_time_s"].to_numpy())
