@@ -54,6 +54,9 @@ paraspace itself never imports). Writes into OUT_DIR:
     tokens) through four whole SwiGLU blocks of Qwen3-32B and of Llama 3 8B,
     replayed from a CUDA graph: seconds per layer and the weight and KV-cache bytes
     it streams, what the serving kernels' decode step prices.
+``decode_step_fp8.csv``
+    The same with FP8 weights (``torch._scaled_mm``, one static scale a tensor) at
+    16-128 sequences: the FP8 checkpoints' decode the TensorRT-LLM rows measure.
 ``env.json``
     The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
     the date: the provenance a committed table carries.
@@ -146,9 +149,11 @@ LAYER_REPS = 15
 DECODE_STEP_MODELS = (("qwen3-32b", 5120, 64, 8, 128, 25600, 4), ("llama3-8b", 4096, 32, 8, 128, 14336, 4))
 DECODE_STEP_BATCH = (1, 8, 32, 128)
 DECODE_STEP_CONTEXT = (1024, 4096)
+#: batches of the FP8 decode-step runs (torch._scaled_mm wants rows in multiples of 16)
+DECODE_STEP_BATCH_FP8 = (16, 32, 64, 128)
 TARGET_S = 0.02
 PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
-         "fp8_scaling", "layer", "decode_step")
+         "fp8_scaling", "layer", "decode_step", "decode_step_fp8")
 
 
 def linear_layers():
@@ -305,43 +310,58 @@ def layer_flops(hidden, heads, kv_heads, head_dim, ffn, gated, batch, seq):
 
 
 def decode_step(torch, hidden, heads, kv_heads, head_dim, ffn, layers, batch, context, device=None,
-                dtype=None):
+                dtype=None, fp8=False):
     """A callable running one decode iteration (one new token for each of ``batch``
     sequences of ``context`` cached tokens) through ``layers`` SwiGLU blocks, each with
     its own weights and KV cache: RMSNorm, QKV, the new key and value written into the
     cache, SDPA over the cache (grouped-query), output projection, residual, RMSNorm,
-    gate+up, SiLU x up, down, residual. Returns (step, weight bytes, KV bytes read)."""
+    gate+up, SiLU x up, down, residual. ``fp8``: the four linears' weights in FP8 (e4m3)
+    and each linear a ``torch._scaled_mm`` of its input cast to FP8 (one scale a tensor,
+    static as a calibrated checkpoint's, fast accumulation; ``batch`` a multiple of 16),
+    the cache and attention in ``dtype``. Returns (step, weight bytes, KV bytes read)."""
     F = torch.nn.functional
     kw = {"device": device, "dtype": dtype}
     qkv_w = heads * head_dim + 2 * kv_heads * head_dim
-    ws = [dict(n1=torch.ones(hidden, **kw), n2=torch.ones(hidden, **kw),
-               qkv=torch.randn(qkv_w, hidden, **kw) * hidden ** -0.5,
-               out=torch.randn(hidden, heads * head_dim, **kw) * hidden ** -0.5,
-               up=torch.randn(2 * ffn, hidden, **kw) * hidden ** -0.5,
-               down=torch.randn(hidden, ffn, **kw) * ffn ** -0.5,
+    f8 = torch.float8_e4m3fn
+
+    def weight(n, k):
+        w = torch.randn(n, k, **kw) * k ** -0.5
+        return w.to(f8) if fp8 else w
+
+    ws = [dict(n1=torch.ones(hidden, **kw), n2=torch.ones(hidden, **kw), qkv=weight(qkv_w, hidden),
+               out=weight(hidden, heads * head_dim), up=weight(2 * ffn, hidden), down=weight(hidden, ffn),
                k=torch.randn(batch, kv_heads, context, head_dim, **kw),
                v=torch.randn(batch, kv_heads, context, head_dim, **kw)) for _ in range(layers)]
     x0 = torch.randn(batch, 1, hidden, **kw)
     pos = context - 1
     gqa = {"enable_gqa": True} if kv_heads != heads else {}
+    one = torch.ones((), device=device, dtype=torch.float32)
+
+    def linear(x, w):
+        if not fp8:
+            return F.linear(x, w)
+        y = torch._scaled_mm(x.reshape(batch, -1).to(f8), w.t(), scale_a=one, scale_b=one, out_dtype=dtype,
+                             use_fast_accum=True)
+        return y.view(batch, 1, -1)
 
     def step():
         x = x0
         for w in ws:
             h = F.rms_norm(x, (hidden,), w["n1"])
-            q, k, v = F.linear(h, w["qkv"]).split((heads * head_dim, kv_heads * head_dim,
-                                                   kv_heads * head_dim), dim=-1)
+            q, k, v = linear(h, w["qkv"]).split((heads * head_dim, kv_heads * head_dim,
+                                                 kv_heads * head_dim), dim=-1)
             w["k"][:, :, pos] = k.view(batch, kv_heads, head_dim)
             w["v"][:, :, pos] = v.view(batch, kv_heads, head_dim)
             o = F.scaled_dot_product_attention(q.view(batch, 1, heads, head_dim).transpose(1, 2), w["k"], w["v"],
                                                **gqa)
-            x = x + F.linear(o.transpose(1, 2).reshape(batch, 1, heads * head_dim), w["out"])
-            g, u = F.linear(F.rms_norm(x, (hidden,), w["n2"]), w["up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, w["down"])
+            x = x + linear(o.transpose(1, 2).reshape(batch, 1, heads * head_dim), w["out"])
+            g, u = linear(F.rms_norm(x, (hidden,), w["n2"]), w["up"]).chunk(2, dim=-1)
+            x = x + linear(F.silu(g) * u, w["down"])
         return x
 
     size = x0.element_size()
-    weight_bytes = layers * size * (qkv_w * hidden + heads * head_dim * hidden + 3 * ffn * hidden)
+    weight_bytes = layers * ws[0]["qkv"].element_size() * (qkv_w * hidden + heads * head_dim * hidden
+                                                            + 3 * ffn * hidden)
     kv_bytes = layers * 2 * size * batch * kv_heads * context * head_dim
     return step, weight_bytes, kv_bytes
 
@@ -818,18 +838,21 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
         print(f"layer done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
     # ---- one decode iteration through whole blocks, replayed from a CUDA graph
-    if "decode_step" in parts:
-        sw = Writer(out / "decode_step.csv", ["label", "backend", "batch", "context", "layers", "hidden", "heads",
-                                              "kv_heads", "head_dim", "ffn", "seconds_per_layer",
-                                              "weight_bytes_per_layer", "kv_bytes_per_layer", "GB_per_s", "timing",
-                                              "eager_seconds_per_layer", "error"])
+    for part, fp8, batches in (("decode_step", False, DECODE_STEP_BATCH),
+                               ("decode_step_fp8", True, DECODE_STEP_BATCH_FP8)):
+        if part not in parts:
+            continue
+        sw = Writer(out / f"{part}.csv", ["label", "backend", "batch", "context", "layers", "hidden", "heads",
+                                          "kv_heads", "head_dim", "ffn", "seconds_per_layer",
+                                          "weight_bytes_per_layer", "kv_bytes_per_layer", "GB_per_s", "timing",
+                                          "eager_seconds_per_layer", "error"])
         kinds = sdpa_backends()
         for label, h, heads, kvh, d, ffn, layers in DECODE_STEP_MODELS:
-            for b in DECODE_STEP_BATCH:
+            for b in batches:
                 for ctx in DECODE_STEP_CONTEXT:
                     with torch.no_grad():
                         step, wb, kvb = decode_step(torch, h, heads, kvh, d, ffn, layers, b, ctx, device=dev,
-                                                    dtype=torch.bfloat16)
+                                                    dtype=torch.bfloat16, fp8=fp8)
                         for backend in ("flash", "cudnn"):
                             if left() < 0.05 * budget_s:
                                 break
@@ -846,7 +869,7 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                                         f"{type(err).__name__}: {str(err)[:120]}"])
                     del step
                     torch.cuda.empty_cache()
-        print(f"decode step done, {time.perf_counter() - t_start:.0f} s", flush=True)
+        print(f"{part} done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
     env["smi_after"] = smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")
     env["seconds"] = round(time.perf_counter() - t_start, 1)
@@ -896,7 +919,7 @@ def summary(out: Path) -> None:
             if name.startswith("attention"):
                 for r in rows:
                     print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
-    for name in ("layer.csv", "decode_step.csv"):
+    for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv"):
         p = out / name
         if p.exists():
             print(p.read_text())
