@@ -141,7 +141,7 @@ def eager_bytes_per_layer(b: float, s: float, t: float, c: float, recompute: int
     output (an unfused SwiGLU keeps the gate, up, SiLU(gate) and their product; an MoE
     layer's routed rows and shared experts alike). Measured to 0.01% on an H100 and an
     H200 (``docs/measurements``, ``layer.csv``): Llama 3 8B keeps ab (f + (2 heads +
-    kv_heads) d) = 2 (14,336 + 80 x 128) = 49,152 bytes a token more than the fused
+    kv_heads) d) = 2 (14,336 + 72 x 128) = 47,104 bytes a token more than the fused
     count's 139,392. None under full recompute (the layer keeps its input) or
     selective-ops (the per-op policy decides what is kept)."""
     if recompute == RECOMPUTE_FULL or recompute == RECOMPUTE_SELECTIVE_OPS:
@@ -159,6 +159,17 @@ def eager_bytes_per_layer(b: float, s: float, t: float, c: float, recompute: int
         rows = tokens / t * model.top_k * imbalance
         return kept + ab * rows * model.expert_ffn + ab * tokens * model.shared_experts * model.expert_ffn / t
     return kept + ab * tokens * model.ffn / t
+
+
+@jit(inline=True)
+def kept_bytes_per_layer(sh, recompute: int, model, work, moe_layer: bool, imbalance: float) -> float:
+    """What one layer of ``sh``'s shape keeps for its backward under ``recompute``:
+    ``activation_bytes_per_layer`` (``moe_activation_bytes_per_layer`` for an MoE
+    layer, its busiest EP rank at ``imbalance``) plus, where the workload runs eager
+    PyTorch ops, ``eager_bytes_per_layer``."""
+    b, s, t, c, ab = sh.b, sh.s, sh.t, sh.c, sh.ab
+    return (_layer_activation_bytes(b, s, t, c, sh.sp, recompute, sh.flash, model, ab, moe_layer, imbalance)
+            + work.eager_activations * eager_bytes_per_layer(b, s, t, c, recompute, model, ab, moe_layer, imbalance))
 
 
 @jit
@@ -212,24 +223,19 @@ def activation_sizes(sh, recompute: int, model, work):
     """The ``Activations`` of a layer of ``sh``'s shape. While a layer's backward
     recomputes, what it did not keep lives again for that one layer: (all of it)
     - (what is kept), so more recompute never needs more memory."""
-    b, s, t, c, sp, flash, ab = sh.b, sh.s, sh.t, sh.c, sh.sp, sh.flash, sh.ab
+    b, s, t, c, sp, ab = sh.b, sh.s, sh.t, sh.c, sh.sp, sh.ab
     is_moe = model.experts > 0 and model.dense_layers < model.layers
     kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute
-    eager = work.eager_activations
-    none_dense = activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab) \
-        + eager * eager_bytes_per_layer(b, s, t, c, RECOMPUTE_NONE, model, ab, False, 1.0)
-    act_dense = activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab) \
-        + eager * eager_bytes_per_layer(b, s, t, c, recompute, model, ab, False, 1.0)
+    none_dense = kept_bytes_per_layer(sh, RECOMPUTE_NONE, model, work, False, 1.0)
+    act_dense = kept_bytes_per_layer(sh, recompute, model, work, False, 1.0)
     keep_dense = none_dense if kept == RECOMPUTE_NONE else act_dense
     act_moe = 0.0
     keep_moe = 0.0
     none_moe = 0.0
     if is_moe:
         imb = layer_imbalance(sh, model, work)  # the busiest EP rank's routed rows over the mean
-        none_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, RECOMPUTE_NONE, flash, model, ab, imb) \
-            + eager * eager_bytes_per_layer(b, s, t, c, RECOMPUTE_NONE, model, ab, True, imb)
-        act_moe = moe_activation_bytes_per_layer(b, s, t, c, sp, recompute, flash, model, ab, imb) \
-            + eager * eager_bytes_per_layer(b, s, t, c, recompute, model, ab, True, imb)
+        none_moe = kept_bytes_per_layer(sh, RECOMPUTE_NONE, model, work, True, imb)
+        act_moe = kept_bytes_per_layer(sh, recompute, model, work, True, imb)
         keep_moe = none_moe if kept == RECOMPUTE_NONE else act_moe
     work_layer = none_dense - act_dense
     if is_moe:

@@ -15,8 +15,7 @@ from paraspace.kernels.cost_vector import (
     C_WOFF_MF,
 )
 from paraspace.kernels.jit import jit
-from paraspace.kernels.memory import activation_bytes_per_layer, eager_bytes_per_layer, layer_input_bytes, \
-    moe_activation_bytes_per_layer
+from paraspace.kernels.memory import kept_bytes_per_layer, layer_input_bytes
 from paraspace.kernels.routing import layer_imbalance
 
 @jit
@@ -37,18 +36,14 @@ def offload_costs(costs, sh, recompute: int, off_act: int, off_w: int, lp: float
         costs[i] = 0.0
     if off_act == 0 and off_w == 0:
         return
-    b, s, t, c, sp, flash, ab = sh.b, sh.s, sh.t, sh.c, sh.sp, sh.flash, sh.ab
+    b, s, t, c, sp, ab = sh.b, sh.s, sh.t, sh.c, sh.sp, sh.ab
     kept = RECOMPUTE_NONE if recompute == RECOMPUTE_FULL else recompute  # a layer not recomputed keeps this
     act_d = 0.0
     act_m = 0.0
     if off_act != 0:  # all but the layer input goes to the host and comes back for the backward
         inp = layer_input_bytes(b, s, t, c, sp, model, ab)
-        imb = layer_imbalance(sh, model, work)
-        eager = work.eager_activations
-        act_d = activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab) - inp \
-            + eager * eager_bytes_per_layer(b, s, t, c, kept, model, ab, False, 1.0)
-        act_m = moe_activation_bytes_per_layer(b, s, t, c, sp, kept, flash, model, ab, imb) - inp \
-            + eager * eager_bytes_per_layer(b, s, t, c, kept, model, ab, True, imb)
+        act_d = kept_bytes_per_layer(sh, kept, model, work, False, 1.0) - inp
+        act_m = kept_bytes_per_layer(sh, kept, model, work, True, layer_imbalance(sh, model, work)) - inp
     w_d = lp if off_w != 0 else 0.0
     w_m = moe_params if off_w != 0 else 0.0
     wb = work.weight_bytes
