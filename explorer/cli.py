@@ -429,6 +429,7 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
     import optuna
 
     from paraspace.explorer import serve
+    from paraspace.spaces.serving import load_serving
     from paraspace.explorer.study import OBJECTIVES, run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -445,7 +446,7 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
         from paraspace.explorer.serve_study import run_serving_study
 
         extra = {"simulate": simulate is not False}
-        loaded = serve.load_serving(space)
+        loaded = load_serving(space)
         label = lambda best: f"best {best:,.4g} tokens/s/GPU"  # noqa: E731
     else:
         loaded = named_for_output(catalog.load_space(space or DEFAULT_SPACE), overridden=False)
@@ -600,8 +601,8 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
 
 
 def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], prefix: Path) -> None:
-    from paraspace.explorer import serve
     from paraspace.explorer.serve_timeline import capture
+    from paraspace.spaces.serving import load_serving
     from paraspace.results.serving_trace import TRANSFER, write_chrome_trace, write_gantt_png
 
     for flag, value in unused.items():
@@ -614,7 +615,7 @@ def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], pr
         if not eq or not key.strip():
             raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY a serving dimension")
         strategy[key.strip()] = _parse_value(value)
-    loaded = serve.load_serving(space)
+    loaded = load_serving(space)
     _announce_compile()
     tl = capture(loaded, strategy)
     path = write_chrome_trace(tl, prefix.with_suffix(".json"))
@@ -818,8 +819,9 @@ def serve_cmd(space: str, out: Path | None, n_top: int, simulate_top: int | None
     """Evaluate a serving space (catalog name under spaces/catalog/serving, or a TOML path): TTFT, TPOT and
     throughput of every deployment, the best ones simulated, ranked to Parquet."""
     from paraspace.explorer import serve
+    from paraspace.spaces.serving import load_serving
 
-    loaded = serve.load_serving(space)
+    loaded = load_serving(space)
     if dry_run:
         click.echo(serve.explain_table(serve.encode_summary(loaded)))
         return

@@ -26,7 +26,7 @@ from paraspace.spaces import expert_balance
 from paraspace.spaces.catalog import catalog_hash
 from paraspace.spaces.enums import Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
-from paraspace.spaces.serving import (  # noqa: F401 - load_serving re-exported for the CLI
+from paraspace.spaces.serving import (
     DIMENSION_ENUMS,
     FEASIBLE_TEXT,
     REASON_TEXT,
@@ -39,7 +39,6 @@ from paraspace.spaces.serving import (  # noqa: F401 - load_serving re-exported 
     dtype_bytes_table,
     encode,
     enum_labels,
-    load_serving,
 )
 from paraspace.spaces.serving import names as serving_names
 

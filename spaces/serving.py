@@ -88,7 +88,6 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from paraspace.spaces.catalog import CATALOG_DIR, load_hardware, load_model, read_toml
-from paraspace.spaces import expert_balance
 from paraspace.spaces.encode import Encoded
 from paraspace.spaces import enums
 from paraspace.spaces.enums import Dispatch, Dtype, label, parse

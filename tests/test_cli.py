@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from paraspace.explorer.cli import main
 from paraspace.explorer.sweep import result_schema
@@ -22,7 +22,7 @@ from paraspace.spaces.catalog import names
 SMALL = "llama3-8b-h100-64"
 
 
-def run(*args: str) -> "Result":  # noqa: F821
+def run(*args: str) -> Result:
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return result
 

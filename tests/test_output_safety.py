@@ -57,7 +57,7 @@ def small(tmp_path_factory) -> Path:
 def tiny_space(tmp_path) -> Path:
     """A space of two combinations (tp 4 or 8), both valid."""
     path = tmp_path / "tiny.toml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(textwrap.dedent("""
         name = "tiny"
         description = "two combinations"
         model = "llama3-8b"

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from paraspace.explorer.serve import evaluate_space
-from paraspace.kernels import serving as ks
 from paraspace.kernels import serving_sim as ss
 from paraspace.kernels.codes import SEND_RECV
 from paraspace.spaces import serving as sp
