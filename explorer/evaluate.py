@@ -128,6 +128,7 @@ def pack(space: LoadedSpace) -> Packed:
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
         loss_bytes=params.LOSS_BYTES[spec.cross_entropy],
         eager_activations=1.0 if spec.elementwise == "eager" else 0.0,
+        checkpoint_early_stop=1.0 if spec.checkpoint == "early-stop" else 0.0,
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload, family=bands.family_of(space.hardware.name))
 

@@ -102,7 +102,8 @@ def layer_costs(costs, sh, recompute: int, tp_overlap: int, schedule: int, place
         layer_bwd += cast_b
     tp_layer = tp_layer_comm_s(sh, tp_overlap, att.qkv_f, att.out_f, mlp.up_f, mlp.down_f, tiers)
     cp_f, cp_b = cp_ring_s(sh, model, att.rope_width, att.core_f, att.core_b, tiers)
-    rc_compute, rc_comm = recompute_s(recompute, sh, layer_fwd, tp_layer, cp_f, att, mlp, model, dev)
+    rc_compute, rc_comm = recompute_s(recompute, sh, layer_fwd, tp_layer, cp_f, att, mlp, model, dev,
+                                      work.checkpoint_early_stop)
     ep_stride, _, _ = ep_strides(sh.t, sh.c, sh.d, sh.e, sh.et, placement)
     moe = moe_layer_s(sh, att, ep_stride, recompute, rc_compute, dispatch, tbo, schedule, model, dev, tiers, tiles,
                       work)

@@ -120,6 +120,10 @@ WORKLOAD = np.dtype(
         # 1: the layers run as eager PyTorch ops and keep what those keep besides
         # (kernels.memory.eager_bytes_per_layer); 0: fused kernels (SpaceSpec.elementwise)
         ("eager_activations", np.float64),
+        # 1: full recompute stops once the last tensor the backward reads is rebuilt
+        # (PyTorch's non-reentrant checkpoint; SpaceSpec.checkpoint = "early-stop"): a
+        # dense layer's down projection is not rerun; 0: the whole forward again
+        ("checkpoint_early_stop", np.float64),
     ]
 )
 
@@ -153,6 +157,7 @@ DEFAULTS = {
     "quantize_attention": 1.0,
     "loss_bytes": LOSS_BYTES["fused"],
     "eager_activations": 0.0,
+    "checkpoint_early_stop": 0.0,
     "peak_16bit_flops_per_s": 0.0,
 }
 

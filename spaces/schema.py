@@ -560,6 +560,13 @@ class SpaceSpec(Record):
     #: 34% more for a Llama 3 8B layer, measured to the byte on an H100 and an H200
     #: (``docs/measurements``, ``layer.csv``)
     elementwise: Literal["fused", "eager"] = "fused"
+    #: how full recompute reruns a layer (``kernels.recompute.recompute_s``): "reentrant",
+    #: its whole forward again (Megatron's and DeepSpeed's checkpointing), or
+    #: "early-stop", PyTorch's non-reentrant ``torch.utils.checkpoint`` (FSDP trainers),
+    #: which stops once the last tensor the backward reads is rebuilt and so skips the
+    #: down projection: measured 0.68-0.94 of a forward on MPT-7B blocks on an H100 and
+    #: an H200 (``docs/measurements``, ``layer.csv``)
+    checkpoint: Literal["reentrant", "early-stop"] = "reentrant"
     dimensions: Dimensions = Dimensions()
 
     @property

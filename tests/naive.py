@@ -462,8 +462,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         cp_bwd = max(0.0, 2 * ring_pass - attn_b)
 
     rc_work, rc_comm = 0.0, 0.0
-    if recompute == FULL:
-        rc_work, rc_comm = layer_f, tp_fwd + cp_fwd
+    if recompute == FULL:  # early stop (PyTorch's non-reentrant checkpoint): not the down projection again
+        rc_work, rc_comm = layer_f - work.get("checkpoint_early_stop", 0.0) * gemms[3][0], tp_fwd + cp_fwd
     elif recompute == SELECTIVE:
         rc_work = attn_f
     elif recompute == NORMS:  # both norms again on the (SP) shard: read the input, write the output

@@ -64,10 +64,12 @@ def test_the_schema_names_every_loss_the_kernels_size():
 
 
 @pytest.mark.parametrize(("field", "good", "bad"), [("cross_entropy", "unfused", "chunked"),
-                                                    ("elementwise", "eager", "compiled")])
-def test_a_space_sets_a_memory_setting_and_a_bad_value_is_named(tmp_path, field, good, bad):
-    """The loss and the elementwise ops (``tests/test_eager_activations.py``): a space's
-    value is kept, a value the schema does not name is refused with the field and value."""
+                                                    ("elementwise", "eager", "compiled"),
+                                                    ("checkpoint", "early-stop", "selective")])
+def test_a_space_sets_a_framework_setting_and_a_bad_value_is_named(tmp_path, field, good, bad):
+    """The loss, the elementwise ops (``tests/test_eager_activations.py``) and the
+    checkpoint (``tests/test_checkpoint_early_stop.py``): a space's value is kept, a value
+    the schema does not name is refused with the field and value."""
     raw = {"name": "setting", "description": "a memory setting", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
            "devices": 8, "global_batch": 8, "seq_len": 8192, field: good, "dimensions": {"tp": [1], "pp": [1]}}
     assert getattr(space_from_raw(raw, "test", tmp_path).spec, field) == good

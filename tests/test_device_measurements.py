@@ -382,13 +382,13 @@ def _block_model(r: dict):
                             ffn=int(r["ffn"]), vocab=32000, glu=r.get("gated", "1") == "1"))[0]
 
 
-def _layer_model(card: str, r: dict) -> tuple[float, float, float]:
+def _layer_model(card: str, r: dict, early_stop: float = 0.0) -> tuple[float, float, float]:
     """(forward, step, kept activation bytes) the kernels give a layer.csv row: its block on
     one device of the card's profile at the GEMM kernel's measured plateau (the fitted
     ``gemm_max_efficiency`` stands for whole training steps, not a kernel), with the row's
     backend's attention kernel class. The step is forward + backward + what the row's
     recompute mode adds to the backward (``kernels.recompute``: the attention core for
-    selective, one forward for full)."""
+    selective, one forward for full, less the down projection with ``early_stop``)."""
     dev, _, tiles = pack_hardware(load_hardware(card), "bf16", BACKEND_KERNEL[r["backend"]])
     dev["gemm_max_efficiency"] = kernel_plateau(card, "bf16", dev[0].gemm_k_fill)
     model = _block_model(r)
@@ -401,7 +401,7 @@ def _layer_model(card: str, r: dict) -> tuple[float, float, float]:
     fwd = att.part_f + mlp.up_f + mlp.down_f + mlp.act
     bwd = att.part_b + mlp.up_b + mlp.down_b + 2.0 * mlp.act
     code = RECOMPUTE_CODE[r["recompute"]]
-    rc, _ = recompute_s(code, sh, fwd, 0.0, 0.0, att, mlp, model, dev[0])
+    rc, _ = recompute_s(code, sh, fwd, 0.0, 0.0, att, mlp, model, dev[0], early_stop)
     kept = activation_bytes_per_layer(b, s, 1.0, 1.0, False, code, True, model, 2.0)
     return fwd, fwd + bwd + rc, kept
 

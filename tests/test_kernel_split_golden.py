@@ -58,8 +58,9 @@ EXPECTED: dict[str, str] = {
     "llama3-8b-h100-64": "7bbc39e48cab2e95ae16402ed6fad21324927f250b850fbb638b5562e58cf545",
     # recorded when it was added (stop 25): the PyTorch-native settings' space
     # re-recorded when the space came to run its layers as eager PyTorch ops (elementwise =
-    # "eager": the measured extra activations, kernels.memory.eager_bytes_per_layer)
-    "llama3-8b-h100-fsdp": "3a96f864bc8b91854ce87b0d55911b2a00ed12137ee96638f085e872868b207b",
+    # "eager": the measured extra activations, kernels.memory.eager_bytes_per_layer) and its
+    # full recompute as PyTorch's early-stopping checkpoint (checkpoint = "early-stop")
+    "llama3-8b-h100-fsdp": "bf2b955fe86218029be2137318d3c59e37934765ad57714da49bdb14abc425f5",
 }
 
 
