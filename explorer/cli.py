@@ -429,8 +429,8 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
     import optuna
 
     from paraspace.explorer import serve
-    from paraspace.spaces.serving import load_serving
     from paraspace.explorer.study import OBJECTIVES, run_study
+    from paraspace.spaces.serving import load_serving
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     serving = serve.is_serving_space(space)
@@ -602,8 +602,8 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
 
 def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], prefix: Path) -> None:
     from paraspace.explorer.serve_timeline import capture
-    from paraspace.spaces.serving import load_serving
     from paraspace.results.serving_trace import TRANSFER, write_chrome_trace, write_gantt_png
+    from paraspace.spaces.serving import load_serving
 
     for flag, value in unused.items():
         if value is not None:

@@ -168,8 +168,10 @@ def kept_bytes_per_layer(sh, recompute: int, model, work, moe_layer: bool, imbal
     layer, its busiest EP rank at ``imbalance``) plus, where the workload runs eager
     PyTorch ops, ``eager_bytes_per_layer``."""
     b, s, t, c, ab = sh.b, sh.s, sh.t, sh.c, sh.ab
-    return (_layer_activation_bytes(b, s, t, c, sh.sp, recompute, sh.flash, model, ab, moe_layer, imbalance)
-            + work.eager_activations * eager_bytes_per_layer(b, s, t, c, recompute, model, ab, moe_layer, imbalance))
+    kept = _layer_activation_bytes(b, s, t, c, sh.sp, recompute, sh.flash, model, ab, moe_layer, imbalance)
+    if work.eager_activations > 0:
+        kept += eager_bytes_per_layer(b, s, t, c, recompute, model, ab, moe_layer, imbalance)
+    return kept
 
 
 @jit

@@ -10,13 +10,13 @@ rows so did to its figures)."""
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_device_measurements import _layer_model, rows
 from test_memory_variants import run
+from test_validate import ROW
 
 from paraspace.explorer import validate
 from paraspace.kernels import params
@@ -27,9 +27,6 @@ from paraspace.kernels.mlp import dense_mlp_s
 from paraspace.kernels.recompute import recompute_s
 from paraspace.kernels.shape import shape_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_device_measurements import _layer_model, rows  # noqa: E402
-from test_validate import ROW  # noqa: E402
 
 
 def layer_parts(h100, model, work):

@@ -503,6 +503,16 @@ def test_kept_activations_to_the_byte(card):
             assert measured / kept == pytest.approx(1.338, abs=0.001)
 
 
+def _serving_layer_s(model, dev, tiers, tiles, wbytes: float, b: float, q: float, s: float) -> float:
+    """One block on one device as the serving kernels price it (``attention_block_s`` +
+    ``dense_mlp_s``): ``b`` sequences of ``q`` new tokens over ``s`` keys (q = s: a causal
+    prefill; q = 1: a decode step), weights of ``wbytes`` bytes, 16-bit activations and cache."""
+    srv = inference.serving(tp=1, pp=1, ep=1, attention_dp=0.0, n_gpus=1, weight_bytes=wbytes, act_bytes=2.0,
+                            kv_bytes=2.0)[0]
+    return (inference.attention_block_s(model, dev[0], tiers, tiles, srv, b, q, s)
+            + inference.dense_mlp_s(model, dev[0], tiers, tiles, srv, b * q))
+
+
 #: (decode-step table, its linears' precision, their weights' bytes per element, rows, the
 #: hand-checked row: Qwen3-32B on the H100 at one batch and 1K cached tokens, its weight and
 #: cache bytes per layer, and the measured seconds)
@@ -540,11 +550,7 @@ def test_a_decode_iteration_streams_weights_and_cache(card, table_name, dtype, w
     for r in table:
         dev, tiers, tiles = pack_hardware(hw, dtype, BACKEND_KERNEL[r["backend"]])
         model = _block_model(r)
-        srv = inference.serving(tp=1, pp=1, ep=1, attention_dp=0.0, n_gpus=1, weight_bytes=wbytes, act_bytes=2.0,
-                                kv_bytes=2.0)[0]
-        b, ctx = float(r["batch"]), float(r["context"])
-        layer = (inference.attention_block_s(model, dev[0], tiers, tiles, srv, b, 1.0, ctx)
-                 + inference.dense_mlp_s(model, dev[0], tiers, tiles, srv, b))
+        layer = _serving_layer_s(model, dev, tiers, tiles, wbytes, float(r["batch"]), 1.0, float(r["context"]))
         errors.setdefault(r["backend"], []).append(layer / float(r["seconds_per_layer"]) - 1)
         if (card.startswith("h100") and r["label"] == "qwen3-32b" and int(r["batch"]) == batch
                 and r["context"] == "1024" and r["backend"] == "flash"):
@@ -578,11 +584,8 @@ def test_a_prefill_forward_is_priced_by_the_serving_kernels(card):
             continue
         dev, tiers, tiles = pack_hardware(hw, "bf16", BACKEND_KERNEL[r["backend"]])
         model = _block_model(r)
-        srv = inference.serving(tp=1, pp=1, ep=1, attention_dp=0.0, n_gpus=1, weight_bytes=2.0, act_bytes=2.0,
-                                kv_bytes=2.0)[0]
-        b, s = float(r["batch"]), float(r["seq"])
-        prefill = (inference.attention_block_s(model, dev[0], tiers, tiles, srv, b, s, s)
-                   + inference.dense_mlp_s(model, dev[0], tiers, tiles, srv, b * s))
+        prefill = _serving_layer_s(model, dev, tiers, tiles, 2.0, float(r["batch"]), float(r["seq"]),
+                                   float(r["seq"]))
         errors.append(prefill / float(r["infer_s"]) - 1)
     assert len(errors) == 6
     assert np.mean(np.abs(errors)) < 0.06 and np.max(np.abs(errors)) < 0.11
