@@ -12,16 +12,30 @@ they exercise, from the finest class to the coarsest:
 
 A prediction takes the finest class holding at least ``MIN_RESIDUALS``
 residuals, and its band is [t exp(lo), t exp(hi)] of that class's residuals:
-``step_time_lo_s`` and ``step_time_hi_s``. lo and hi are the split-conformal
-order statistics of the class's n sorted residuals (Lei, G'Sell, Rinaldo,
-Tibshirani, Wasserman, "Distribution-free predictive inference for regression",
-JASA 2018, section 2.2): the floor((n + 1) 0.1)-th smallest and the
-ceil((n + 1) 0.9)-th smallest, so that a new residual exchangeable with the
-class's falls between them with probability at least 80% for any n (plain
+``step_time_lo_s`` and ``step_time_hi_s``.
+
+lo and hi are split-conformal bounds (Lei, G'Sell, Rinaldo, Tibshirani,
+Wasserman, "Distribution-free predictive inference for regression", JASA 2018,
+section 2.2) over a CDF that weighs every source the same. Rows of one source
+are not exchangeable with a new source's: they share its trainer, its cluster
+and its way of reporting, so a source of 147 rows would otherwise set the band
+every other source is judged by. Dunn, Wasserman and Ramdas ("Distribution-free
+prediction sets for two-layer hierarchical models", JASA 2023, "CDF pooling")
+pool the groups' empirical CDFs with equal weight: residual i of a class gets
+weight w_i = 1 / (rows of its source in the class), normalised to sum 1, and
+with W(x) the weight at or below x and W(x-) the weight below it,
+
+  lo = the largest residual x with W(x-) <= (0.1 (n + 1) - 1) / n,
+  hi = the smallest residual x with W(x) >= 0.9 (n + 1) / n   (the largest if none),
+
+n the class's residual count. With equal weights these are the
+floor((n + 1) 0.1)-th and ceil((n + 1) 0.9)-th smallest of the n, the plain
+split-conformal order statistics under which a new residual exchangeable with
+the class's falls between them with probability at least 80% for any n (plain
 sample quantiles promise that only as n grows; with a dozen residuals they
-undercover). The band table is data, written by
-``tools/validation_report.py`` into ``spaces/catalog/bands/training.toml`` with
-its provenance; nothing in it is keyed to a source, model or row.
+undercover). The band table is data, written by ``tools/validation_report.py``
+into ``spaces/catalog/bands/training.toml`` with its provenance; nothing in it
+is keyed to a source, model or row: a source only sets its rows' weights.
 
 Coverage is checked the same way the band is meant to be used, on a source it
 was not fitted on: for each source, the table is fitted on the other sources'
@@ -79,25 +93,51 @@ def class_keys(traits: RowTraits) -> tuple[str, ...]:
     return (f"{kind}/{traits.family}/{pipe}/{scale}", f"{kind}/{traits.family}", kind, "all")
 
 
-def conformal_bounds(residuals: list[float] | np.ndarray) -> tuple[float, float]:
-    """The split-conformal (lo, hi) of ``residuals`` (module doc): of the n sorted, the
-    floor((n + 1) q10)-th and the ceil((n + 1) q90)-th (1-based), clipped to 1 .. n."""
-    xs = np.sort(np.asarray(residuals, float))
+def conformal_bounds(residuals: list[float] | np.ndarray, weights: list[float] | np.ndarray | None = None
+                     ) -> tuple[float, float]:
+    """The split-conformal (lo, hi) of ``residuals`` under ``weights`` (module doc;
+    None: equal, when they are the floor((n + 1) q10)-th and the ceil((n + 1) q90)-th
+    of the n sorted, clipped to 1 .. n)."""
+    xs = np.asarray(residuals, float)
+    order = np.argsort(xs, kind="stable")
+    xs = xs[order]
     n = xs.size
-    lo = min(max(math.floor((n + 1) * QUANTILES[0]), 1), n)
-    hi = min(max(math.ceil((n + 1) * QUANTILES[1]), 1), n)
-    return float(xs[lo - 1]), float(xs[hi - 1])
+    w = np.ones(n) if weights is None else np.asarray(weights, float)[order]
+    at_or_below = np.cumsum(w) / w.sum()
+    below = at_or_below - w / w.sum()
+    # the thresholds of the module doc, less a rounding allowance: with equal weights
+    # W is k / n up to rounding and must meet a threshold it equals
+    eps = 1e-9
+    lo_level = (QUANTILES[0] * (n + 1) - 1) / n
+    hi_level = QUANTILES[1] * (n + 1) / n
+    lo = int(np.searchsorted(below, lo_level + eps, side="right")) - 1
+    hi = int(np.searchsorted(at_or_below, hi_level - eps, side="left"))
+    return float(xs[min(max(lo, 0), n - 1)]), float(xs[min(hi, n - 1)])
 
 
-def fit(residuals: np.ndarray, traits: list[RowTraits]) -> dict[str, tuple[float, float, int]]:
-    """Per class with at least ``MIN_RESIDUALS`` residuals: (lo, hi, n), ``conformal_bounds``."""
-    groups: dict[str, list[float]] = {}
-    for r, t in zip(residuals, traits):
+def source_weights(sources: list[str] | np.ndarray) -> np.ndarray:
+    """Each row's weight in its class: 1 / the rows of its source there (module doc)."""
+    names, inverse, counts = np.unique(np.asarray(sources), return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
+
+
+def fit(residuals: np.ndarray, traits: list[RowTraits], sources: list[str] | np.ndarray | None = None
+        ) -> dict[str, tuple[float, float, int]]:
+    """Per class with at least ``MIN_RESIDUALS`` residuals: (lo, hi, n),
+    ``conformal_bounds`` with every source weighing the same (``sources`` None:
+    each row its own source)."""
+    labels = np.arange(len(residuals)).astype(str) if sources is None else np.asarray(sources)
+    groups: dict[str, list[tuple[float, str]]] = {}
+    for r, t, s in zip(residuals, traits, labels):
         if math.isfinite(r):
             for key in class_keys(t):
-                groups.setdefault(key, []).append(float(r))
-    return {k: (*conformal_bounds(v), len(v)) for k, v in sorted(groups.items())
-            if len(v) >= MIN_RESIDUALS or k == "all"}
+                groups.setdefault(key, []).append((float(r), str(s)))
+    table = {}
+    for key, members in sorted(groups.items()):
+        if len(members) >= MIN_RESIDUALS or key == "all":
+            xs, names = zip(*members)
+            table[key] = (*conformal_bounds(xs, source_weights(names)), len(members))
+    return table
 
 
 def band(table: dict[str, tuple[float, float, int]], traits: RowTraits, seconds: float) -> tuple[float, float]:
@@ -134,7 +174,7 @@ def coverage(residuals: np.ndarray, traits: list[RowTraits], sources: np.ndarray
     inside = total = 0
     for held in np.unique(sources):
         mine = sources == held
-        table = fit(residuals[~mine], [t for t, m in zip(traits, mine) if not m])
+        table = fit(residuals[~mine], [t for t, m in zip(traits, mine) if not m], sources[~mine])
         for r, t in zip(residuals[mine], [t for t, m in zip(traits, mine) if m]):
             if not math.isfinite(r):
                 continue
@@ -162,4 +202,4 @@ def to_toml(table: dict[str, tuple[float, float, int]], provenance: str) -> str:
 
 
 __all__ = ["RowTraits", "band", "band_factors", "committed", "class_keys", "conformal_bounds", "coverage", "family_of", "fit",
-           "load", "to_toml", "traits_of_row"]
+           "load", "source_weights", "to_toml", "traits_of_row"]

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraspace.explorer import bands
 
@@ -106,3 +108,49 @@ def test_conformal_bounds_cover_at_least_80_percent_of_exchangeable_draws(n):
     exact = (k_hi - k_lo) / (n + 1)
     assert exact >= 0.8
     assert inside / trials == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / trials))
+
+
+@pytest.mark.parametrize("n", range(1, 260))
+def test_equal_weights_give_the_split_conformal_order_statistics(n):
+    """Weighted bounds with every weight equal are the plain split-conformal ones: the
+    floor((n + 1) 0.1)-th and ceil((n + 1) 0.9)-th smallest, clipped to 1 .. n."""
+    xs = np.random.default_rng(n).standard_normal(n)
+    s = np.sort(xs)
+    k_lo = min(max(math.floor((n + 1) * 0.1), 1), n)
+    k_hi = min(max(math.ceil((n + 1) * 0.9), 1), n)
+    assert bands.conformal_bounds(xs) == (s[k_lo - 1], s[k_hi - 1])
+    assert bands.conformal_bounds(xs, np.full(n, 0.37)) == (s[k_lo - 1], s[k_hi - 1])
+
+
+def test_every_source_weighs_the_same_in_a_class():
+    """Source A: 20 residuals -0.05..+0.05; source B: 4 residuals -0.4, -0.3, +0.3,
+    +0.4. Each source weighs 1/2: A's rows 1/40 each, B's 1/8 each. n = 24, so
+    lo's level is (0.1 x 25 - 1) / 24 = 0.0625 and hi's 0.9 x 25 / 24 = 0.9375.
+    Sorted, the weight below -0.4 is 0 (<= 0.0625) and below -0.3 is 0.125, so
+    lo = -0.4; the weight at or below +0.3 is 1/8 + 1/8 + 20/40 + 1/8 = 0.875 and at
+    or below +0.4 is 1, so hi = +0.4. Unweighted the 2nd and 23rd of 24 give -0.3 and
+    +0.3: A's 20 tight rows would set the band a new source is judged by."""
+    a = np.linspace(-0.05, 0.05, 20)
+    b = np.array([-0.4, -0.3, 0.3, 0.4])
+    res = np.concatenate([a, b])
+    sources = np.array(["A"] * 20 + ["B"] * 4)
+    np.testing.assert_allclose(bands.source_weights(sources), [1 / 20] * 20 + [1 / 4] * 4)
+    assert bands.conformal_bounds(res, bands.source_weights(sources)) == (-0.4, 0.4)
+    assert bands.conformal_bounds(res) == (-0.3, 0.3)
+    assert bands.fit(res, [DENSE] * 24, sources)["dense"] == (-0.4, 0.4, 24)
+    assert bands.fit(res, [DENSE] * 24)["dense"] == (-0.3, 0.3, 24)
+
+
+@given(st.lists(st.tuples(st.floats(-2, 2, allow_nan=False), st.sampled_from("ABCD")), min_size=1, max_size=60),
+       st.randoms(use_true_random=False))
+@settings(max_examples=200, deadline=None)
+def test_weighted_bounds_are_residuals_in_order_whatever_the_row_order(rows, rnd):
+    """For any residuals and sources: lo <= hi, both are residuals of the class, and
+    shuffling the rows changes neither."""
+    xs = np.array([r for r, _ in rows])
+    w = bands.source_weights([s for _, s in rows])
+    lo, hi = bands.conformal_bounds(xs, w)
+    assert lo <= hi and lo in xs and hi in xs
+    order = list(range(len(rows)))
+    rnd.shuffle(order)
+    assert bands.conformal_bounds(xs[order], w[order]) == (lo, hi)
