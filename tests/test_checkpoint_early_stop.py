@@ -4,13 +4,14 @@ rebuilt, the down projection's input, so the down projection is not rerun.
 Megatron's and DeepSpeed's (reentrant) checkpointing rerun the whole forward, the
 default. Measured whole on an H100 and an H200 (``docs/measurements``, ``layer.csv``):
 0.68-0.94 of a forward on MPT-7B blocks, whose down projection is a third of the GEMMs.
-``validate`` keeps the default (``validate.FULLY_SHARDED`` says what reading ZeRO-3
-rows so did to its figures)."""
+``validate`` reads ZeRO-3 rows so (FSDP trainers' checkpoint; ``validate.FULLY_SHARDED``
+says what it did to the figures) and every other row with the default."""
 
 from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,12 +118,34 @@ def test_the_default_reruns_the_whole_forward():
     assert params.DEFAULTS["checkpoint_early_stop"] == 0.0
 
 
-@pytest.mark.parametrize("zero", ["3", "1", "0"])
-def test_validate_keeps_the_default_checkpoint(zero):
-    """No column says which checkpoint a run used; reading ZeRO-3 rows as FSDP trainers'
-    early stop was tried (``validate.FULLY_SHARDED``) and waits for the bands: every
-    row reruns the whole forward."""
+@pytest.mark.parametrize(("zero", "checkpoint"), [("3", "early-stop"), ("2", "reentrant"), ("1", "reentrant"),
+                                                  ("0", "reentrant")])
+def test_validate_reads_zero3_rows_with_the_early_stopping_checkpoint(zero, checkpoint):
+    """No column names the trainer; ZeRO-3 (FULL_SHARD) rows are FSDP trainers' (PyTorch's
+    non-reentrant checkpoint, ``validate.FULLY_SHARDED``), the others rerun the whole
+    forward as Megatron and DeepSpeed do."""
     row = {**ROW, "zero": zero, "recompute": "full", "attention": "flash2", "head_dim": "", "qk_nope_head_dim": "",
            "v_head_dim": ""}
     space, _ = validate.training_space(row, "test.csv")
-    assert space.spec.checkpoint == "reentrant"
+    assert space.spec.checkpoint == checkpoint
+
+
+def test_a_zero3_row_full_recompute_is_priced_without_the_down_projection():
+    """A ZeRO-3 row with full recompute, evaluated as validate reads it and again with
+    the reentrant checkpoint: every candidate is faster by the recompute's down
+    projections, and its memory is the same."""
+    import dataclasses
+
+    from paraspace.explorer.evaluate import evaluate, pack
+    from paraspace.spaces.encode import Encoder
+
+    row = {**ROW, "zero": "3", "recompute": "full", "attention": "flash2", "head_dim": "", "qk_nope_head_dim": "",
+           "v_head_dim": ""}
+    space, _ = validate.training_space(row, "test.csv")
+    assert space.spec.checkpoint == "early-stop"
+    whole = dataclasses.replace(space, spec=space.spec.model_copy(update={"checkpoint": "reentrant"}))
+    enc = Encoder(space).encode_all()
+    early, base = evaluate(pack(space), enc.columns), evaluate(pack(whole), enc.columns)
+    assert enc.n_rows > 0
+    assert np.all(early["step_time_s"] < base["step_time_s"])
+    np.testing.assert_array_equal(early["mem_peak_bytes"], base["mem_peak_bytes"])

@@ -33,8 +33,10 @@ TRAINING = VALIDATION / "training.csv"
 #: and FA1 knobs are refitted under it (H100 family 0.575 -> 0.625, A100 0.65 -> 0.675);
 #: 8.0% once Hopper GEMMs pay the measured fill of their reduction length (128 BF16 /
 #: 256 FP8 elements of k, the profile's gemm_k_fill_bytes) and the H100 family's GEMM
-#: knob is refitted under it (0.625 -> 0.65)
-MAPE_OK_THRESHOLD = 0.081
+#: knob is refitted under it (0.625 -> 0.65); 6.9% once ZeRO-3 rows (MosaicML's
+#: FSDP runs among them) price full recompute as PyTorch's non-reentrant checkpoint runs it,
+#: without the down projection (validate.FULLY_SHARDED)
+MAPE_OK_THRESHOLD = 0.070
 #: the sources of the first version of training.csv (202 rows), whose ok rows the
 #: threshold above was set on; the attention kernel now comes from the rows'
 #: ``attention`` column, not from source names, and gives the same figure
@@ -48,8 +50,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: dispatcher may run DeepEP's hierarchical kernels; 9.27% once MLA attention runs the
 #: FlashAttention-3 class, FA2 having no path for its unequal head dims; 8.71% once a ZeRO-3
 #: row with tensor parallelism is priced without TP overlap (validate.FULLY_SHARDED: FSDP
-#: trainers issue those collectives in line) rather than searched for it (only moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0872
+#: trainers issue those collectives in line) rather than searched for it; 7.87% once ZeRO-3
+#: rows price full recompute with PyTorch's early-stopping checkpoint (only moves down)
+MAPE_OK_ALL_THRESHOLD = 0.0788
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -98,8 +101,8 @@ def test_published_training_rows_within_threshold(training_results):
     assert stats["status"]["unsupported"] == 0 and stats["status"]["no-candidate"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (16.8%, -16% signed: context parallel at "
-                   "128K-256K), NeMo Automodel's DeepSeek-V3 row on 256 GPUs (+28%): issue 14 open")
+@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (17.1%, -16% signed: context parallel at "
+                   "128K-256K): issue 14 open")
 def test_every_source_within_the_target(training_results):
     stats = validate.summary(training_results)
     ok_sources = {k: v for k, v in stats["by_source"].items() if not k.endswith("(uncertain)")}
@@ -382,8 +385,10 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: attention runs the FlashAttention-3 class (``Model.attention_kernel``): Automodel 19.8%.
 #: 9.84% once a ZeRO-3 row with tensor parallelism is priced without TP overlap instead of
 #: searched for it (validate.FULLY_SHARDED): KempnerForge 16.0% -> 11.2%, torchtitan 2412
-#: 19.3% -> 16.8%, the other sources unchanged.
-LOSO_MAPE_OK_THRESHOLD = 0.0985
+#: 19.3% -> 16.8%, the other sources unchanged. 8.96% once ZeRO-3 rows price full
+#: recompute with PyTorch's early-stopping checkpoint (validate.FULLY_SHARDED): MosaicML
+#: 9.2% -> 7.6%, NeMo Automodel 19.8% -> 17.1%, torchtitan A100 9.5% -> 7.0%.
+LOSO_MAPE_OK_THRESHOLD = 0.0897
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -400,8 +405,13 @@ LOSO_MAPE_OK_THRESHOLD = 0.0985
 #: Automodel 23.6% once its DeepSeek-V3 row may run DeepEP across its 8 nodes (+60% -> +35%
 #: in sample), 19.8% once its MLA attention runs the FlashAttention-3 class (+28%).
 #: KempnerForge 11.2% and torchtitan 2412 16.8% once their ZeRO-3 TP rows run the TP
-#: collectives in line: KempnerForge is back under the target
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.168, "nemo-automodel-perf": 0.199}
+#: collectives in line: KempnerForge is back under the target. With the early-stopping
+#: checkpoint on ZeRO-3 rows NeMo Automodel fell to 17.1%, and one exception, said here:
+#: torchtitan 2412 16.8% -> 17.05%. Its rows are already predicted too fast (-16% signed)
+#: and its full-recompute rows (the 405B and the 256K-token runs) gain the cheaper
+#: recompute; KempnerForge (11.2% -> 12.6%) and Narayanan et al. (13.9% -> 14.9%) rise too
+#: but stay under the target
+LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.171, "nemo-automodel-perf": 0.172}
 
 
 @pytest.mark.slow
@@ -420,7 +430,8 @@ def test_leave_one_source_out_within_threshold(training_results):
     in_sample = validate.summary(training_results)
     assert stats["ok"]["mape"] >= in_sample["ok"]["mape"] - 1e-9
     # the 80% bands, fitted without each source, cover 75-85% of its rows (issue 14's target;
-    # measured 82.5% of 229 with split-conformal bounds, 71.6% with plain quantiles)
+    # measured 82.5% of 229 with split-conformal bounds, 71.6% with plain quantiles; 73.8% once
+    # ZeRO-3 rows read the early-stopping checkpoint, 79.9% with every source weighing the same)
     from paraspace.explorer import bands
 
     rows = list(validate.read(TRAINING).iter_rows(named=True))

@@ -63,12 +63,13 @@ def main() -> None:
     residuals = np.array([np.log(results[i].measured / held[i]) for i in use])
     traits = [bands.traits_of_row(rows[i]) for i in use]
     sources = np.array([results[i].source for i in use])
-    table = bands.fit(residuals, traits)
+    table = bands.fit(residuals, traits, sources)
     cov = bands.coverage(residuals, traits, sources)
     bands.TABLE.parent.mkdir(parents=True, exist_ok=True)
     bands.TABLE.write_text(bands.to_toml(table, (
-        "80% bands of predicted training step times (explorer/bands.py): split-conformal 10% and 90% bounds of\n"
-        "log(measured / predicted) over the leave-one-source-out predictions of the ok rows of\n"
+        "80% bands of predicted training step times (explorer/bands.py): split-conformal 10% and 90% bounds,\n"
+        "every source weighing the same, of log(measured / predicted) over the leave-one-source-out\n"
+        "predictions of the ok rows of\n"
         f"shared/validation/training.csv ({len(use)} rows), per class of what a row exercises.\n"
         f"Coverage on sources left out of the band fit: {100 * cov['coverage']:.1f}% of {cov['n']} rows.\n"
         "Written by python tools/validation_report.py; do not edit by hand.")))
@@ -177,18 +178,24 @@ def main() -> None:
             "block's step (0.68-1.06 over every block measured), where the kernels charge one: the direction of "
             "these rows, but Megatron's reentrant checkpoint (Narayanan et al.'s full-recompute rows, already "
             "13% fast) reruns the whole forward and no column says which one a run used. A space prices it "
-            "(`checkpoint = \"early-stop\"`); read so on every ZeRO-3 row (FSDP trainers checkpoint that way) it "
-            "takes leave-one-source-out MAPE from 9.84% to 9.0% and in sample from 8.71% to 7.9% (MosaicML 9.2% "
-            "to 7.6%, NeMo Automodel 19.8% to 17.1%; KempnerForge 11.2% to 12.6%, Narayanan et al. 13.9% to "
-            "14.9%, torchtitan 2412 16.8% to 17.0%), but the bands' coverage falls from 78.6% to 73.8%, under "
-            "its target, so `validate` keeps the default until the bands are refitted for it. Tried and set "
+            "(`checkpoint = \"early-stop\"`), and `validate` reads every ZeRO-3 row so (FSDP trainers checkpoint "
+            "that way: `torch.distributed`'s `checkpoint_wrapper` defaults to the non-reentrant checkpoint, "
+            "llm-foundry's FSDP configurations set `activation_checkpointing_reentrant: false`). That took "
+            "leave-one-source-out MAPE from 9.84% to 9.0% and in sample from 8.71% to 7.9% (MosaicML 9.2% to 7.6%, "
+            "NeMo Automodel 19.8% to 17.1%, torchtitan A100 9.5% to 7.0%; KempnerForge 11.2% to 12.6%, Narayanan "
+            "et al. 13.9% to 14.9%, whose DeepSpeed ZeRO-3 rows rerun the whole forward, torchtitan 2412 16.8% to "
+            "17.0%). Tried and set "
             "aside on 2026-11-26: "
             "weighting the fit's sources by their row counts (leave-one-source-out "
             "9.84% to 9.74%, but Narayanan et al. 13.9% to 21.2% and the Megatron README row 6.3% to 12.8%).", "",
             f"**Uncertainty bands:** every prediction carries an 80% band from the leave-one-source-out residuals "
-            f"of its class (`explorer/bands.py`, table in `spaces/catalog/bands/training.toml`). Coverage, each "
+            f"of its class (`explorer/bands.py`, table in `spaces/catalog/bands/training.toml`): split-conformal "
+            f"bounds over a CDF in which every source weighs the same (Dunn, Wasserman and Ramdas's CDF pooling), "
+            f"so that MosaicML's 147 rows do not set the band every other source is judged by. Coverage, each "
             f"source's rows against the band fitted without that source: {100 * cov['coverage']:.1f}% of "
-            f"{cov['n']} rows (target 75-85%).", "",
+            f"{cov['n']} rows (target 75-85%; with every row weighing the same it was 78.6% before ZeRO-3 rows "
+            f"read the early-stopping checkpoint and 73.8% after, as MosaicML's residuals, centred by it, "
+            f"narrowed the bands of the sources judged by them).", "",
             "| class | residuals | band (q10, q90 of measured / predicted) |", "|---|---:|---|"]
     out += [f"| {k} | {n} | {np.exp(lo):.3f} - {np.exp(hi):.3f} |" for k, (lo, hi, n) in table.items()]
     out += ["", "Worst `ok` rows: " + ", ".join(f"`{i}` {100 * e:+.0f}%" for i, e in stats["ok"]["worst"]), "",
