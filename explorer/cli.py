@@ -670,6 +670,7 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
 
             held = loso_mod.run(str(file), results, on_job=on_job)
         held_stats = loso_mod.summary(results, held)
+        held_stats["bands"] = loso_mod.band_coverage(list(validate.read(file).iter_rows(named=True)), results, held)
     loso_notes: dict[str, str] = {}
     if kind == "inference":  # no knob is fitted on inference rows: instant, so always (explorer.loso)
         from paraspace.explorer import loso as loso_mod
@@ -707,6 +708,10 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
                 held_text = f"  left out {100 * held_st['mape']:5.1f}%" if held_st and held_st["n"] else ""
                 click.echo(f"  {name:<34} n={st['n']:>3}  MAPE {100 * st['mape']:5.1f}%  "
                            f"signed {100 * st['mean_signed']:+6.1f}%{held_text}")
+    if held_stats and "bands" in held_stats and held_stats["bands"]["n"]:
+        cover = held_stats["bands"]
+        click.echo(f"bands: the 80% band fitted without each source holds {100 * cover['coverage']:.1f}% of its "
+                   f"{cover['n']} ok rows' measured step times (target 75-85%)")
     rank, mem = stats["ranking"], stats["memory"]
     if rank["pairs"]:
         told = f"{100 * rank['distinguished']:.0f}%" if rank["distinguished"] is not None else "-"

@@ -216,11 +216,37 @@ def inference_run(path: str | Path, results: list[validate.RowResult],
     return held, notes
 
 
+def held_residuals(rows: list[dict], results: list[validate.RowResult], loso_seconds: list[float | None]
+                   ) -> tuple[np.ndarray, list, np.ndarray]:
+    """The residuals the uncertainty bands are fitted on (``explorer.bands``): r =
+    log(measured / held-out prediction) of every ``ok`` row predicted (status ok)
+    without its own source, with each row's band traits and source. ``rows`` are the
+    file's, in ``results``' order."""
+    from paraspace.explorer import bands
+
+    use = [i for i, r in enumerate(results)
+           if r.quality == "ok" and r.status == "ok" and loso_seconds[i] and r.measured]
+    residuals = np.array([np.log(results[i].measured / loso_seconds[i]) for i in use])
+    return (residuals, [bands.traits_of_row(rows[i]) for i in use],
+            np.array([results[i].source for i in use]))
+
+
+def band_coverage(rows: list[dict], results: list[validate.RowResult],
+                  loso_seconds: list[float | None]) -> dict[str, float | int]:
+    """``explorer.bands.coverage`` of the held-out residuals (``held_residuals``): the
+    share of ``ok`` rows whose measured step time falls inside the 80% band fitted
+    without their source (issue 14's target: 75-85%)."""
+    from paraspace.explorer import bands
+
+    residuals, traits, sources = held_residuals(rows, results, loso_seconds)
+    return bands.coverage(residuals, traits, sources)
+
+
 def summary(results: list[validate.RowResult], loso_seconds: list[float | None]) -> dict:
     """``validate.summary`` of the LOSO predictions (same rows, held-out step times)."""
     held = [validate.RowResult(**{**r.__dict__, "predicted": p}) for r, p in zip(results, loso_seconds)]
     return validate.summary(held)
 
 
-__all__ = ["COARSE", "FINE", "INFERENCE_KNOBS", "inference_run", "leave_one_source_out", "run", "summary",
-           "surfaces"]
+__all__ = ["COARSE", "FINE", "INFERENCE_KNOBS", "band_coverage", "held_residuals", "inference_run",
+           "leave_one_source_out", "run", "summary", "surfaces"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -432,14 +433,7 @@ def test_leave_one_source_out_within_threshold(training_results):
     # the 80% bands, fitted without each source, cover 75-85% of its rows (issue 14's target;
     # measured 82.5% of 229 with split-conformal bounds, 71.6% with plain quantiles; 73.8% once
     # ZeRO-3 rows read the early-stopping checkpoint, 79.9% with every source weighing the same)
-    from paraspace.explorer import bands
-
-    rows = list(validate.read(TRAINING).iter_rows(named=True))
-    use = [i for i, r in enumerate(training_results)
-           if r.quality == "ok" and r.status == "ok" and held[i] and r.measured]
-    residuals = np.array([np.log(training_results[i].measured / held[i]) for i in use])
-    cov = bands.coverage(residuals, [bands.traits_of_row(rows[i]) for i in use],
-                         np.array([training_results[i].source for i in use]))
+    cov = loso.band_coverage(list(validate.read(TRAINING).iter_rows(named=True)), training_results, held)
     assert cov["n"] >= 225 and 0.75 <= cov["coverage"] <= 0.85, cov
 
 
@@ -459,3 +453,12 @@ def test_cli_loso_on_a_small_file(tmp_path):
     data = json.loads(result.stdout)
     assert data["loso"]["ok"]["n"] == 2
     assert all(r["loso_predicted"] > 0 for r in data["rows"])
+    # each row's band is fitted on the other source's one residual, r = log(measured /
+    # held-out): a one-residual class's bounds are that residual, so a row is inside only
+    # where its own residual is the same
+    r = [math.log(row["measured"] / row["loso_predicted"]) for row in data["rows"]]
+    inside = sum(abs(a - b) < 1e-12 for a, b in ((r[0], r[1]), (r[1], r[0])))
+    assert data["loso"]["bands"] == {"n": 2, "coverage": pytest.approx(inside / 2)}
+    text = CliRunner().invoke(main, ["validate", str(path), "--loso", "--no-progress"])
+    assert text.exit_code == 0, text.output
+    assert f"bands: the 80% band fitted without each source holds {100 * inside / 2:.1f}% of its 2 ok rows" in text.output

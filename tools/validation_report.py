@@ -59,10 +59,7 @@ def main() -> None:
     held_stats = loso.summary(results, held)
     rows = list(validate.read(src).iter_rows(named=True))
     # residuals of ok rows predicted without their own source
-    use = [i for i, r in enumerate(results) if r.quality == "ok" and r.status == "ok" and held[i] and r.measured]
-    residuals = np.array([np.log(results[i].measured / held[i]) for i in use])
-    traits = [bands.traits_of_row(rows[i]) for i in use]
-    sources = np.array([results[i].source for i in use])
+    residuals, traits, sources = loso.held_residuals(rows, results, held)
     table = bands.fit(residuals, traits, sources)
     cov = bands.coverage(residuals, traits, sources)
     bands.TABLE.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +67,7 @@ def main() -> None:
         "80% bands of predicted training step times (explorer/bands.py): split-conformal 10% and 90% bounds,\n"
         "every source weighing the same, of log(measured / predicted) over the leave-one-source-out\n"
         "predictions of the ok rows of\n"
-        f"shared/validation/training.csv ({len(use)} rows), per class of what a row exercises.\n"
+        f"shared/validation/training.csv ({len(residuals)} rows), per class of what a row exercises.\n"
         f"Coverage on sources left out of the band fit: {100 * cov['coverage']:.1f}% of {cov['n']} rows.\n"
         "Written by python tools/validation_report.py; do not edit by hand.")))
     docs = ROOT / "docs"
