@@ -117,7 +117,7 @@ def conformal_bounds(residuals: list[float] | np.ndarray, weights: list[float] |
 
 def source_weights(sources: list[str] | np.ndarray) -> np.ndarray:
     """Each row's weight in its class: 1 / the rows of its source there (module doc)."""
-    names, inverse, counts = np.unique(np.asarray(sources), return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(np.asarray(sources), return_inverse=True, return_counts=True)
     return 1.0 / counts[inverse]
 
 
