@@ -170,11 +170,14 @@ def committed() -> dict[str, tuple[float, float, int]]:
 
 
 def coverage(residuals: np.ndarray, traits: list[RowTraits], sources: np.ndarray) -> dict[str, float | int]:
-    """Share of rows inside the band fitted without their source (see the module doc)."""
+    """Share of rows inside the band fitted without their source (see the module doc);
+    a source no other source's residual can judge (it is the only one) is not counted."""
     inside = total = 0
     for held in np.unique(sources):
         mine = sources == held
         table = fit(residuals[~mine], [t for t, m in zip(traits, mine) if not m], sources[~mine])
+        if "all" not in table:  # no other source has a residual: no band to judge this one by
+            continue
         for r, t in zip(residuals[mine], [t for t, m in zip(traits, mine) if m]):
             if not math.isfinite(r):
                 continue

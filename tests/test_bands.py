@@ -52,6 +52,17 @@ def test_coverage_is_measured_on_sources_left_out():
     assert cov == {"n": 40, "coverage": pytest.approx((20 + expected_b) / 40, rel=1e-12)}
 
 
+def test_coverage_counts_only_sources_another_source_can_judge():
+    """One source alone has no band fitted without it: its rows are not counted (no
+    error). Beside a second source each is judged by the other's band: B's from A's
+    0.1 and 0.3 (n = 2: the 1st and the 2nd) is [0.1, 0.3], B's 0.2 inside; A's from
+    B's one residual is [0.2, 0.2], neither of A's inside: 1 of 3."""
+    alone = bands.coverage(np.array([0.1, 0.2]), [DENSE] * 2, np.array(["A", "A"]))
+    assert alone["n"] == 0 and math.isnan(alone["coverage"])
+    cov = bands.coverage(np.array([0.1, 0.3, 0.2]), [DENSE] * 3, np.array(["A", "A", "B"]))
+    assert cov == {"n": 3, "coverage": pytest.approx(1 / 3)}
+
+
 def test_the_committed_table_loads_and_has_an_all_class():
     table = bands.load()
     assert "all" in table
