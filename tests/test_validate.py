@@ -437,6 +437,21 @@ def test_leave_one_source_out_within_threshold(training_results):
     assert cov["n"] >= 225 and 0.75 <= cov["coverage"] <= 0.85, cov
 
 
+def test_cli_loso_when_no_other_source_can_judge_a_band(tmp_path):
+    """Source "test" is an MoE row, which the knob fit leaves out, so "other"'s dense
+    row has no fit set without its source and no held-out prediction; "test" is
+    predicted with the knobs fitted on "other". Its band would be fitted on no other
+    source's residual: no row is counted for coverage, and the run ends cleanly."""
+    moe = {**ROW, "n_experts": "8", "topk": "2", "expert_ffn": "8192"}
+    path = write(tmp_path, [moe, {**ROW, "id": "t-2", "source": "other"}])
+    result = CliRunner().invoke(main, ["validate", str(path), "--loso", "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    held = {r["id"]: r.get("loso_predicted") for r in data["rows"]}
+    assert held["t-1"] is not None and held["t-1"] > 0 and held["t-2"] is None
+    assert data["loso"]["bands"] == {"n": 0, "coverage": None}
+
+
 def test_each_row_is_reported_as_it_is_done(tmp_path):
     heard = []
     validate.run(write(tmp_path, [ROW, {**ROW, "id": "t-2"}, {**ROW, "id": "t-3"}]),
