@@ -166,3 +166,24 @@ def test_weighted_bounds_are_residuals_in_order_whatever_the_row_order(rows, rnd
     order = list(range(len(rows)))
     rnd.shuffle(order)
     assert bands.conformal_bounds(xs[order], w[order]) == (lo, hi)
+
+
+TRAITS = st.builds(bands.RowTraits, moe=st.booleans(), family=st.sampled_from(["a100", "h100", "other"]),
+                   pipelined=st.booleans(), gpus=st.sampled_from([8, 64, 512]))
+
+
+@given(st.lists(st.tuples(st.floats(-1, 1, allow_nan=False), TRAITS, st.sampled_from("ABC")), max_size=40))
+@settings(max_examples=150, deadline=None)
+def test_coverage_of_any_residuals_is_a_share_of_the_rows_another_source_judges(rows):
+    """For any residuals, traits and sources: no error; n counts the rows of sources
+    that have another source beside them, and the coverage is a share of those."""
+    res = np.array([r for r, _, _ in rows])
+    traits = [t for _, t, _ in rows]
+    sources = np.array([s for _, _, s in rows])
+    cov = bands.coverage(res, traits, sources)
+    judged = sum(1 for s in sources if (sources != s).any())
+    assert cov["n"] == judged
+    if judged:
+        assert 0.0 <= cov["coverage"] <= 1.0
+    else:
+        assert math.isnan(cov["coverage"])
