@@ -347,8 +347,10 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
     dims["sequence_parallel"] = [bool(sp)] if sp is not None else UNKNOWN_SEARCH["sequence_parallel"]
     if sp is None:
         searched["sequence_parallel"] = dims["sequence_parallel"]
+    # an FSDP trainer's row (FULLY_SHARDED): TP collectives in line, PyTorch's early-stopping checkpoint
+    fsdp = dims["zero"] == [FULLY_SHARDED]
     if any(dims["sequence_parallel"]) and ints["tp"] > 1:
-        if dims["zero"] == [FULLY_SHARDED]:  # FSDP's tensor parallelism: collectives in line
+        if fsdp:
             dims["tp_overlap"] = [False]
         else:
             dims["tp_overlap"] = searched["tp_overlap"] = UNKNOWN_SEARCH["tp_overlap"]
@@ -379,7 +381,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         "dtype": row.get("dtype") or "bf16", "flash_attention": flash, "attention_kernel": kernel,
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
         "uneven_layers": layers % pp != 0,
-        "checkpoint": "early-stop" if dims["zero"] == [FULLY_SHARDED] else "reentrant",
+        "checkpoint": "early-stop" if fsdp else "reentrant",
         "dimensions": dims,
     }, where)
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=where, raw={}), searched
