@@ -155,11 +155,11 @@ def replica_runs(srv: np.ndarray, dtype: np.ndarray) -> np.ndarray:
     n = srv.shape[0]
     change = np.ones(n, dtype=bool)
     if n > 1:
-        same = dtype[1:] == dtype[:-1]
-        for name in srv.dtype.names:
-            if name != "batch_cap":
-                same &= srv[name][1:] == srv[name][:-1]
-        change[1:] = ~same
+        # every SERVING field is a float64: compare the records as rows of a matrix
+        fields = np.ascontiguousarray(srv).view(np.float64).reshape(n, len(srv.dtype.names))
+        equal = fields[1:] == fields[:-1]
+        equal[:, srv.dtype.names.index("batch_cap")] = True
+        change[1:] = ~(equal.all(axis=1) & (dtype[1:] == dtype[:-1]))
     return np.cumsum(change, dtype=np.int64) - 1
 
 
@@ -169,7 +169,7 @@ def analytic(packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray]
                            cols["mode"], cols["max_batch"], cols["max_tokens"], cols["scheduler"],
                            cols["overlap_scheduler"], cols["instances"], cols["prefill_instances"], packed.workload,
                            replica_runs(srv, cols["dtype"]))
-    return {name: np.ascontiguousarray(out[:, i]) for i, name in enumerate(ks.OUTPUTS)}
+    return {name: out[:, i] for i, name in enumerate(ks.OUTPUTS)}  # each column contiguous already
 
 
 def sample_lengths(lengths: Lengths, n: int, rng: np.random.Generator,

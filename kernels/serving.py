@@ -236,6 +236,49 @@ def head_rows_s(model, dev, tiers, tiles, srv, rows: float) -> float:
     return head_s(model, dev, tiers, tiles, srv, rows)
 
 
+#: one-token forwards a run of rows with one replica remembers (``forward_memo``): a
+#: run's rows differ in max_batch, max_tokens, scheduler and overlap, among which a
+#: handful of batch and chunk sizes repeat
+MEMO_SLOTS = 16
+
+
+@jit
+def forward_memo() -> np.ndarray:
+    """An empty memo of one replica's ``forward_head_s`` over one-token sequences:
+    rows of (tokens, forward, head); NaN tokens mark a free slot."""
+    return np.full((MEMO_SLOTS, 3), np.nan)
+
+
+@jit
+def remembered_forward_s(memo, model, dev, tiers, tiles, srv, tokens: float):
+    """``forward_head_s(tokens, 1, 0)`` of ``srv``, looked up in ``memo``
+    (``forward_memo``, holding this replica's only) or evaluated and kept there:
+    the same bits either way. A full memo overwrites the slot the token count
+    hashes to."""
+    free = -1
+    for j in range(memo.shape[0]):
+        if memo[j, 0] == tokens:
+            return memo[j, 1], memo[j, 2]
+        if free < 0 and np.isnan(memo[j, 0]):
+            free = j
+    total, head = forward_head_s(model, dev, tiers, tiles, srv, tokens, 1.0, 0.0)
+    if free < 0:
+        free = int(tokens) % memo.shape[0]
+    memo[free, 0] = tokens
+    memo[free, 1] = total
+    memo[free, 2] = head
+    return total, head
+
+
+@jit
+def remembered_rows_s(memo, model, dev, tiers, tiles, srv, tokens: float) -> float:
+    """``rows_s`` through ``remembered_forward_s``: the same bits."""
+    if tokens <= 0.0:
+        return 0.0
+    total, head = remembered_forward_s(memo, model, dev, tiers, tiles, srv, tokens)
+    return total - head
+
+
 @jit
 def decode_rows_s(model, dev, tiers, tiles, srv, b: float) -> float:
     """``rows_s(b) + head_rows_s(b)`` (b decoding sequences, each emitting a token) in
@@ -445,13 +488,14 @@ def prompt_pairs(input_len: float, hit: float) -> float:
 
 @jit
 def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_coef: float, b: float,
-           max_tokens: float, scheduler: int):
+           max_tokens: float, scheduler: int, memo):
     """(prefill, decode) seconds of a wave of ``b`` requests: the prompts in
     ceil(b in_new / max_tokens) iterations (one when static; unchunked: whole
     prompts, floor(max_tokens / in_new) of them, at least one, per iteration), then (out - 1) / E
     decode iterations at batch b, each verifying q = k + 1 positions per
     sequence and drafting k, with KV reads in + q + (j - 1) E (``decode_reads``;
-    in + j without drafts)."""
+    in + j without drafts). Its one-token forwards go through ``memo``
+    (``remembered_forward_s``)."""
     inl = wl.input_len
     nd = wl.output_len - 1.0
     q = srv.draft_tokens + 1.0
@@ -466,14 +510,14 @@ def wave_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_
     decode = 0.0
     head = -1.0
     if nd > 0.0 and b * q > 0.0:
-        decode, last_head = forward_head_s(model, dev, tiers, tiles, srv, b * q, 1.0, 0.0)  # decode_rows_s(b q)
+        decode, last_head = remembered_forward_s(memo, model, dev, tiers, tiles, srv, b * q)  # decode_rows_s(b q)
         if q == 1.0:
             head = last_head  # head_s(b): the decode forward's own, not evaluated twice
     if head < 0.0:
         head = head_rows_s(model, dev, tiers, tiles, srv, b)
-    pre = chunks * host + rows_s(model, dev, tiers, tiles, srv, last) + head
+    pre = chunks * host + remembered_rows_s(memo, model, dev, tiers, tiles, srv, last) + head
     if chunks > 1.0:
-        pre += (chunks - 1.0) * rows_s(model, dev, tiers, tiles, srv, full)
+        pre += (chunks - 1.0) * remembered_rows_s(memo, model, dev, tiers, tiles, srv, full)
     pre += pair_coef * b * prompt_pairs(inl, wl.prefix_hit_rate)
     pre += draft_prompt_s(model, dev, tiers, tiles, srv, last)
     if chunks > 1.0:
@@ -507,12 +551,12 @@ def clients_per_engine(concurrency: float, engines: float) -> float:
 
 @jit
 def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
-                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, out) -> None:
+                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, memo, out) -> None:
     """Fill ``out`` (``OUTPUTS``) for one aggregated candidate (module doc); with
     ``memory_only`` stop after the memory columns and the memory reasons (a
     disaggregated row's decode replica, ``disagg_one`` does the rest).
     ``kv_coef`` is ``kv_s_per_token`` of ``srv`` (``analytic_rows`` computes it
-    once per run of rows with one replica)."""
+    once per run of rows with one replica) and ``memo`` its ``forward_memo``."""
     for k in range(N_OUT):
         out[k] = np.nan
     pp = srv.pp
@@ -554,7 +598,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     if wl.concurrency > 0.0:
         c = clients_per_engine(wl.concurrency, engines)
         b = min(c, bmax)
-        pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, scheduler)
+        pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, scheduler, memo)
         period = pre + dec
         e2e = c * period / b
         ttft = e2e - dec
@@ -570,7 +614,8 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
             pre = 0.0
             dec = 0.0
             for _ in range(FIXED_POINT_ITERATIONS):
-                pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, STATIC)
+                pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, STATIC,
+                                  memo)
                 nb = max(lam * (pre + dec), 1.0)
                 if nb > bmax:
                     break
@@ -759,6 +804,27 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     out[O_REASON] = reason
 
 
+#: most rows one ``prange`` task of ``analytic_rows`` evaluates (consecutive rows of one
+#: run): long runs still spread over the cores
+CHUNK_ROWS = 64
+
+
+@jit
+def chunk_starts(runs) -> np.ndarray:
+    """The first row of each chunk of ``analytic_rows`` and, last, the row count:
+    a chunk starts where ``runs`` (``run_of``) changes and every ``CHUNK_ROWS``
+    rows within a run."""
+    n = runs.shape[0]
+    starts = np.empty(n + 1, np.int64)
+    k = 0
+    for i in range(n):
+        if i == 0 or runs[i] != runs[i - 1] or i - starts[k - 1] >= CHUNK_ROWS:
+            starts[k] = i
+            k += 1
+    starts[k] = n
+    return starts[:k + 1]
+
+
 @jit(parallel=True)
 def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode, max_batch, max_tokens, scheduler,
                   overlap, instances, prefill_instances, wl, run_of=None):
@@ -766,36 +832,37 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
     ``kernels.inference.SERVING`` records, ``prefill_rows`` their prefill
     replicas (read where ``mode`` is DISAGG), ``devs`` one DEVICE record per
     Dtype code (indexed by ``dtype``), ``model`` and ``wl`` one-element record
-    arrays; ``overlap`` (int8, 1: the overlap scheduler) per row. Returns (n, N_OUT) float64.
+    arrays; ``overlap`` (int8, 1: the overlap scheduler) per row. Returns (n,
+    N_OUT) float64, each column contiguous (the transpose of an (N_OUT, n) array).
 
     ``run_of`` (optional, int64, 0, then each row equal to the previous or one
     more) numbers runs of consecutive rows whose replica records (``batch_cap``
-    aside: the serving tier never reads it) and ``dtype`` are equal:
-    ``kv_s_per_token``, a fifth of a row's time, is computed once per run
-    (``explorer.serve.replica_runs``); without it, once per row. Same results."""
+    aside: the serving tier never reads it) and ``dtype`` are equal
+    (``explorer.serve.replica_runs``). A run's rows, in chunks of at most
+    ``CHUNK_ROWS``, share one ``kv_s_per_token`` and one ``forward_memo`` (the
+    closed loop's waves repeat a few batch and chunk sizes over a run); without
+    it, each row is its own run. Same results, bit for bit."""
     n = srv_rows.shape[0]
-    out = np.empty((n, N_OUT))
+    out = np.empty((N_OUT, n))
     runs = np.arange(n) if run_of is None else run_of
-    n_runs = runs[n - 1] + 1 if n > 0 else 0
-    heads = np.empty(n_runs, np.int64)  # each run's first row
-    for i in range(n):
-        if i == 0 or runs[i] != runs[i - 1]:
-            heads[runs[i]] = i
-    kv_coef = np.empty(n_runs)
-    for u in prange(n_runs):
-        i = heads[u]
-        kv_coef[u] = kv_s_per_token(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i])
-    for i in prange(n):
-        row = out[i]
-        disagg = mode[i] == DISAGG
-        kv = kv_coef[runs[i]]
-        analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
-                     float(max_tokens[i]), int(scheduler[i]), overlap[i] != 0, float(instances[i]), disagg, kv, row)
-        if disagg and row[O_REASON] == OK:
-            disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
-                       float(max_batch[i]), float(max_tokens[i]), float(instances[i]), float(prefill_instances[i]),
-                       kv, row)
-    return out
+    starts = chunk_starts(runs)
+    for c in prange(starts.shape[0] - 1):
+        first = starts[c]
+        memo = forward_memo()
+        row = np.empty(N_OUT)
+        kv = kv_s_per_token(model[0], devs[dtype[first]], tiers, tiles, srv_rows[first])
+        for i in range(first, starts[c + 1]):
+            disagg = mode[i] == DISAGG
+            analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
+                         float(max_tokens[i]), int(scheduler[i]), overlap[i] != 0, float(instances[i]), disagg, kv,
+                         memo, row)
+            if disagg and row[O_REASON] == OK:
+                disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
+                           float(max_batch[i]), float(max_tokens[i]), float(instances[i]),
+                           float(prefill_instances[i]), kv, row)
+            for k in range(N_OUT):
+                out[k, i] = row[k]
+    return out.T
 
 
 #: token counts the simulation's cost tables are evaluated at: 1, 2, 3, 4, 6, 8, 12, ... 2^23

@@ -1,11 +1,14 @@
 """The serving analytic tier computes ``kv_s_per_token`` once per run of rows
 that share a replica (``explorer.serve.replica_runs``, ``analytic_rows``'s
-``run_of``): the same numbers, bit for bit, as once per row."""
+``run_of``) and remembers the run's one-token forwards (``forward_memo``): the
+same numbers, bit for bit, as once per row."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from paraspace.explorer import serve
 from paraspace.kernels import inference
@@ -48,3 +51,67 @@ def test_a_run_holds_one_replica():
     assert serve.replica_runs(srv, dtype).tolist() == [0, 0, 1, 2, 2, 2]
     assert serve.replica_runs(srv[:1], dtype[:1]).tolist() == [0]
     assert serve.replica_runs(srv[:0], dtype[:0]).tolist() == []
+
+
+def test_a_serving_record_is_a_row_of_float64s():
+    """``replica_runs`` compares the records as rows of a float64 matrix: every field
+    must be one (a field of another type would be compared as the wrong bits)."""
+    assert all(inference.SERVING[name] == np.float64 for name in inference.SERVING.names)
+
+
+def test_chunks_start_where_a_run_does_and_every_chunk_rows_within_one():
+    """Runs [0, 0, 0, 1, 1] in chunks of at most CHUNK_ROWS: chunks at 0 and 3, end 5.
+    One run of 2 CHUNK_ROWS + 1 rows: chunks at 0, CHUNK_ROWS, 2 CHUNK_ROWS, end."""
+    assert ks.chunk_starts(np.array([0, 0, 0, 1, 1])).tolist() == [0, 3, 5]
+    c = ks.CHUNK_ROWS
+    assert ks.chunk_starts(np.zeros(2 * c + 1, np.int64)).tolist() == [0, c, 2 * c, 2 * c + 1]
+    assert ks.chunk_starts(np.zeros(0, np.int64)).tolist() == [0]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    space = sp.load_serving("llama3.1-70b-h100-8-fp8")
+    cols = serve.encode(space).columns
+    return space, cols, serve.pack_serving(space), serve.serving_records(space, cols)
+
+
+@given(st.lists(st.sampled_from([1.0, 2.0, 3.0, 16.0, 17.0, 33.0, 48.0, 64.0, 4096.0, 8192.0, 8193.0, 65536.0,
+                                 1.0e6, 3.0e6, 7.5, 1024.5]), min_size=1, max_size=60))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_remembered_forward_is_the_forward_bit_for_bit(llama, tokens):
+    """Whatever token counts a run asks for, in any order and however many (past the
+    memo's MEMO_SLOTS, which then overwrites slots), ``remembered_forward_s`` and
+    ``remembered_rows_s`` return exactly ``forward_head_s(tokens, 1, 0)`` and ``rows_s``."""
+    _, cols, packed, srv = llama
+    m, d, tiers, tiles, s = packed.model[0], packed.devs[cols["dtype"][0]], packed.tiers, packed.tiles, srv[0]
+    memo = ks.forward_memo()
+    for t in tokens:
+        assert ks.remembered_forward_s(memo, m, d, tiers, tiles, s, t) == inference.forward_head_s(m, d, tiers, tiles, s,
+                                                                                                   t, 1.0, 0.0)
+        assert ks.remembered_rows_s(memo, m, d, tiers, tiles, s, t) == ks.rows_s(m, d, tiers, tiles, s, t)
+    assert ks.remembered_rows_s(memo, m, d, tiers, tiles, s, 0.0) == 0.0
+    held = memo[~np.isnan(memo[:, 0]), 0]
+    assert len(held) == min(len(set(tokens)), ks.MEMO_SLOTS) or len(set(tokens)) > ks.MEMO_SLOTS
+
+
+def test_a_run_longer_than_a_chunk_gives_each_row_its_own_results(llama):
+    """One replica's rows repeated past CHUNK_ROWS (3 chunks of one run, each with its
+    own memo): every row's outputs equal the row evaluated alone, bit for bit, and
+    each output column comes back contiguous."""
+    space, cols, packed, srv = llama
+    agg = np.flatnonzero(cols["mode"] == ks.AGG)
+    runs = serve.replica_runs(srv[agg], cols["dtype"][agg])
+    first = agg[runs == runs[0]]
+    pick = np.resize(first, 2 * ks.CHUNK_ROWS + 5)
+    rows = {k: np.ascontiguousarray(v[pick]) for k, v in cols.items()}
+    s, p = srv[pick], serve.serving_records(space, rows, prefill=True)
+    args = (packed.model, packed.devs, packed.tiers, packed.tiles, s, p, rows["dtype"], rows["mode"], rows["max_batch"],
+            rows["max_tokens"], rows["scheduler"], rows["overlap_scheduler"], rows["instances"],
+            rows["prefill_instances"], packed.workload)
+    run_of = serve.replica_runs(s, rows["dtype"])
+    assert run_of[-1] == 0 and len(ks.chunk_starts(run_of)) == 4
+    together = ks.analytic_rows(*args, run_of)
+    assert np.array_equal(together, ks.analytic_rows(*args), equal_nan=True)
+    metrics = serve.analytic(packed, s, rows, p)
+    assert all(v.flags.c_contiguous for v in metrics.values())
+    assert np.isfinite(metrics["ttft_s"]).any()
