@@ -91,7 +91,7 @@ def bench_analytic(space, n_rows: int, n_ref: int, label: str) -> None:
     # an overloaded row (the queue grows without bound) has no steady state to compare: the kernel
     # reports its TTFT as infinite, the reference only that it is not stable
     stable = [(i, r) for i, r in zip(ok, refs) if r["stable"]]
-    worst = max(abs(metrics[k][i] / r[k] - 1.0) for i, r in stable for k in ("ttft_s", "tpot_s"))
+    worst = max((abs(metrics[k][i] / r[k] - 1.0) for i, r in stable for k in ("ttft_s", "tpot_s")), default=np.nan)
     kernel_rate = n_rows / kernel_s
     ref_rate = len(ok) / ref_s
     print(f"analytic tier, {label}: {n_rows:,} candidates in {kernel_s:.3f} s = {kernel_rate:,.0f} candidates/s; "
