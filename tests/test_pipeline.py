@@ -340,6 +340,37 @@ def test_more_bandwidth_never_slows(seed, factor):
     assert step(**fast).makespan <= step(**cfg).makespan
 
 
+def test_a_split_is_even_and_no_part_grows_when_the_total_shrinks():
+    """``pipeline._share`` (compute pieces, gradient and parameter buckets, TBO halves):
+    the parts of every total up to 60 in 1..6 parts add up to it, differ by at most
+    1, and each part is non-decreasing in the total. With the remainder on the last
+    part, 4 in 4 was 1, 1, 1, 1 but 2 in 4 was 0, 0, 0, 2: a halved reduction got a
+    longer last bucket."""
+    for parts in range(1, 7):
+        previous = [0] * parts
+        for total in range(61):
+            split = [pipeline._share(total, parts, k) for k in range(parts)]
+            assert sum(split) == total and max(split) - min(split) <= 1
+            assert all(a >= b for a, b in zip(split, previous)), (total, parts, split, previous)
+            previous = split
+    assert [pipeline._share(2, 4, k) for k in range(4)] == [1, 1, 0, 0]
+
+
+def test_a_faster_gradient_reduction_never_lengthens_the_last_bucket():
+    """p = 1, GPipe, m = 1, t_f = 10, t_b = 40, 4 gradient buckets: the backward runs
+    in pieces [10, 20) [20, 30) [30, 40) [40, 50), bucket k after piece k, the last
+    one exposed after the backward. A 4 ns reduction: buckets of 1, the last [50, 51),
+    makespan 51. At 2 ns (twice the bandwidth): 1, 1, 0, 0, makespan 50 (the remainder
+    on the last bucket made it 0, 0, 0, 2 and 52: found by
+    ``test_more_bandwidth_never_slows``, seed 8706954, factor 2)."""
+    assert step(SCHEDULE_GPIPE, 1, 1, 1, 10, 40, dp_grad_ns=4, n_buckets=4).makespan == 51
+    assert step(SCHEDULE_GPIPE, 1, 1, 1, 10, 40, dp_grad_ns=2, n_buckets=4).makespan == 50
+    cfg = random_config(np.random.default_rng(8706954))
+    fast = {**cfg, **{k: max(cfg[k] // 2, 1) for k in ("dp_grad_ns", "dp_param_ns", "z3_gather_ns", "z3_scatter_ns")
+                      if cfg[k] > 0}}
+    assert step(**fast).makespan <= step(**cfg).makespan
+
+
 # --------------------------------------------------------------------------- communication and data parallelism
 
 

@@ -109,9 +109,9 @@ def test_recipe_by_hand():
     """p = 2, v = 1, m = 2 micro-batches of 1F1B, 2 gradient buckets, pipeline and DP
     traffic on one tier (tier 0), so each send of a device lengthens its open DP
     transfer. Inputs: F = 101 / 103 ns (stage 0 / 1), B = 200 / 202, send 7,
-    gradient reduction 31 (two buckets: 15 and 15 + 1), optimizer 5.
+    gradient reduction 31 (two buckets: 15 + 1 and 15), optimizer 5.
     Rebuilt from the recipe with new inputs F = 11 / 13, B = 20 / 22, send 3, reduction 9
-    (buckets 4 and 5), the durations equal a fresh build's."""
+    (buckets 5 and 4), the durations equal a fresh build's."""
     def build(f, b, send, grad, opt):
         fwd = np.array([[f[0]], [f[1]]], dtype=np.int64)
         bwd = np.array([[b[0]], [b[1]]], dtype=np.int64)
@@ -121,7 +121,8 @@ def test_recipe_by_hand():
 
     (g1, (recipe, links)) = build((101, 103), (200, 202), 7, 31, 5)
     (g2, _) = build((11, 13), (20, 22), 3, 9, 5)
-    # the stage-0 first forward is one piece of F = 101; bucket shares are 31 // 2 = 15 and 15 + 31 % 2 = 16
+    # the stage-0 first forward is one piece of F = 101; bucket shares are 31 // 2 + 1 = 16 and 31 // 2 = 15
+    # (the remainder, 31 % 2 = 1, on the first: kernels.pipeline._share)
     kinds = {int(op) for op in recipe[:, 0]}
     assert {R_FORWARD, R_SEND, R_DP_GRAD} <= kinds
     grads = [t for t in range(recipe.shape[0]) if recipe[t, 0] == R_DP_GRAD]
@@ -131,7 +132,7 @@ def test_recipe_by_hand():
     bwd = np.array([[20], [22]], dtype=np.int64)
     assert recipe_durations(recipe, links, False, fwd, bwd, np.zeros((2, 1), np.int64), 3, 9, 0, 0, 0, 5, dur)
     assert np.array_equal(dur, g2[0])
-    # without links the reductions would be 4 and 5 (9 // 2, 9 // 2 + 1); each link adds a send's 3 ns
-    base = [4, 5, 4, 5]
+    # without links the reductions would be 5 and 4 (9 // 2 + 1, 9 // 2); each link adds a send's 3 ns
+    base = [5, 4, 5, 4]
     added = [int(dur[t]) - b for t, b in zip(grads, base)]
     assert all(a % 3 == 0 for a in added) and sum(added) == 3 * sum(1 for t, _ in links if t in grads)
