@@ -1,6 +1,7 @@
 """Serving analytic tier: engine iteration times, KV capacity and the steady state
 of a deployment under a closed-loop or Poisson workload (issue 15, modeling.md
-section 8). Arrays in, arrays out; one row per candidate, ``prange`` over rows.
+section 8). Arrays in, arrays out; one row per candidate, ``prange`` over chunks of
+rows that share a replica (``analytic_rows``).
 
 Engines
 -------
