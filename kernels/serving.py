@@ -470,6 +470,45 @@ def iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair
 
 
 @jit
+def iterate_memo(steps: int) -> np.ndarray:
+    """An empty memo of one replica's continuous-Poisson fixed point: row k holds
+    step k's ``iteration_s`` arguments (tokens, rows, kv_read, pairs, prompt,
+    drafting) and its value; NaN arguments never match. ``steps`` rows
+    (``FIXED_POINT_ITERATIONS``; 0 where no Poisson stream reads it)."""
+    return np.full((steps, 7), np.nan)
+
+
+@jit
+def remembered_iteration_s(iterates, step: int, model, dev, tiers, tiles, srv, host: float, kv_coef: float,
+                           pair_coef: float, tokens: float, rows: float, kv_read: float, pairs: float, prompt: float,
+                           drafting: float) -> float:
+    """``iteration_s`` at fixed-point step ``step``, looked up in ``iterates``
+    (``iterate_memo``, this replica's only, with its host, kv_coef and pair_coef) or
+    evaluated and kept there: the same bits either way. A run's rows that differ
+    only in max_batch, max_tokens, scheduler or overlap iterate the same sequence
+    (none of them enters the iteration time; they only stop it), so each step of
+    the first row's sequence serves the others. Without a row for ``step`` (an
+    empty memo), evaluated."""
+    if step >= iterates.shape[0]:
+        return iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, tokens, rows, kv_read, pairs,
+                           prompt, drafting)
+    m = iterates[step]
+    if (m[0] == tokens and m[1] == rows and m[2] == kv_read and m[3] == pairs and m[4] == prompt
+            and m[5] == drafting):
+        return m[6]
+    t = iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, tokens, rows, kv_read, pairs, prompt,
+                    drafting)
+    m[0] = tokens
+    m[1] = rows
+    m[2] = kv_read
+    m[3] = pairs
+    m[4] = prompt
+    m[5] = drafting
+    m[6] = t
+    return t
+
+
+@jit
 def decode_reads(input_len: float, nd: float, q: float, e_tok: float) -> float:
     """Cached tokens a request's decode steps read: n = nd / E steps (E tokens
     each, ``expected_tokens``), step j reading in + q + (j - 1) E:
@@ -552,12 +591,13 @@ def clients_per_engine(concurrency: float, engines: float) -> float:
 
 @jit
 def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
-                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, memo, out) -> None:
+                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, memo, iterates, out) -> None:
     """Fill ``out`` (``OUTPUTS``) for one aggregated candidate (module doc); with
     ``memory_only`` stop after the memory columns and the memory reasons (a
     disaggregated row's decode replica, ``disagg_one`` does the rest).
     ``kv_coef`` is ``kv_s_per_token`` of ``srv`` (``analytic_rows`` computes it
-    once per run of rows with one replica) and ``memo`` its ``forward_memo``."""
+    once per run of rows with one replica), ``memo`` its ``forward_memo`` and
+    ``iterates`` its ``iterate_memo`` (read under a Poisson stream only)."""
     for k in range(N_OUT):
         out[k] = np.nan
     pp = srv.pp
@@ -631,12 +671,12 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
         else:  # continuous: the iteration time with its decode batch and prefill tokens
             t = 0.0
             b = 0.0
-            for _ in range(FIXED_POINT_ITERATIONS):
+            for step in range(FIXED_POINT_ITERATIONS):
                 arrivals = lam * t
                 b = lam * nd * t / e_tok  # each request decodes for (out - 1) / E iterations
-                nt = iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
-                                 max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0),
-                                 b * (inl + 0.5 * outl) + b * (q - 1.0), arrivals * pairs, arrivals * new, b)
+                nt = remembered_iteration_s(iterates, step, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
+                                            max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0),
+                                            b * (inl + 0.5 * outl) + b * (q - 1.0), arrivals * pairs, arrivals * new, b)
                 if b > bmax or b * q + arrivals * new > max_tokens:
                     break
                 if abs(nt - t) <= FIXED_POINT_RTOL * nt:
@@ -840,9 +880,10 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
     more) numbers runs of consecutive rows whose replica records (``batch_cap``
     aside: the serving tier never reads it) and ``dtype`` are equal
     (``explorer.serve.replica_runs``). A run's rows, in chunks of at most
-    ``CHUNK_ROWS``, share one ``kv_s_per_token`` and one ``forward_memo`` (the
-    closed loop's waves repeat a few batch and chunk sizes over a run); without
-    it, each row is its own run. Same results, bit for bit."""
+    ``CHUNK_ROWS``, share one ``kv_s_per_token``, one ``forward_memo`` (the
+    closed loop's waves repeat a few batch and chunk sizes over a run) and, under
+    a Poisson stream, one ``iterate_memo`` (its fixed point's steps); without it,
+    each row is its own run. Same results, bit for bit."""
     n = srv_rows.shape[0]
     out = np.empty((N_OUT, n))
     runs = np.arange(n) if run_of is None else run_of
@@ -850,13 +891,14 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
     for c in prange(starts.shape[0] - 1):
         first = starts[c]
         memo = forward_memo()
+        iterates = iterate_memo(FIXED_POINT_ITERATIONS if wl[0].concurrency <= 0.0 else 0)
         row = np.empty(N_OUT)
         kv = kv_s_per_token(model[0], devs[dtype[first]], tiers, tiles, srv_rows[first])
         for i in range(first, starts[c + 1]):
             disagg = mode[i] == DISAGG
             analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
                          float(max_tokens[i]), int(scheduler[i]), overlap[i] != 0, float(instances[i]), disagg, kv,
-                         memo, row)
+                         memo, iterates, row)
             if disagg and row[O_REASON] == OK:
                 disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
                            float(max_batch[i]), float(max_tokens[i]), float(instances[i]),

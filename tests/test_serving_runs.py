@@ -115,3 +115,24 @@ def test_a_run_longer_than_a_chunk_gives_each_row_its_own_results(llama):
     metrics = serve.analytic(packed, s, rows, p)
     assert all(v.flags.c_contiguous for v in metrics.values())
     assert np.isfinite(metrics["ttft_s"]).any()
+
+
+def test_a_remembered_iteration_is_the_iteration_bit_for_bit():
+    """``remembered_iteration_s`` at a step returns exactly ``iteration_s``: from the
+    memo when the step's arguments repeat, evaluated (and kept) when any differs, and
+    evaluated when the memo has no row for the step (closed-loop chunks get an empty one)."""
+    space = sp.load_serving("qwen3-235b-a22b-h200-8")
+    cols = serve.encode(space).columns
+    packed = serve.pack_serving(space)
+    srv = serve.serving_records(space, cols)
+    m, d, tiers, tiles, s = packed.model[0], packed.devs[cols["dtype"][0]], packed.tiers, packed.tiles, srv[0]
+    kv, pair = ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s)
+    memo = ks.iterate_memo(ks.FIXED_POINT_ITERATIONS)
+    calls = [(3, (900.0, 40.0, 5.0e5, 2.0e6, 800.0, 30.0)), (3, (900.0, 40.0, 5.0e5, 2.0e6, 800.0, 30.0)),
+             (3, (901.0, 40.0, 5.0e5, 2.0e6, 800.0, 30.0)), (0, (1.0, 1.0, 0.0, 0.0, 0.0, 0.0))]
+    for step, args in calls:
+        want = ks.iteration_s(m, d, tiers, tiles, s, 2e-4, kv, pair, *args)
+        assert ks.remembered_iteration_s(memo, step, m, d, tiers, tiles, s, 2e-4, kv, pair, *args) == want
+        assert memo[step, 6] == want and memo[step, 0] == args[0]
+        assert ks.remembered_iteration_s(ks.iterate_memo(0), step, m, d, tiers, tiles, s, 2e-4, kv, pair, *args) == want
+    assert np.isnan(memo[1, 6])  # steps never asked for stay empty
