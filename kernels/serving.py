@@ -674,11 +674,11 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
             for step in range(FIXED_POINT_ITERATIONS):
                 arrivals = lam * t
                 b = lam * nd * t / e_tok  # each request decodes for (out - 1) / E iterations
+                if b > bmax or b * q + arrivals * new > max_tokens:  # t's batch or tokens do not fit
+                    break
                 nt = remembered_iteration_s(iterates, step, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
                                             max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0),
                                             b * (inl + 0.5 * outl) + b * (q - 1.0), arrivals * pairs, arrivals * new, b)
-                if b > bmax or b * q + arrivals * new > max_tokens:
-                    break
                 if abs(nt - t) <= FIXED_POINT_RTOL * nt:
                     t = nt
                     converged = True

@@ -118,11 +118,11 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         for _ in range(200):
             arrivals = lam * t
             b = lam * steps * t
+            if b > b_max or b * q + arrivals * new > max_tokens:
+                break
             nt = (host + rows(max(b * q + arrivals * new, 1.0)) + head(max(b * q + arrivals, 1.0))
                   + kv_coef * b * (input_len + output_len / 2 + q - 1) + pair_coef * arrivals * pairs_one
                   + draft_prompt(arrivals * new) + draft_steps(b))
-            if b > b_max or b * q + arrivals * new > max_tokens:
-                break
             if abs(nt - t) <= 1e-12 * nt:
                 t, stable = nt, True
                 break
