@@ -815,7 +815,8 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
 @click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_SHOWN_ROWS), default=10, show_default=True,
               help="Rows of the ranking to print.")
 @click.option("--simulate-top", type=click.IntRange(0, MAX_COUNT), default=None,
-              help="Simulate this many best candidates by analytic throughput [default: the space's simulate_top].")
+              help="Simulate the ranking's best candidates until this many of the best are simulated (rounds of "
+                   "re-ranking by the simulated values) [default: the space's simulate_top].")
 @click.option("--explain", is_flag=True, help="Print how many combinations each validity rule removed.")
 @click.option("--dry-run", is_flag=True, help="Encode and explain only; evaluate and write nothing.")
 @_guard
@@ -838,7 +839,7 @@ def serve_cmd(space: str, out: Path | None, n_top: int, simulate_top: int | None
         raise InputError(f"{loaded.source}: dimensions = {summary.n_combinations:,} combinations: expected at least "
                          "one valid candidate (see the table above)")
     if n_top and summary.table is not None:
-        click.echo(f"top {n_top} (feasible first, then output tokens/s per GPU):")
+        click.echo(f"top {n_top} (feasible first, simulated next, then output tokens/s per GPU, then TTFT):")
         click.echo(serve.top_table(summary.table, n_top))
 
 

@@ -188,14 +188,18 @@ def sample_lengths(lengths: Lengths, n: int, rng: np.random.Generator,
 
 def sample_requests(space: LoadedServing, n: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(prompt lengths, output lengths, unit exponential gaps) of ``n`` simulated requests (default:
-    the workload's ``n_requests``), from the workload's seed."""
+    the workload's ``n_requests``), from the workload's seed. The gaps are scaled to a mean
+    of exactly 1, so that a Poisson stream's n arrivals span n / rate: the sample offers
+    the workload's rate, not that rate times its sampling noise (about 1 / sqrt(n); a
+    Poisson sample conditioned on its last arrival, whose arrivals are then uniform
+    order statistics over the span)."""
     wl = space.spec.workload
     n = wl.n_requests if n is None else n
     rng = np.random.default_rng(wl.seed)
     in_len = sample_lengths(wl.input_len, n, rng, space.empirical.get("input_len"))
     out_len = sample_lengths(wl.output_len, n, rng, space.empirical.get("output_len"))
     gaps = rng.exponential(1.0, n)
-    return in_len, out_len, gaps
+    return in_len, out_len, gaps * (n / gaps.sum())
 
 
 def draw_seed(space: LoadedServing) -> int:
@@ -346,9 +350,10 @@ class ServeSummary:
 def evaluate_columns(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedServing | None = None, *,
                      simulate_top: int | None = None) -> dict[str, np.ndarray]:
     """The metrics of encoded candidates ``cols`` (in their order): the analytic tier
-    on all, the simulation on the ``simulate_top`` best runnable by analytic
-    throughput per GPU that it can represent (``simulable``; default: the space's
-    ``simulate_top``)."""
+    on all, the simulation on the runnable candidates it can represent
+    (``simulable``) that the ranking puts first (``rank_order``), until the best
+    ``simulate_top`` of them (default: the space's) are simulated or
+    ``REFINE_ROUNDS`` rounds have run."""
     return evaluate(space, cols, packed, simulate_top=simulate_top)[0]
 
 
@@ -368,15 +373,41 @@ def evaluate(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedSe
     runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)])
     fits = simulable(space, metrics["engines"])  # a disaggregated row's engines: its decode engines
     candidates = np.flatnonzero(runnable & fits)
-    order = np.lexsort((cols["row_id"][candidates], -metrics["output_tokens_per_s_per_gpu"][candidates]))
-    simulate(space, packed, srv, cols, metrics, np.sort(candidates[order[:top]]), prefill)
     metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
+    for _ in range(REFINE_ROUNDS):  # until the ranking's best `top` candidates are all simulated
+        head = rank_order(cols, metrics, candidates)[:top]
+        fresh = head[metrics["simulated"][head] == 0]
+        if fresh.size == 0:
+            break
+        simulate(space, packed, srv, cols, metrics, np.sort(fresh), prefill)
+        metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
     return metrics, int((runnable & ~fits).sum())
 
 
+#: rounds of simulation ``evaluate`` runs at most: the first simulates the ``simulate_top``
+#: best candidates by the analytic tier; a row the simulation lowers (it mostly does) or
+#: finds infeasible leaves a place in the ranking's head that the next round fills by
+#: simulating the unsimulated candidate that took it
+REFINE_ROUNDS = 4
+
+
+def rank_order(cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray],
+               rows: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` (indices, default all) in the ranking's order (``schema.RANK``, NaN last,
+    row_id breaking ties): the order ``paraspace serve`` writes and ``results.rank.ranked``
+    reads back."""
+    both = {**cols, **metrics}
+    idx = np.arange(cols["row_id"].shape[0]) if rows is None else rows
+    keys = [cols["row_id"][idx]]
+    for name, descending in reversed(schema.RANK):  # np.lexsort's last key is its first
+        value = np.asarray(both[name][idx], dtype=np.float64)
+        keys.append(np.where(np.isnan(value), np.inf, -value if descending else value))
+    return idx[np.lexsort(keys)]
+
+
 def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> tuple[dict[str, np.ndarray], ServeSummary]:
-    """Every valid candidate's columns (strategy and metrics), ranked: feasible
-    first, then throughput per GPU, then TTFT."""
+    """Every valid candidate's columns (strategy and metrics), ranked (``rank_order``:
+    feasible first, then the simulated rows, then throughput per GPU, then TTFT)."""
     began = time.perf_counter()
     enc = encode(space)
     summary = ServeSummary(path=None, n_combinations=enc.n_combinations, n_rows=enc.n_rows,
@@ -386,8 +417,7 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     summary.longest_request_tokens = float(packed.workload["longest_seq_len"][0])
     metrics, summary.n_not_simulable = evaluate(space, cols, packed, simulate_top=simulate_top)
     both = {**cols, **metrics, "infeasible_reason": metrics["reason"].astype(np.int8)}
-    rank = np.lexsort((cols["row_id"], np.nan_to_num(metrics["ttft_s"], nan=np.inf),
-                       -np.nan_to_num(metrics["output_tokens_per_s_per_gpu"], nan=-np.inf), -metrics["feasible"]))
+    rank = rank_order(cols, metrics)
     ranked = {k: np.ascontiguousarray(v[rank]) for k, v in both.items()}
     summary.n_feasible = int(metrics["feasible"].sum())
     summary.n_simulated = int(metrics["simulated"].sum())

@@ -184,11 +184,12 @@ def is_serving(frame: pl.LazyFrame) -> bool:
 
 def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
     """Feasible rows first, then ascending ``by``; row_id breaks ties so the order is total.
-    A serving result under the default order ranks as ``paraspace serve`` does: the most
-    output tokens per second per GPU first, then the shortest TTFT."""
+    A serving result under the default order ranks as ``paraspace serve`` does
+    (``serving_schema.RANK``: simulated rows before the rest, then the most output
+    tokens per second per GPU, then the shortest TTFT)."""
     if by == RANK_BY and is_serving(frame):
-        first, second = serving_schema.RANK_BY
-        return frame.sort(["feasible", first, second, "row_id"], descending=[True, True, False, False],
+        keys = [pl.col(name).cast(pl.Float64).fill_nan(None) for name, _ in serving_schema.RANK]  # NaN last
+        return frame.sort([*keys, pl.col("row_id")], descending=[*(d for _, d in serving_schema.RANK), False],
                           nulls_last=True)
     return frame.sort(["feasible", *by, "row_id"], descending=[True, *([False] * len(by)), False])
 

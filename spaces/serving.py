@@ -390,7 +390,8 @@ class ServingSpec(Record):
     kv_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
     #: host and scheduler time per engine iteration
     host_overhead_us: NonNegative = 0.0
-    #: candidates the iteration-level simulation refines (the best by analytic throughput)
+    #: candidates the iteration-level simulation refines: the ranking's best, re-ranked by
+    #: the simulated values until the best this many are simulated (``explorer.serve.evaluate``)
     simulate_top: Annotated[int, Field(ge=0)] = 32
     #: the fused attention kernel of prefill and decode (``schema.AttentionKernel``): its
     #: achieved FLOP/s where attention is compute-bound (MLA decode, long prefills); an MLA

@@ -5,6 +5,7 @@ every catalog serving space."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -23,7 +24,9 @@ from paraspace.explorer.evaluate import pack_hardware, pack_model
 from paraspace.kernels import inference, serving_sim
 from paraspace.kernels.ops import ATTENTION_FWD_FILL_KEYS, loop_fill
 from paraspace.kernels import serving as ks
+from paraspace.explorer import serve
 from paraspace.results import serving_schema
+from paraspace.results.rank import top
 from paraspace.spaces import serving as sp
 from paraspace.spaces.catalog import load_hardware, load_model
 from paraspace.spaces.errors import CatalogError
@@ -637,13 +640,53 @@ def test_serve_writes_a_ranked_parquet(tmp_path, name):
     table = pq.read_table(target)
     assert table.schema.names == [c.name for c in serving_schema.COLUMNS]
     frame = table.to_pydict()
-    feasible = frame["feasible"]
-    assert feasible == sorted(feasible, reverse=True)  # feasible rows first
-    assert sum(frame["simulated"]) == 4
-    ok = [i for i, f in enumerate(feasible) if f]
-    tps = [frame["output_tokens_per_s_per_gpu"][i] for i in ok]
-    assert tps == sorted(tps, reverse=True)
-    assert all(frame["infeasible_reason"][i] == "ok" for i in ok)
+    feasible, simulated = frame["feasible"], frame["simulated"]
+    # feasible rows first, the simulated ones of each class before the rest
+    classes = [(not f, not s) for f, s in zip(feasible, simulated)]
+    assert classes == sorted(classes)
+    # the first round simulates 4; a row the simulation lowers or rejects hands its place to another
+    assert 4 <= sum(simulated) <= 4 * serve.REFINE_ROUNDS
+    for f, s in {*zip(feasible, simulated)}:  # throughput per GPU descending within a class
+        tps = [frame["output_tokens_per_s_per_gpu"][i] for i in range(len(feasible))
+               if (feasible[i], simulated[i]) == (f, s)]
+        assert tps == sorted(tps, reverse=True)
+    assert all(frame["infeasible_reason"][i] == "ok" for i, f in enumerate(feasible) if f)
+    # the head of the ranking is what the simulation checked (the catalog spaces need no more rounds)
+    assert all(simulated[:min(4, sum(feasible))])
+    # and `paraspace top` reads the file back in the order it was written
+    assert top(target, n=len(feasible))["row_id"].to_list() == frame["row_id"]
+
+
+def test_rank_order_by_hand():
+    """feasible, then simulated, then throughput per GPU (descending), then TTFT (ascending),
+    NaN last within each, row_id breaking the rest."""
+    cols = {"row_id": np.array([0, 1, 2, 3, 4, 5, 6])}
+    metrics = {"feasible": np.array([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]),
+               "simulated": np.array([0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]),
+               "output_tokens_per_s_per_gpu": np.array([900.0, 500.0, 500.0, 990.0, np.nan, 900.0, 950.0]),
+               "ttft_s": np.array([0.2, 0.3, 0.1, 0.1, 0.1, np.nan, 0.5])}
+    # simulated feasible: 2 (TTFT 0.1) before 1 (0.3); unsimulated feasible: 6 (950), then 0 and 5
+    # (900; TTFT 0.2 before NaN), then 4 (NaN throughput); the infeasible 3 last
+    assert serve.rank_order(cols, metrics).tolist() == [2, 1, 6, 0, 5, 4, 3]
+    assert serve.rank_order(cols, metrics, np.array([0, 3, 5])).tolist() == [0, 5, 3]
+
+
+def test_poisson_sample_offers_the_rate():
+    """The gaps of a Poisson sample are scaled to a mean of 1: n arrivals span n / rate
+    whatever the seed, so a stable engine's simulated request rate is the workload's."""
+    space = sp.load_serving("qwen3-235b-a22b-h200-8")
+    for seed in (0, 1, 7):
+        wl = space.spec.workload.model_copy(update={"seed": seed})
+        spec = space.spec.model_copy(update={"workload": wl})
+        _, _, gaps = serve.sample_requests(dataclasses.replace(space, spec=spec))
+        assert gaps.shape == (wl.n_requests,) and (gaps > 0).all()
+        assert gaps.sum() == pytest.approx(wl.n_requests, rel=1e-12)
+    cols = serve.encode(space).columns
+    metrics = serve.evaluate_columns(space, cols, simulate_top=4)
+    stable = (metrics["simulated"] > 0) & (metrics["reason"] != ks.OVERLOADED)
+    assert stable.any()
+    # the rate is measured up to the last arrival: n / (n / rate)
+    assert metrics["requests_per_s"][stable] == pytest.approx(space.spec.workload.rate_per_s, rel=1e-9)
 
 
 def test_serve_dry_run_explains_and_writes_nothing(tmp_path, monkeypatch):
