@@ -351,9 +351,10 @@ def evaluate_columns(space: LoadedServing, cols: dict[str, np.ndarray], packed: 
                      simulate_top: int | None = None) -> dict[str, np.ndarray]:
     """The metrics of encoded candidates ``cols`` (in their order): the analytic tier
     on all, the simulation on the runnable candidates it can represent
-    (``simulable``) that the ranking puts first (``rank_order``), until the best
-    ``simulate_top`` of them (default: the space's) are simulated or
-    ``REFINE_ROUNDS`` rounds have run."""
+    (``simulable``): first the ``simulate_top`` (default: the space's) best by
+    analytic throughput per GPU, then those the ranking (``rank_order``) puts among
+    its best ``simulate_top`` until all of these are simulated or ``REFINE_ROUNDS``
+    rounds have run."""
     return evaluate(space, cols, packed, simulate_top=simulate_top)[0]
 
 
@@ -373,21 +374,25 @@ def evaluate(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedSe
     runnable = np.isin(metrics["reason"], [int(Feasible.OK), int(Feasible.SLA_TTFT), int(Feasible.SLA_TPOT)])
     fits = simulable(space, metrics["engines"])  # a disaggregated row's engines: its decode engines
     candidates = np.flatnonzero(runnable & fits)
-    metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
-    for _ in range(REFINE_ROUNDS):  # until the ranking's best `top` candidates are all simulated
-        head = rank_order(cols, metrics, candidates)[:top]
+    # the first round ranks by the analytic values alone, their SLA verdicts aside: the closed
+    # forms' latencies can be far from the simulation's (a closed loop's waves, module doc of
+    # kernels.serving), and a row they fail may meet the targets once simulated
+    head = rank_order(cols, {**metrics, "feasible": np.ones(n)}, candidates)[:top]
+    for _ in range(REFINE_ROUNDS):  # then until the ranking's best `top` candidates are all simulated
         fresh = head[metrics["simulated"][head] == 0]
         if fresh.size == 0:
             break
         simulate(space, packed, srv, cols, metrics, np.sort(fresh), prefill)
         metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
+        head = rank_order(cols, metrics, candidates)[:top]
+    metrics["feasible"] = (metrics["reason"] == Feasible.OK).astype(np.float64)
     return metrics, int((runnable & ~fits).sum())
 
 
 #: rounds of simulation ``evaluate`` runs at most: the first simulates the ``simulate_top``
-#: best candidates by the analytic tier; a row the simulation lowers (it mostly does) or
-#: finds infeasible leaves a place in the ranking's head that the next round fills by
-#: simulating the unsimulated candidate that took it
+#: best candidates by analytic throughput per GPU (then TTFT); a row the simulation lowers
+#: (it mostly does) or finds infeasible leaves a place in the ranking's head that the next
+#: round fills by simulating the unsimulated candidate that took it
 REFINE_ROUNDS = 4
 
 
