@@ -60,10 +60,15 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   t = iteration_s(B q + lambda t in, B q + lambda t, B (in + out / 2 + q - 1),
   lambda t pairs) with B = lambda (out - 1) t / E decoding requests (fixed
   point; unstable when it diverges or B exceeds the batch or KV limit or the
-  tokens exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E;
-  TTFT = t (1/2 + ceil(in / (max_tokens - B q))) (unchunked: t (1/2 + 1), the
-  prompt whole in one iteration); with the overlap scheduler one iteration more
-  (the batch an arrival could join was scheduled before it came). The closed
+  tokens exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E.
+  TTFT = t / 2 (the iteration under way when it arrives) + the iterations that
+  carry its prompt (``prompt_iterations_s``): ceil(in / (max_tokens - B q))
+  chunks of the room the decode batch leaves (unchunked: the prompt whole in
+  one), each iteration the B decoding requests' q rows plus that chunk, at its
+  own cost (t is the mean iteration, in which a prompt is a fraction lambda t in
+  of the tokens; the prompt's own iterations carry all of it); with the overlap
+  scheduler one iteration t more (the batch an arrival could join was scheduled
+  before it came). The closed
   loop's waves are unchanged by it: a wave arrives at an empty engine, which
   schedules at once.
 - Poisson, static: waves of the B requests that arrived during the last one, B
@@ -509,6 +514,27 @@ def remembered_iteration_s(iterates, step: int, model, dev, tiers, tiles, srv, h
 
 
 @jit
+def prompt_iterations_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float, b: float,
+                        q: float, kv_read: float, new: float, pairs: float, room: float) -> float:
+    """The iterations that carry one prompt of ``new`` tokens to compute (its ``pairs``
+    causal pairs) beside ``b`` decoding sequences of q rows each (``kv_read`` cached
+    tokens): ceil(new / room) chunks of ``room`` tokens, the last the remainder, each
+    an ``iteration_s`` of the decode rows and its chunk, the head on the decode rows
+    and, with the last chunk, the prompt's first token. Infinite when the decode
+    batch leaves no room."""
+    if room <= 0.0:
+        return np.inf
+    chunks = max(math.ceil(new / room), 1.0)
+    last = new - (chunks - 1.0) * room
+    full = 0.0
+    if chunks > 1.0:
+        full = (chunks - 1.0) * iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
+                                            b * q + room, b * q, kv_read, 0.0, room, b)
+    return full + iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, max(b * q + last, 1.0),
+                              b * q + 1.0, kv_read, pairs, last, b)
+
+
+@jit
 def decode_reads(input_len: float, nd: float, q: float, e_tok: float) -> float:
     """Cached tokens a request's decode steps read: n = nd / E steps (E tokens
     each, ``expected_tokens``), step j reading in + q + (j - 1) E:
@@ -685,11 +711,9 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
                     break
                 t = nt
             b = lam * nd * t / e_tok
-            room = max_tokens - b * q
-            if room <= 0.0:
-                pre = np.inf
-            else:  # chunks of the room each iteration leaves; unchunked: the whole prompt in one
-                pre = t if scheduler == UNCHUNKED else t * math.ceil(new / room)
+            pre = prompt_iterations_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b, q,
+                                      b * (inl + 0.5 * outl) + b * (q - 1.0), new, pairs,
+                                      new if scheduler == UNCHUNKED else max_tokens - b * q)
             ttft = 0.5 * t + pre + (t if overlap else 0.0)
             tpot = t / e_tok
             dec = nd * tpot

@@ -128,7 +128,20 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
                 break
             t = nt
         b = lam * steps * t
-        ttft = t / 2 + t * (1 if scheduler == UNCHUNKED else math.ceil(new / (max_tokens - b * q)))
+        room = new if scheduler == UNCHUNKED else max_tokens - b * q
+
+        def carrying(tokens: float, head_rows: float, pairs: float, chunk: float) -> float:  # with a chunk
+            return (host + rows(tokens) + head(head_rows) + kv_coef * b * (input_len + output_len / 2 + q - 1)
+                    + pair_coef * pairs + draft_prompt(chunk) + draft_steps(b))
+
+        if room <= 0:
+            pre = math.inf
+        else:  # the prompt's chunks of the room the decode batch leaves, each at its own cost
+            chunks = max(math.ceil(new / room), 1)
+            last = new - (chunks - 1) * room
+            pre = (chunks - 1) * carrying(b * q + room, b * q, 0.0, room) if chunks > 1 else 0.0
+            pre += carrying(max(b * q + last, 1.0), b * q + 1, pairs_one, last)
+        ttft = t / 2 + pre
         if overlap:  # the batch an arrival could join was already scheduled: one iteration more
             ttft += t
         dec = steps * t

@@ -564,6 +564,7 @@ REFERENCE_CASES = [
     ({"concurrency": 0.0, "rate_per_s": 30.0, "prefix_hit_rate": 0.5}, ks.UNCHUNKED),
     ({"concurrency": 0.0, "rate_per_s": 30.0, "overlap": True}, ks.CONTINUOUS),
     ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0, "overlap": True}, ks.UNCHUNKED),
+    ({"concurrency": 0.0, "rate_per_s": 2.0, "input_len": 5000.0}, ks.CONTINUOUS),  # a prompt of 3 chunks
 ]
 
 
@@ -803,3 +804,34 @@ def test_first_round_simulates_the_best_analytic_rows_whatever_their_sla_verdict
     assert (analytic["reason"][best] != ks.OK).any()  # the case this test is about
     simulated = serve.evaluate_columns(space, cols, simulate_top=4)
     assert (simulated["simulated"][best] == 1).all()
+
+
+def test_poisson_ttft_carries_the_prompt_at_its_own_cost(fast):
+    """TTFT under a Poisson stream = half the mean iteration t + the iterations that carry
+    the prompt, each at its own cost: at 0.001 requests/s a prompt of 5000 tokens in a
+    budget of 2048 takes 3 iterations (2048, 2048 and 904 tokens beside the vanishing
+    decode batch b, the head on b rows and, in the last one, the prompt's first token;
+    the prompt's causal pairs once). The simulation of requests 1000 s apart has no
+    half iteration to wait and no fractional batch, whose head still reads the LM
+    head's weights (two reads here, 8% of the prompt): it lands within that of the prompt."""
+    m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
+    srv = toy_srv()
+    host = 1e-4
+    wl = workload(concurrency=0.0, rate_per_s=1e-3, input_len=5000.0, output_len=4.0, host_s=host)
+    out = analytic(fast, srv, wl, max_tokens=2048.0)
+    kv, pc = ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), ks.pair_s(m, d, srv[0])
+    b = out["batch"]
+    assert 0.0 < b < 1e-5
+
+    def chunk(tokens, rows, pairs):  # one iteration: the decode batch b (5002 cached tokens each) and a chunk
+        return ks.iteration_s(m, d, tiers, tiles, srv[0], host, kv, pc, b + tokens, b + rows, b * 5002.0, pairs,
+                              tokens, b)
+
+    prompt = 2.0 * chunk(2048.0, 0.0, 0.0) + chunk(904.0, 1.0, ks.prompt_pairs(5000.0, 0.0))
+    t = out["decode_step_s"]  # the mean iteration
+    assert out["prefill_s"] == pytest.approx(prompt, rel=1e-12)
+    assert out["ttft_s"] == pytest.approx(0.5 * t + prompt, rel=1e-12)
+    assert prompt > 2.0 * 3.0 * t  # more than twice the 3 t that the mean iteration per chunk gives
+    sim, _ = run_sim(fast, srv, [5000.0] * 3, [4.0] * 3, np.full(3, 1000.0), rate=1.0, max_tokens=2048.0, host=host)
+    head = ks.head_rows_s(m, d, tiers, tiles, srv[0], b)
+    assert sim["ttft_s"] == pytest.approx(prompt - 2.0 * head, rel=1e-3)
