@@ -30,9 +30,9 @@ from paraspace.explorer.sweep import (
     run_sweep,
     shard_range,
 )
-from paraspace.results.rank import Results, ResultsError, compare, open_results, pareto, top
+from paraspace.results.rank import Results, ResultsError, compare, front_axes, open_results, pareto, top
 from paraspace.results.schema import STEP_PARTS
-from paraspace.results.writer import ensure_folder, to_arrow
+from paraspace.results.writer import check_replaceable, ensure_folder, to_arrow
 from paraspace.spaces import catalog
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSION_NAMES, MAX_COMBINATIONS, REASON_TEXT, Encoder
@@ -286,7 +286,6 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         if n_top and rows:
             click.echo(_top_table(top(folder, n_top), columns, wide))
         return
-    _announce_compile()
     start, stop = 0, encoder.n_combinations
     if shard is not None:
         index, count = parse_shard(shard)
@@ -295,6 +294,8 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
     else:
         target = out or Path("results") / f"{loaded.spec.name}.parquet"
+    check_replaceable(target)  # before the sweep's minutes, not after (the writer checks again)
+    _announce_compile()
     expected = expected_seconds(stop - start, simulate_top, simulate)
     if expected > WARN_AFTER_S:
         click.echo(f"{loaded.spec.name}: {stop - start:,} combinations and up to {simulate_top:,} simulations: "
@@ -368,9 +369,11 @@ def top_cmd(results: Path, by: str, max_mem: float | None, where: str | None, n_
 @_guard
 def pareto_cmd(results: Path, x: str, y: str, where: str | None, columns: str | None, wide: bool) -> None:
     """Feasible rows that no other row beats on both columns."""
-    front = pareto(_opened(results), x, y, where=where)
-    click.echo(f"{front.height} rows on the {x} / {y} front:")
-    click.echo(_top_table(front, columns, wide, extra=(x, y)))
+    opened = _opened(results)
+    front = pareto(opened, x, y, where=where)
+    drawn_x, drawn_y, maximised = front_axes(opened.frame, x, y)  # a serving result's default axes are its own
+    click.echo(f"{front.height} rows on the {drawn_x} / {drawn_y} front{' (both maximised)' if maximised else ''}:")
+    click.echo(_top_table(front, columns, wide, extra=(drawn_x, drawn_y)))
 
 
 @main.command("report")
@@ -831,7 +834,9 @@ def serve_cmd(space: str, out: Path | None, n_top: int, simulate_top: int | None
     if dry_run:
         click.echo(serve.explain_table(serve.encode_summary(loaded)))
         return
-    summary = serve.run_serve(loaded, serve.output_path(loaded, out), simulate_top=simulate_top)
+    target = serve.output_path(loaded, out)
+    check_replaceable(target)  # before the evaluation, not after (the writer checks again)
+    summary = serve.run_serve(loaded, target, simulate_top=simulate_top)
     click.echo(serve.headline(loaded, summary))
     if explain or summary.n_rows == 0:
         click.echo(serve.explain_table(summary))

@@ -360,6 +360,7 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
             if storage is None and not dead.live:
                 _release_stale_journal_lock(out_dir / f"{name}.journal")
             study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space), storage)
+            _check_objective(study, problem, "--storage" if storage else out_dir / f"{name}.journal")
             if study.metric_names is None:  # objective names, as optuna-dashboard shows them
                 study.set_metric_names(problem.metric_names)
             dead.reclaim(study, part_dir, retry, journal=storage is None)
@@ -739,6 +740,26 @@ def _open_study(name: str, open_storage: Callable[[], Any], directions: list[str
     except SQLAlchemyError as err:  # still failing after the retries: the database itself
         raise CatalogError("command line", "--storage", url, "a database that accepts connections "
                            f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
+
+
+def _check_objective(study: optuna.Study, problem: Problem, where: str | Path) -> None:
+    """Refuse to resume ``study`` for another objective than the one it was created with
+    (other directions, or other metrics): Optuna would only warn, then fail every new trial
+    told with the wrong number of values. A ``CatalogError`` naming the study, both objectives."""
+    stored = [d.name.lower() for d in study.directions]
+    names = study.metric_names  # None: created by a run that stopped before naming them
+    if stored == problem.directions and (names is None or list(names) == problem.metric_names):
+        return
+    raise CatalogError(where, f"study {study.study_name!r}: --objective",
+                       _objective_text(problem.directions, problem.metric_names),
+                       f"the objective the study was created with, {_objective_text(stored, names)} (resume it "
+                       "with that --objective, or give another --study-name)")
+
+
+def _objective_text(directions: list[str], metrics: list[str] | None) -> str:
+    """``["maximize"], ["x"]`` as "maximize x"; unnamed metrics as "value 0", ..."""
+    metrics = metrics or [f"value {i}" for i in range(len(directions))]
+    return " and ".join(f"{d} {m}" for d, m in zip(directions, metrics, strict=True))
 
 
 def _constraint(trial: optuna.trial.FrozenTrial) -> list[float]:

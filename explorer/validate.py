@@ -85,6 +85,8 @@ UNKNOWN_ATTENTION = "flash2"
 FLAGS = ("glu", "mla", "sequence_parallel")
 #: columns that name one training job; its rows are configurations of it
 JOB_COLUMNS = ("model", "gpu", "n_gpus", "seq", "global_batch", "dtype")
+#: a row's ``quality`` (shared/validation/README.md): the error targets hold on ok rows
+QUALITIES = ("ok", "uncertain")
 #: measured peak memory in a row's notes (README: "peak memory X GiB", "memory/GPU X GB")
 _MEMORY = re.compile(r"\b(?:peak memory|memory/GPU) ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
 #: pairs of one job whose measured step times differ by less than this are not ranked
@@ -618,7 +620,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
         "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
         "workload": {"input_len": ints["input_len"], "output_len": ints["output_len"],
                      "concurrency": ints["concurrency"],
-                     "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"]},
+                     "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"],},
         "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
                        "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [kv_dtype],
                        "redundant_experts": [redundant],
@@ -653,6 +655,8 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
 
 #: isolated-phase rows: the phase and the per-GPU throughput metric it is measured by
 PHASE_METRICS = {"prefill": "input_tokens_per_s_per_gpu", "decode": "output_tokens_per_s_per_gpu"}
+#: the inference ``mode`` values predicted (EMPTY reads as agg); a disaggregated row is not
+INFERENCE_MODES = ("agg", *PHASE_METRICS)
 
 
 def row_expert_slots(experts: int, ep: int) -> int:
@@ -836,6 +840,8 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     rid = row.get("id") or ""
     where = f"{source}: row {rid}"
     metric = row.get("metric") or ""
+    if (row.get("mode") or "agg") not in INFERENCE_MODES:
+        raise CatalogError(where, "mode", row.get("mode"), f"one of {list(INFERENCE_MODES)} or EMPTY (agg)")
     if row.get("concurrency") and (row.get("mode") or "agg") == "agg" and metric in SERVING_METRICS:
         return predict_serving(row, source)
     if row.get("mode") in PHASE_METRICS:
@@ -923,6 +929,9 @@ def predict_row(predict: Any, row: dict[str, str | None], source: str) -> RowRes
     not in the catalog, a model the schema cannot hold) is ``unsupported`` with the
     reason, and the rest of the file is still predicted."""
     try:
+        if row.get("quality") not in QUALITIES:
+            raise CatalogError(f"{source}: row {row.get('id') or ''}", "quality", row.get("quality"),
+                               f"one of {list(QUALITIES)}")
         result = predict(row, source)
     except CatalogError as err:
         result = RowResult(id=row.get("id") or "", source=row.get("source") or "", quality=row.get("quality") or "",
@@ -966,7 +975,7 @@ def summary(results: list[RowResult]) -> dict[str, Any]:
         return {"n": len(errs), "mape": float(abs_err.mean()), "median_ape": float(np.median(abs_err)),
                 "mean_signed": float(np.mean(errs)), "worst": [(r.id, round(r.error, 4)) for r in worst[:5]]}
 
-    out: dict[str, Any] = {q: stats([r for r in results if r.quality == q]) for q in ("ok", "uncertain")}
+    out: dict[str, Any] = {q: stats([r for r in results if r.quality == q]) for q in QUALITIES}
     # per source and per GPU, ok and uncertain rows apart (the targets are on ok rows)
     groups = [("by_source", "source"), ("by_gpu", "gpu"), ("by_metric", "metric")]
     if any(r.framework for r in results):

@@ -183,7 +183,7 @@ def is_serving(frame: pl.LazyFrame) -> bool:
 
 
 def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
-    """Feasible rows first, then ascending ``by``; row_id breaks ties so the order is total.
+    """Feasible rows first, then ascending ``by`` (null and NaN last); row_id breaks ties so the order is total.
     A serving result under the default order ranks as ``paraspace serve`` does
     (``serving_schema.RANK``: simulated rows before the rest, then the most output
     tokens per second per GPU, then the shortest TTFT)."""
@@ -191,7 +191,11 @@ def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
         keys = [pl.col(name).cast(pl.Float64).fill_nan(None) for name, _ in serving_schema.RANK]  # NaN last
         return frame.sort([*keys, pl.col("row_id")], descending=[*(d for _, d in serving_schema.RANK), False],
                           nulls_last=True)
-    return frame.sort(["feasible", *by, "row_id"], descending=[True, *([False] * len(by)), False])
+    types = frame.collect_schema()
+    keys = [pl.col(name).fill_nan(None) if name in types and types[name].is_float() else pl.col(name)
+            for name in by]  # NaN last, as null
+    return frame.sort([pl.col("feasible"), *keys, pl.col("row_id")], descending=[True, *([False] * len(by)), False],
+                      nulls_last=True)
 
 
 #: what --where may hold besides column names: SQL operators and literals, a few functions
@@ -269,6 +273,14 @@ def top(path: str | Path | Results, n: int = 10, by: tuple[str, ...] = RANK_BY, 
     return ranked(frame, by).head(n).collect()
 
 
+def front_axes(frame: pl.LazyFrame, x: str = "step_time_s", y: str = "mem_peak_bytes") -> tuple[str, str, bool]:
+    """The two columns ``pareto`` draws its front on when asked for ``x`` and ``y``, and whether
+    both are maximised: on a serving result the default axes stand for ``SERVING_FRONT``."""
+    if is_serving(frame) and (x, y) == ("step_time_s", "mem_peak_bytes"):
+        return SERVING_FRONT[0], SERVING_FRONT[1], True
+    return x, y, False
+
+
 def pareto(path: str | Path | Results, x: str = "step_time_s", y: str = "mem_peak_bytes", *,
            where: str | None = None, feasible_only: bool = True) -> pl.DataFrame:
     """Rows no other row beats on both ``x`` and ``y`` (numeric metrics, both minimised), by ascending x.
@@ -276,7 +288,7 @@ def pareto(path: str | Path | Results, x: str = "step_time_s", y: str = "mem_pea
     throughput per GPU a deployment gives against the speed each user sees)."""
     results = open_results(path)
     serving = is_serving(results.frame)
-    if serving and (x, y) == ("step_time_s", "mem_peak_bytes"):
+    if front_axes(results.frame, x, y)[2]:
         frame = filtered(results, where=where)
         if feasible_only:
             frame = frame.filter(pl.col("feasible"))

@@ -19,6 +19,7 @@ One page, nothing fetched from elsewhere (Plotly's JavaScript is embedded once):
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
@@ -30,8 +31,11 @@ import polars as pl
 from paraspace.results import serving_schema
 from paraspace.results.rank import SERVING_FRONT, is_serving, pareto, ranked, scan
 from paraspace.results.schema import STEP_PARTS
+from paraspace.results.writer import PARTIAL_SUFFIX, check_replaceable, publish
 
 GIB = 1024**3
+#: how every report page begins (``_head``), and so how ``write`` knows a file it may replace
+PAGE_START = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>paraspace report: "
 #: the event engine's correction to the closed form, drawn after the parts
 SIM_DELTA = "simulation_s"
 #: candidates drawn in the scatter (a seeded sample beyond this), besides the front and the best
@@ -266,8 +270,7 @@ the fastest's.</p>
 def _head(title: str) -> str:
     import plotly.offline
 
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>paraspace report: {title}</title>
+    return f"""{PAGE_START}{title}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style>
 <script>{plotly.offline.get_plotlyjs()}</script></head>
 <body>"""
@@ -320,7 +323,19 @@ deployment; click for its details, a second to compare.</p>
 
 
 def write(path: str | Path, out: str | Path, strategy: list[str], n_top: int = 10) -> Path:
+    """The report of ``path`` written to ``out`` atomically (``results.writer.publish``); an
+    existing ``out`` is replaced only where it is an earlier report (one that begins with
+    ``PAGE_START``)."""
     out = Path(out)
+    check = functools.partial(check_replaceable, out, starts_with=PAGE_START.encode(), kind="paraspace report")
+    check()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(build(path, strategy, n_top))
+    page = build(path, strategy, n_top)
+    check()  # again: something else may have been written there meanwhile
+    staged = out.with_name(out.name + PARTIAL_SUFFIX)
+    try:
+        staged.write_bytes(page.encode())
+        publish(staged, out)
+    finally:
+        staged.unlink(missing_ok=True)
     return out

@@ -27,6 +27,8 @@ from paraspace.results.rank import ResultsError
 from paraspace.results.schema import BY_NAME, META_COLUMNS, Column
 
 PARTIAL_SUFFIX = ".partial"
+#: the first four bytes of every Parquet file (and its last four)
+PARQUET_MAGIC = b"PAR1"
 
 
 def arrow_schema(strategy: list[tuple[str, pa.DataType, str]], metrics: tuple[Column, ...]) -> pa.Schema:
@@ -66,6 +68,7 @@ class ResultWriter:
                                            | {META_COLUMNS: json.dumps(column_docs)})
         self.rows = 0
         self._writer: pq.ParquetWriter | None = None
+        check_replaceable(self.path)
 
     def __enter__(self) -> ResultWriter:
         ensure_folder(self.path.parent)
@@ -85,6 +88,11 @@ class ResultWriter:
             self._writer.add_key_value_metadata({k: _text(v) for k, v in final_metadata.items()})
         self._writer.close()
         self._writer = None
+        try:
+            check_replaceable(self.path)  # again: something else may have been written there meanwhile
+        except ResultsError:
+            self.partial.unlink(missing_ok=True)
+            raise
         publish(self.partial, self.path)
         return self.path
 
@@ -99,6 +107,30 @@ class ResultWriter:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.discard()  # not closed: an error, an interrupt or an incomplete result; leave nothing that looks done
+
+
+def check_replaceable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC,
+                      kind: str = "Parquet result") -> None:
+    """Refuse, with a ``ResultsError`` naming ``path``, to write over anything but an earlier
+    output of ours (a file beginning with ``starts_with``: a Parquet file by default) or an
+    empty file: never a space TOML, notes or a folder, which a mistyped ``--out`` would
+    otherwise destroy. Every Parquet-writing command checks its target here
+    (``ResultWriter``), the report its page (``results.report.write``)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    expected = f"{str(path)!r}: expected a new file or an earlier {kind} to replace"
+    if not path.is_file():
+        raise ResultsError(f"{path}: output file = {expected} (it is a folder or another non-file; nothing written)")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(starts_with))
+    except OSError as err:
+        raise ResultsError(f"{path}: output file = {expected} (it cannot be read: {err.strerror or err}; nothing "
+                           "written)") from None
+    if head and head != starts_with:
+        raise ResultsError(f"{path}: output file = {expected} (it is not one: it starts with {head[:16]!r}; "
+                           "refusing to overwrite it, nothing written: give another --out or remove the file)")
 
 
 def ensure_folder(folder: str | Path) -> Path:

@@ -616,7 +616,11 @@ def _as_catalog_error(record: type[Record], err: ValidationError, data: dict, so
         msg = str(first["msg"]).removeprefix("Value error, ")
         sub, _, expected = msg.partition(": ")
         path = loc + sub.split(".")
-        return CatalogError(source, ".".join(map(str, path)), _lookup(data, path), expected)
+        value = _lookup(data, path)
+        written = _lookup(data, path[:-1]) if value is MISSING and len(path) > 1 else MISSING
+        if written is not MISSING and not isinstance(written, dict):
+            path, value = path[:-1], written  # a record's short spelling (``input_len = 1024``): as written
+        return CatalogError(source, ".".join(map(str, path)), value, expected)
     expected = str(first["msg"]).replace("Input should be ", "").replace("Input ", "")
     return CatalogError(source, field, value, expected)
 

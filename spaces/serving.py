@@ -258,6 +258,9 @@ class Lengths(Record):
             raise ValueError("sigma: 0 for a fixed length (or distribution = \"lognormal\")")
         if not empirical and self.mean is None:
             raise ValueError(f"mean: a length in tokens >= 1 (required for a {self.distribution} length)")
+        if self.distribution == "fixed" and self.mean is not None and not self.mean.is_integer():
+            raise ValueError("mean: a whole number of tokens for a fixed length (every request is that long; "
+                             "a lognormal length may have a fractional mean)")
         if not empirical and (self.path is not None or self.column is not None):
             key = "path" if self.path is not None else "column"
             raise ValueError(f"{key}: no {key} for a {self.distribution} length (or distribution = \"empirical\")")
@@ -457,7 +460,7 @@ def read_lengths_csv(lengths: Lengths, base_dir: Path, source: str, where: str) 
     path = Path(lengths.path)
     path = path if path.is_absolute() else base_dir / path
     try:
-        with open(path, newline="", encoding="utf-8") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:  # a BOM (spreadsheet exports) is not text
             rows = list(csv.reader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         why = getattr(err, "strerror", None) or ("not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err))
@@ -514,10 +517,14 @@ def check_serving(space: LoadedServing) -> None:
             except ValueError:
                 raise CatalogError(space.source, f"dimensions.{name}", value,
                                    f"one of {[label(m) for m in Dispatch]}") from None
-    for value in dims.dtype:
-        if value not in peaks:
-            raise CatalogError(space.source, "dimensions.dtype", value,
-                               f"a precision {space.hardware.name} has a peak for: {sorted(peaks)}")
+    # the GEMMs run in dtype, and the KV cache is stored (and read by attention) in kv_dtype:
+    # both a precision the hardware has (an FP4 cache needs FP4 hardware, e.g. Blackwell)
+    supported = [d for d in sorted(peaks) if d in DTYPE_BYTES]
+    for name, what in (("dtype", "a precision"), ("kv_dtype", "a KV cache precision")):
+        for value in getattr(dims, name):
+            if value not in peaks:
+                raise CatalogError(space.source, f"dimensions.{name}", value,
+                                   f"{what} {space.hardware.name} has a peak for: {supported}")
     for dim in DIMENSIONS:
         raw = getattr(dims, dim)
         if len(raw) == 0:
