@@ -244,7 +244,7 @@ def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, pre
         rate = np.zeros(rows.size) if wl.rate_per_s is None else wl.rate_per_s / engines
         args = (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, pick["scheduler"],
                 pick["overlap_scheduler"], cap, host, kv_coef, pair_coef, wl.prefix_hit_rate, GRID, g, h,
-                pick["draft_tokens"], acceptance, draw_seed(space), dp, ds)
+                pick["draft_tokens"], acceptance, draw_seed(space), dp, ds, wl.steady_state)
         return SimInputs(False, args, engines)
     psrv = prefill[rows].view(np.recarray)
     pg, ph, pdp, _, _, p_pair, p_cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles, psrv,
@@ -254,7 +254,7 @@ def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, pre
     rate = np.full(rows.size, float(wl.rate_per_s or 0.0))
     args = (in_len, out_len, gaps, clients, rate, pick["prefill_instances"].astype(np.float64), engines, max_batch,
             max_tokens, p_cap, cap, host, wl.prefix_hit_rate, GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer,
-            pick["draft_tokens"], acceptance, draw_seed(space))
+            pick["draft_tokens"], acceptance, draw_seed(space), wl.steady_state)
     return SimInputs(True, args, np.ones(rows.size))
 
 

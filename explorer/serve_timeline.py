@@ -83,11 +83,11 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
     a = inputs.args
     if disagg:
         (in_len, out_len, gaps, clients, rate, n_prefill, n_decode, max_batch, max_tokens, p_cap, d_cap, host, hit,
-         grid, p_g, p_h, p_pair, p_dp, d_g, d_h, d_kv, d_ds, xfer, draft, acceptance, seed) = a
+         grid, p_g, p_h, p_pair, p_dp, d_g, d_h, d_kv, d_ds, xfer, draft, acceptance, seed, steady) = a
         ss.simulate_disagg_one(in_len, out_len, gaps, int(clients[0]), rate[0], int(n_prefill[0]), int(n_decode[0]),
                                int(max_batch[0]), max_tokens[0], p_cap[0], d_cap[0], host, hit, grid, p_g[0], p_h[0],
                                p_pair[0], p_dp[0], d_g[0], d_h[0], d_kv[0], d_ds[0], xfer[0], int(draft[0]),
-                               acceptance, seed, res, log)
+                               acceptance, seed, res, log, steady)
         P, D = int(n_prefill[0]), int(n_decode[0])
         pp = int(cols["pp"][0])
         names = tuple(f"prefill replica {p} (tp {int(cols['prefill_tp'][0])})" for p in range(P)) + tuple(
@@ -96,10 +96,10 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
         caps = (float(p_cap[0]),) * P + (float(d_cap[0]),) * D
     else:
         (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host, kv_coef,
-         pair_coef, hit, grid, g, h, draft, acceptance, seed, dp, ds) = a
+         pair_coef, hit, grid, g, h, draft, acceptance, seed, dp, ds, steady) = a
         ss.simulate_one(in_len, out_len, gaps, int(clients[0]), rate[0], int(max_batch[0]), max_tokens[0],
                         int(scheduler[0]), overlap[0] != 0, cap[0], host, kv_coef[0], pair_coef[0], hit, grid, g[0],
-                        h[0], int(draft[0]), acceptance, seed, dp[0], ds[0], res, log)
+                        h[0], int(draft[0]), acceptance, seed, dp[0], ds[0], res, log, steady)
         engines = int(metrics["engines"][0])
         names = (f"engine 0 (one of {engines} identical engines)",)
         caps = (float(cap[0]),)

@@ -523,7 +523,8 @@ SERVING_HOST_US = 200.0
 #: "~10 requests per active user"). The simulation starts them cold, all users at once, as
 #: a measured run does once its warm-up has drained, so the start-up burst (every user's
 #: prompt queued together) is a tenth of the requests the means are taken over, as in
-#: the measurement, not the thousandth a long run makes it
+#: the measurement, not the thousandth a long run makes it (``steady_state`` off: the
+#: statistics over every request, as the benchmark's)
 SERVING_REQUESTS_PER_USER = 10
 
 
@@ -620,7 +621,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
         "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
         "workload": {"input_len": ints["input_len"], "output_len": ints["output_len"],
                      "concurrency": ints["concurrency"],
-                     "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"],},
+                     "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"], "steady_state": False},
         "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
                        "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [kv_dtype],
                        "redundant_experts": [redundant],

@@ -104,7 +104,14 @@ Deterministic: the inputs (lengths, unit gaps) are sampled by the caller from
 a seed; ties are broken by request index. A configuration whose head-of-queue
 request cannot be admitted into an empty engine, or whose only running
 request cannot grow its cache, is *stuck* (``S_STUCK`` = 1, latencies NaN).
-Throughput is *sustained* throughput. Closed loop: over the whole run.
+Throughput is *sustained* throughput. Closed loop: over the whole run; with
+``steady`` (a serving space's ``workload.steady_state``, its default) the loop's
+start-up burst, every user's first request sent at once at t = 0, is left out:
+latencies over the requests after it, throughput the completions between the
+first arrival after it and the last arrival (all users in the loop; the drain
+after that, as fewer and fewer users remain, is left out too) over that span.
+Without it the statistics are a benchmark's of ``n`` requests started cold
+(``explorer.validate`` replays measured runs that way).
 Poisson: an engine is *overloaded* (``S_OVERLOADED``) when its queue grows,
 i.e. the mean TTFT of the last fifth of the requests exceeds twice that of the
 second fifth (under overload TTFT grows with the arrival index, about 3x
@@ -412,9 +419,11 @@ def _fast_forward(ahead: float, kv_read: float, base: float, kv_coef: float, pai
 @jit
 def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: int, max_tokens: float,
                  scheduler: int, overlap: bool, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float,
-                 grid, g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log) -> None:
+                 grid, g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log,
+                 steady: bool) -> None:
     """Simulate one engine (module doc) and fill ``res`` (``SIM_OUTPUTS``); each
-    iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows (module doc: its split)."""
+    iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows (module doc: its split).
+    ``steady``: a closed loop's statistics leave its start-up burst out (module doc)."""
     n = in_len.shape[0]
     arr_at, first_at, done_at, kv, target, done_pre, chunk = _request_arrays(n)
     gen = np.zeros(n, np.int64)  # tokens generated
@@ -542,7 +551,7 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 keep += 1
         acc[A_KV_USED], acc[A_DEC_STEPS], acc[A_DEC_TOKENS] = kv_used, dec_steps, dec_tokens
         n_run = keep
-    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc)
+    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc, clients if steady and closed else 0)
 
 
 @jit
@@ -554,8 +563,10 @@ def _request_arrays(n: int):
 
 
 @jit
-def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: bool, acc) -> None:
-    """``res`` (``SIM_OUTPUTS``) from a run's per-request instants and its ``acc`` (module doc)."""
+def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: bool, acc, burst: int) -> None:
+    """``res`` (``SIM_OUTPUTS``) from a run's per-request instants and its ``acc`` (module doc);
+    ``burst``: the closed loop's first requests, sent at once at its start, that the
+    steady statistics leave out (0: every request counts)."""
     t = acc[A_T]
     n = arr_at.shape[0]
     for k in range(N_SIM):
@@ -569,14 +580,15 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
         return
     if acc[A_DEC_STEPS] > 0.0:
         res[S_TOKENS_PER_STEP] = acc[A_DEC_TOKENS] / acc[A_DEC_STEPS]
-    ttft = first_at - arr_at
-    e2e = done_at - arr_at
-    multi = out_len > 1
+    lo = burst if burst < n else 0  # the requests measured: lo .. n - 1
+    ttft = first_at[lo:] - arr_at[lo:]
+    e2e = done_at[lo:] - arr_at[lo:]
+    multi = out_len[lo:] > 1
     res[S_TTFT] = ttft.mean()
     res[S_TTFT_P50] = np.percentile(ttft, 50.0)
     res[S_TTFT_P90] = np.percentile(ttft, 90.0)
     if multi.any():
-        tpot = (done_at[multi] - first_at[multi]) / (out_len[multi] - 1.0)
+        tpot = (done_at[lo:][multi] - first_at[lo:][multi]) / (out_len[lo:][multi] - 1.0)
         res[S_TPOT] = tpot.mean()
         res[S_TPOT_P50] = np.percentile(tpot, 50.0)
         res[S_TPOT_P90] = np.percentile(tpot, 90.0)
@@ -595,14 +607,19 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
     res[S_OVERLOADED] = 1.0 if overloaded else 0.0
     start = 0.0
     stop = t
+    window = overloaded
     if overloaded:
         start = arr_at[fifth]
     elif not closed:
         stop = arr_at[n - 1]
+    elif lo > 0 and arr_at[n - 1] > arr_at[lo]:  # while every user is in the loop, past the burst
+        start = arr_at[lo]
+        stop = arr_at[n - 1]
+        window = True
     served = 0.0
     tokens_served = 0.0
     for r in range(n):
-        if overloaded and not start < done_at[r] <= stop:
+        if window and not start < done_at[r] <= stop:
             continue
         served += 1.0
         tokens_served += out_len[r]
@@ -613,21 +630,22 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
 
 @jit(parallel=True)
 def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host, kv_coef,
-                  pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table):
+                  pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table, steady=False):
     """``SIM_OUTPUTS`` for every configuration (row): per-row ``clients`` (0: Poisson
     at ``rate``), ``max_batch``, ``max_tokens``, ``scheduler``, ``overlap`` (1: the
     overlap scheduler), KV ``cap`` tokens,
     ``kv_coef``, ``pair_coef``, ``draft`` tokens and cost tables
     (``kernels.serving.cost_tables``); the request lengths, unit gaps, ``host``,
     ``hit``, the draft ``acceptance`` and the draws' ``seed`` (below 2^32) are
-    shared. (n, N_SIM)."""
+    shared, and ``steady`` (a closed loop's statistics without its start-up burst,
+    module doc). (n, N_SIM)."""
     n = clients.shape[0]
     out = np.empty((n, N_SIM))
     nolog = np.empty((0, N_LOG))
     for i in prange(n):
         simulate_one(in_len, out_len, gaps, int(clients[i]), rate[i], int(max_batch[i]), max_tokens[i],
                      int(scheduler[i]), overlap[i] != 0, cap[i], host, kv_coef[i], pair_coef[i], hit, grid, g_table[i],
-                     h_table[i], int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i], nolog)
+                     h_table[i], int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i], nolog, steady)
     return out
 
 
@@ -855,9 +873,10 @@ def _engines(n_prefill: int, n_decode: int, max_batch: int):
 def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_prefill: int, n_decode: int,
                         max_batch: int, max_tokens: float, p_cap: float, d_cap: float, host: float, hit: float, grid,
                         p_g, p_h, p_pair: float, p_dp, d_g, d_h, d_kv: float, d_ds, xfer, draft: int,
-                        acceptance: float, seed: int, res, log) -> None:
+                        acceptance: float, seed: int, res, log, steady: bool) -> None:
     """Simulate a whole disaggregated deployment (module doc) and fill ``res`` (``SIM_OUTPUTS``);
-    every iteration and KV transfer is written to ``log`` while it has rows."""
+    every iteration and KV transfer is written to ``log`` while it has rows; ``steady`` as
+    ``simulate_one``'s."""
     n = in_len.shape[0]
     arr_at, first_at, done_at, kv, target, done_pre, chunk = _request_arrays(n)
     gen = np.zeros(n, np.int64)
@@ -969,13 +988,13 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
             start_engines = False
         if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] <= te:
             start_engines = False
-    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc)
+    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc, clients if steady and closed else 0)
 
 
 @jit(parallel=True)
 def simulate_disagg_rows(in_len, out_len, gaps, clients, rate, n_prefill, n_decode, max_batch, max_tokens, p_cap,
                          d_cap, host, hit, grid, p_g, p_h, p_pair, p_dp, d_g, d_h, d_kv, d_ds, xfer, draft,
-                         acceptance, seed):
+                         acceptance, seed, steady=False):
     """``SIM_OUTPUTS`` of every disaggregated configuration (row) of a whole
     deployment (``simulate_disagg_one``): per row the deployment's ``clients``
     (0: Poisson at ``rate``), ``n_prefill`` replicas, ``n_decode`` engines,
@@ -990,7 +1009,7 @@ def simulate_disagg_rows(in_len, out_len, gaps, clients, rate, n_prefill, n_deco
         simulate_disagg_one(in_len, out_len, gaps, int(clients[i]), rate[i], int(n_prefill[i]), int(n_decode[i]),
                             int(max_batch[i]), max_tokens[i], p_cap[i], d_cap[i], host, hit, grid, p_g[i], p_h[i],
                             p_pair[i], p_dp[i], d_g[i], d_h[i], d_kv[i], d_ds[i], xfer[i], int(draft[i]), acceptance,
-                            seed, out[i], nolog)
+                            seed, out[i], nolog, steady)
     return out
 
 

@@ -294,6 +294,11 @@ class Workload(Record):
     #: a closed loop reaches its steady state only with several requests per user
     n_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     seed: Annotated[int, Field(ge=0)] = 0
+    #: closed loop: the simulation's statistics leave out the start-up burst (every user's first
+    #: request, sent at once at t = 0) and the drain after the last request is sent, so that they
+    #: describe the loop's steady state whatever n_requests (``kernels.serving_sim`` module doc);
+    #: false: over every request, as a benchmark of n_requests started cold reports them
+    steady_state: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -194,8 +194,9 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
              max_batch: int, max_tokens: float, scheduler: int, cap: float, host: float, kv_coef: float,
              pair_coef: float, hit: float, grid: list[float], g: list[float], h: list[float], draft: int = 0,
              acceptance: float = 0.0, seed: int = 0, dp: list[float] | None = None,
-             ds: list[float] | None = None, overlap: bool = False) -> dict[str, float]:
-    """One engine's continuous- (chunked or not) or static-batching run (kernels.serving_sim module doc)."""
+             ds: list[float] | None = None, overlap: bool = False, steady: bool = False) -> dict[str, float]:
+    """One engine's continuous- (chunked or not) or static-batching run (kernels.serving_sim module doc);
+    ``steady``: a closed loop's latencies without its start-up burst."""
     static = scheduler == STATIC
     n = len(in_len)
     q = draft + 1
@@ -297,13 +298,20 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
             else:
                 still.append(r)
         running = still
-    ttft = sorted(first[r] - arrive[r] for r in range(n))
-    tpot = sorted((done[r] - first[r]) / (out_len[r] - 1) for r in range(n) if out_len[r] > 1)
-    e2e = [done[r] - arrive[r] for r in range(n)]
-    return {"ttft_s": sum(ttft) / n, "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+    measured = measured_requests(n, clients, steady)
+    ttft = sorted(first[r] - arrive[r] for r in measured)
+    tpot = sorted((done[r] - first[r]) / (out_len[r] - 1) for r in measured if out_len[r] > 1)
+    e2e = [done[r] - arrive[r] for r in measured]
+    return {"ttft_s": sum(ttft) / len(measured), "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
             "tpot_s": sum(tpot) / len(tpot) if tpot else math.nan, "tpot_p90_s": percentile(tpot, 90) if tpot else math.nan,
-            "e2e_latency_s": sum(e2e) / n, "makespan_s": t, "concurrency": area / t, "requests_per_s": n / t,
+            "e2e_latency_s": sum(e2e) / len(measured), "makespan_s": t, "concurrency": area / t, "requests_per_s": n / t,
             "preemptions": preemptions, "tokens_per_step": step_tokens / step_count if step_count else math.nan}
+
+
+def measured_requests(n: int, clients: int, steady: bool) -> range:
+    """The requests the statistics are over: all, or with ``steady`` in a closed loop of
+    fewer users than requests, those after the start-up burst (each user's first)."""
+    return range(clients, n) if steady and 0 < clients < n else range(n)
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -318,7 +326,8 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
                     n_prefill: int, n_decode: int, max_batch: int, max_tokens: float, p_cap: float, d_cap: float,
                     host: float, hit: float, grid: list[float], p_g: list[float], p_h: list[float], p_pair: float,
                     p_dp: list[float], d_g: list[float], d_h: list[float], d_kv: float, d_ds: list[float],
-                    xfer: list[float], draft: int = 0, acceptance: float = 0.0, seed: int = 0) -> dict[str, float]:
+                    xfer: list[float], draft: int = 0, acceptance: float = 0.0, seed: int = 0,
+                    steady: bool = False) -> dict[str, float]:
     """A disaggregated deployment's run (kernels.serving_sim module doc): prefill replicas
     taking prompts from one FIFO, each completed prompt's cache sent to the least-loaded
     decode engine, decode engines admitting whole sequences into their reservation.
@@ -483,12 +492,14 @@ def simulate_disagg(in_len: list[float], out_len: list[float], gaps: list[float]
         else:
             front.arrival()
         start = all(e[0] > t for e in due())
-    ttft = sorted(first[r] - arrive[r] for r in range(n))
-    multi = [r for r in range(n) if out_len[r] > 1]
+    measured = measured_requests(n, clients, steady)
+    ttft = sorted(first[r] - arrive[r] for r in measured)
+    multi = [r for r in measured if out_len[r] > 1]
     tpot = sorted((done[r] - first[r]) / (out_len[r] - 1) for r in multi)
-    e2e = sorted(done[r] - arrive[r] for r in range(n))
-    return {"stuck": 0, "ttft_s": sum(ttft) / n, "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+    e2e = sorted(done[r] - arrive[r] for r in measured)
+    return {"stuck": 0, "ttft_s": sum(ttft) / len(measured), "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p90_s": percentile(ttft, 90),
             "tpot_s": sum(tpot) / len(tpot) if tpot else 0.0, "tpot_p90_s": percentile(tpot, 90) if tpot else 0.0,
-            "e2e_latency_s": sum(e2e) / n, "e2e_p90_s": percentile(e2e, 90), "makespan_s": t, "concurrency": area / t,
+            "e2e_latency_s": sum(e2e) / len(measured), "e2e_p90_s": percentile(e2e, 90), "makespan_s": t, "concurrency": area / t,
             "requests_per_s": n / t, "iterations": iterations, "prefill_iterations": prefill_iterations,
             "kv_peak_tokens": peak, "tokens_per_step": step_tokens / step_count if step_count else math.nan}

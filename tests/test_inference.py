@@ -508,8 +508,9 @@ def test_closed_loop_serving_rows_go_through_the_serving_simulation():
            "host_overhead_us": validate.SERVING_HOST_US, "simulate_top": 1,
            "workload": {"input_len": int(row["input_len"]), "output_len": int(row["output_len"]),
                         "concurrency": int(row["concurrency"]),
-                        # AIConfigurator's benchmark: 10 requests per user (validate.SERVING_REQUESTS_PER_USER)
-                        "n_requests": 10 * int(row["concurrency"])},
+                        # AIConfigurator's benchmark: 10 requests per user (validate.SERVING_REQUESTS_PER_USER),
+                        # all of them measured (the start-up burst too: validate turns steady_state off)
+                        "n_requests": 10 * int(row["concurrency"]), "steady_state": False},
            "dimensions": {"tp": [int(row["tp"])], "pp": [int(row["pp"])], "ep": [int(row["ep"] or 1)],
                           # FP8 weights; vLLM's "auto" cache keeps the model's 16-bit type (validate.row_kv_dtype)
                           "attention_dp": [False], "dtype": [row["dtype"]], "kv_dtype": [row["kv_dtype"] or "bf16"],

@@ -93,7 +93,7 @@ def tables(env, srv):
 
 
 def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_batch=256.0, max_tokens=8192.0,
-            scheduler=ks.CONTINUOUS, overlap=False, host=0.0, hit=0.0, cap=None, acceptance=0.0, seed=0):
+            scheduler=ks.CONTINUOUS, overlap=False, host=0.0, hit=0.0, cap=None, acceptance=0.0, seed=0, steady=False):
     """One engine of ``srv`` (its draft_tokens) simulated; returns (outputs, its cost parts)."""
     g, h, dp, ds, kv_coef, pair_coef, capacity = tables(env, srv)
     if cap is not None:
@@ -103,7 +103,7 @@ def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_ba
                                     np.array([rate]), np.array([max_batch]), np.array([max_tokens]),
                                     np.array([scheduler], np.int8), np.array([overlap], np.int8), capacity, host, kv_coef,
                                     pair_coef, hit, GRID, g, h,
-                                    srv["draft_tokens"].astype(np.int64), acceptance, seed, dp, ds)
+                                    srv["draft_tokens"].astype(np.int64), acceptance, seed, dp, ds, steady)
     return dict(zip(serving_sim.SIM_OUTPUTS, out[0])), (g[0], h[0], kv_coef[0], pair_coef[0], capacity[0], dp[0], ds[0])
 
 
@@ -531,17 +531,21 @@ def test_simulation_is_deterministic(fast):
     dict(clients=0, rate=350.0, cap=2500.0, scheduler=ks.UNCHUNKED, max_tokens=2600.0),
     dict(clients=16, rate=0.0, cap=None, scheduler=ks.UNCHUNKED, max_tokens=2600.0, overlap=True),
     dict(clients=0, rate=350.0, cap=2500.0, scheduler=ks.CONTINUOUS, max_tokens=700.0, overlap=True),
+    dict(clients=16, rate=0.0, cap=None, scheduler=ks.CONTINUOUS, max_tokens=700.0, steady=True),
+    dict(clients=12, rate=0.0, cap=2500.0, scheduler=ks.CONTINUOUS, max_tokens=1024.0, steady=True),
+    dict(clients=0, rate=350.0, cap=None, scheduler=ks.CONTINUOUS, max_tokens=512.0, steady=True),  # no burst
 ])
 def test_simulation_agrees_with_the_reference(fast, case):
     in_len, out_len, gaps = lognormal_requests(150, seed=3)
     sim, (g, h, kv_coef, pair_coef, cap, _, _) = run_sim(
         fast, toy_srv(), in_len, out_len, gaps, clients=case["clients"], rate=case["rate"], max_batch=16.0,
         max_tokens=case["max_tokens"], scheduler=case["scheduler"], overlap=case.get("overlap", False), host=2e-5,
-        hit=0.25, cap=case["cap"])
+        hit=0.25, cap=case["cap"], steady=case.get("steady", False))
     ref = naive_simulate(list(in_len), list(out_len), list(gaps), clients=case["clients"], rate=case["rate"],
                          max_batch=16, max_tokens=case["max_tokens"], scheduler=case["scheduler"],
                          cap=float(cap), host=2e-5, kv_coef=float(kv_coef), pair_coef=float(pair_coef), hit=0.25,
-                         grid=list(GRID), g=list(g), h=list(h), overlap=case.get("overlap", False))
+                         grid=list(GRID), g=list(g), h=list(h), overlap=case.get("overlap", False),
+                         steady=case.get("steady", False))
     for key in ("ttft_s", "ttft_p50_s", "ttft_p90_s", "tpot_s", "tpot_p90_s", "e2e_latency_s", "makespan_s",
                 "concurrency", "preemptions"):
         assert sim[key] == pytest.approx(ref[key], rel=REL), key
@@ -835,3 +839,43 @@ def test_poisson_ttft_carries_the_prompt_at_its_own_cost(fast):
     sim, _ = run_sim(fast, srv, [5000.0] * 3, [4.0] * 3, np.full(3, 1000.0), rate=1.0, max_tokens=2048.0, host=host)
     head = ks.head_rows_s(m, d, tiers, tiles, srv[0], b)
     assert sim["ttft_s"] == pytest.approx(prompt - 2.0 * head, rel=1e-3)
+
+
+def test_steady_state_leaves_out_the_burst_and_the_drain(fast):
+    """A closed loop of 4 users, constant lengths (64 in, 8 out), 5 requests a user: the
+    users stay in step, so the run is 5 waves of one period P each (every wave the same:
+    the first admits the 4 prompts at t = 0, the later ones as the last wave ends). Over
+    the requests after the burst (waves 2-5) the latencies are a wave's, as over all of
+    them; the throughput is counted between the first arrival after the burst (P) and
+    the last arrival (4 P): the 12 completions of waves 2-4 over 3 P = 4 / P, the
+    whole run's 20 / 5 P."""
+    kw = dict(clients=4, max_batch=4.0, max_tokens=512.0)
+    whole, _ = run_sim(fast, toy_srv(), [64.0] * 20, [8.0] * 20, **kw)
+    steady, _ = run_sim(fast, toy_srv(), [64.0] * 20, [8.0] * 20, steady=True, **kw)
+    period = whole["makespan_s"] / 5.0
+    for key in ("ttft_s", "ttft_p90_s", "tpot_s", "e2e_latency_s"):
+        assert steady[key] == pytest.approx(whole[key], rel=1e-12), key
+    assert whole["e2e_latency_s"] == pytest.approx(period, rel=1e-12)  # each request lasts its wave
+    assert steady["sustained_requests_per_s"] == pytest.approx(4.0 / period, rel=1e-12)
+    assert steady["output_tokens_per_s"] == pytest.approx(4.0 * 8.0 / period, rel=1e-12)
+
+
+def test_steady_state_does_not_depend_on_the_run_length(fast):
+    """Lognormal lengths, 16 users: the mean TTFT over every request carries the start-up
+    burst (16 prompts at once), a share that shrinks as the run grows (8 requests a user:
+    +30% over 256 a user). Without the burst, 8 requests a user land within 10% of 256
+    (what is left is the short sample's shorter prompts, 310 tokens against 365), the
+    sustained throughput within 2%, and Little's law (users = throughput x latency)
+    holds on the steady window."""
+    runs = {}
+    for steady in (False, True):
+        for per_user in (8, 256):
+            in_len, out_len, gaps = lognormal_requests(16 * per_user, seed=5)
+            runs[steady, per_user], _ = run_sim(fast, toy_srv(), in_len, out_len, gaps, clients=16, max_batch=16.0,
+                                                max_tokens=1024.0, host=2e-5, steady=steady)
+    short, long = runs[True, 8], runs[True, 256]
+    assert short["ttft_s"] == pytest.approx(long["ttft_s"], rel=0.1)
+    assert short["sustained_requests_per_s"] == pytest.approx(long["sustained_requests_per_s"], rel=0.02)
+    cold = runs[False, 8]["ttft_s"] / runs[False, 256]["ttft_s"] - 1.0
+    assert cold > 2.0 * abs(short["ttft_s"] / long["ttft_s"] - 1.0)  # the burst is what moved
+    assert long["sustained_requests_per_s"] * long["e2e_latency_s"] == pytest.approx(16.0, rel=0.01)

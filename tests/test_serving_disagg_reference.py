@@ -50,7 +50,8 @@ def deployment(seed: int) -> dict:
                 p_h=table(rng, 1e-7, 1e-9), p_pair=float(rng.uniform(0.0, 1e-11)), p_dp=table(rng, 1e-6, 1e-8),
                 d_g=table(rng, 5e-6, 1e-7), d_h=table(rng, 1e-7, 1e-9), d_kv=float(rng.uniform(1e-10, 5e-9)),
                 d_ds=table(rng, 1e-6, 1e-8), xfer=xfer, draft=int(rng.choice([0, 0, 1, 3])),
-                acceptance=float(rng.choice([0.0, 0.7, 1.0])), seed=int(rng.integers(0, 2**32)))
+                acceptance=float(rng.choice([0.0, 0.7, 1.0])), seed=int(rng.integers(0, 2**32)),
+                steady=bool(seed % 2))
 
 
 def kernel(d: dict) -> dict:
@@ -58,7 +59,8 @@ def kernel(d: dict) -> dict:
     ss.simulate_disagg_one(d["in_len"], d["out_len"], d["gaps"], d["clients"], d["rate"], d["n_prefill"],
                            d["n_decode"], d["max_batch"], d["max_tokens"], d["p_cap"], d["d_cap"], d["host"], d["hit"],
                            GRID, d["p_g"], d["p_h"], d["p_pair"], d["p_dp"], d["d_g"], d["d_h"], d["d_kv"], d["d_ds"],
-                           d["xfer"], d["draft"], d["acceptance"], d["seed"], res, np.empty((0, ss.N_LOG)))
+                           d["xfer"], d["draft"], d["acceptance"], d["seed"], res, np.empty((0, ss.N_LOG)),
+                           d["steady"])
     return dict(zip(ss.SIM_OUTPUTS, res))
 
 

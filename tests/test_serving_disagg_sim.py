@@ -48,7 +48,7 @@ def run_disagg(env, in_len, out_len, gaps=None, *, clients=0, rate=0.0, n_prefil
     ss.simulate_disagg_one(in_len, out_len, gaps, clients, rate, n_prefill, n_decode, max_batch, max_tokens,
                            cap[0] if p_cap is None else p_cap, cap[0] if d_cap is None else d_cap, host, hit, GRID,
                            g[0], h[0], pair_coef[0], dp[0], g[0], h[0], kv_coef[0], ds[0], np.asarray(xfer, float),
-                           draft, acceptance, seed, res, log)
+                           draft, acceptance, seed, res, log, False)
     return dict(zip(ss.SIM_OUTPUTS, res)), log, xfer
 
 
