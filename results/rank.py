@@ -184,9 +184,13 @@ def is_serving(frame: pl.LazyFrame) -> bool:
 
 def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
     """Feasible rows first, then ascending ``by`` (null and NaN last); row_id breaks ties so the order is total.
-    A serving result under the default order ranks as ``paraspace serve`` does
-    (``serving_schema.RANK``: simulated rows before the rest, then the most output
-    tokens per second per GPU, then the shortest TTFT)."""
+    Under the default order the simulated rows come before the rest: the event tier (or
+    the serving simulation) checked their values, while the others keep the closed form's,
+    which the simulation mostly lengthens (a sweep simulates the best ``simulate_top`` by
+    the closed form, so an unsimulated row would otherwise rank above simulated ones it
+    may not beat). A serving result under the default order ranks as ``paraspace serve``
+    does (``serving_schema.RANK``: then the most output tokens per second per GPU, then
+    the shortest TTFT)."""
     if by == RANK_BY and is_serving(frame):
         keys = [pl.col(name).cast(pl.Float64).fill_nan(None) for name, _ in serving_schema.RANK]  # NaN last
         return frame.sort([*keys, pl.col("row_id")], descending=[*(d for _, d in serving_schema.RANK), False],
@@ -194,8 +198,11 @@ def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
     types = frame.collect_schema()
     keys = [pl.col(name).fill_nan(None) if name in types and types[name].is_float() else pl.col(name)
             for name in by]  # NaN last, as null
-    return frame.sort([pl.col("feasible"), *keys, pl.col("row_id")], descending=[True, *([False] * len(by)), False],
-                      nulls_last=True)
+    first = [pl.col("feasible")]
+    if by == RANK_BY and "simulated" in types:
+        first.append(pl.col("simulated"))
+    return frame.sort([*first, *keys, pl.col("row_id")], descending=[*([True] * len(first)), *([False] * len(by)),
+                                                                      False], nulls_last=True)
 
 
 #: what --where may hold besides column names: SQL operators and literals, a few functions

@@ -137,3 +137,24 @@ def test_dask_honours_every_sweep_option(tmp_path):
     assert not frame["simulated"].any()
     refused = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--dask", "local", "--shard", "0/2"])
     assert refused.exit_code == 2 and "--shard = '0/2' with --dask: expected one of them" in refused.output
+
+
+def test_simulated_rows_rank_first(tmp_path):
+    """A sweep simulates its best few by the closed form; the default ranking puts those
+    (their values checked by the event tier) before the rest, each part by step time;
+    a ranking by another column does not look at it."""
+    out = tmp_path / "top5.parquet"
+    result = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--out", str(out), "--no-progress", "-n", "0",
+                                       "--simulate-top", "5"])
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(out)
+    feasible = df.filter(pl.col("feasible"))
+    assert feasible["simulated"].sum() == 5 and feasible.height > 5
+    got = top(out, feasible.height)
+    assert got["simulated"].to_list() == [True] * 5 + [False] * (feasible.height - 5)
+    for part in (got.head(5), got.tail(feasible.height - 5)):
+        assert part["step_time_s"].to_list() == sorted(part["step_time_s"].to_list())
+    # an unsimulated row's closed form is below some simulated step: the case the order is for
+    assert got["step_time_s"][5] < got["step_time_s"][:5].max()
+    by_mfu = top(out, feasible.height, ("mfu",))
+    assert by_mfu["mfu"].to_list() == sorted(by_mfu["mfu"].to_list())
