@@ -345,6 +345,8 @@ class ServeSummary:
     longest_request_tokens: float = 0.0
     #: candidates the simulation could have run but cannot represent (``simulable``): analytic values kept
     n_not_simulable: int = 0
+    #: feasible candidates left unsimulated, whose p90 SLA targets (percentiles only the simulation gives) are unchecked
+    n_p90_unchecked: int = 0
 
 
 def evaluate_columns(space: LoadedServing, cols: dict[str, np.ndarray], packed: PackedServing | None = None, *,
@@ -426,6 +428,8 @@ def evaluate_space(space: LoadedServing, *, simulate_top: int | None = None) -> 
     ranked = {k: np.ascontiguousarray(v[rank]) for k, v in both.items()}
     summary.n_feasible = int(metrics["feasible"].sum())
     summary.n_simulated = int(metrics["simulated"].sum())
+    if p90_targets(space):
+        summary.n_p90_unchecked = int(((metrics["feasible"] > 0) & (metrics["simulated"] == 0)).sum())
     summary.seconds = time.perf_counter() - began
     return ranked, summary
 
@@ -501,8 +505,17 @@ def headline(space: LoadedServing, summary: ServeSummary) -> str:
             f"{summary.n_simulated:,} simulated) in {summary.seconds:.2f} s"
             + (f"\n{summary.n_not_simulable:,} candidates keep the analytic tier's values: the simulation cannot "
                f"represent their engines' load ({not_simulable_why(space)})" if summary.n_not_simulable else "")
+            + (f"\n{summary.n_p90_unchecked:,} feasible candidates are not simulated: they meet the mean targets; "
+               f"the p90 targets ({', '.join(p90_targets(space))}) are unchecked on them (--simulate-top checks more)"
+               if summary.n_p90_unchecked else "")
             + (f"\nwrote {summary.path}" if summary.path is not None else "\nwrote nothing (no candidate)")
             + why_none_feasible(space, summary))
+
+
+def p90_targets(space: LoadedServing) -> list[str]:
+    """The space's SLA targets on 90th percentiles (columns only the simulation fills)."""
+    sla = space.spec.sla
+    return [name for name in ("ttft_p90_s", "tpot_p90_s") if getattr(sla, name) is not None]
 
 
 def not_simulable_why(space: LoadedServing) -> str:

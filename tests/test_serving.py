@@ -879,3 +879,16 @@ def test_steady_state_does_not_depend_on_the_run_length(fast):
     cold = runs[False, 8]["ttft_s"] / runs[False, 256]["ttft_s"] - 1.0
     assert cold > 2.0 * abs(short["ttft_s"] / long["ttft_s"] - 1.0)  # the burst is what moved
     assert long["sustained_requests_per_s"] * long["e2e_latency_s"] == pytest.approx(16.0, rel=0.01)
+
+
+def test_headline_counts_the_feasible_rows_whose_p90_targets_are_unchecked(tmp_path):
+    """The Qwen3 space has a p90 TPOT target, which only the simulation's percentiles can
+    check: the feasible rows it did not simulate are counted and named in the headline."""
+    space = sp.load_serving("qwen3-235b-a22b-h200-8")
+    summary = serve.run_serve(space, tmp_path / "q.parquet", simulate_top=4)
+    frame = summary.table
+    unchecked = int((frame["feasible"] & ~frame["simulated"]).sum())
+    assert unchecked > 0 and summary.n_p90_unchecked == unchecked
+    assert (f"{unchecked:,} feasible candidates are not simulated: they meet the mean targets; the p90 targets "
+            "(tpot_p90_s) are unchecked on them") in serve.headline(space, summary)
+    assert frame.filter(frame["simulated"])["tpot_p90_s"].null_count() == 0
