@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from paraspace.explorer import display
-from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, pack, pin
+from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, analytic, pack, pin, row_id_in
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
     DEFAULT_SIMULATE_TOP,
@@ -32,11 +32,11 @@ from paraspace.explorer.sweep import (
 )
 from paraspace.results.rank import Results, ResultsError, compare, front_axes, open_results, pareto, top
 from paraspace.results.schema import STEP_PARTS
-from paraspace.results.writer import check_replaceable, ensure_folder, to_arrow
+from paraspace.results.writer import check_writable, to_arrow
 from paraspace.spaces import catalog
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSION_NAMES, MAX_COMBINATIONS, REASON_TEXT, Encoder
-from paraspace.spaces.enums import Reason
+from paraspace.spaces.enums import Feasibility, Reason
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import MAX_COUNT, MAX_GIB, Dimensions
 
@@ -63,6 +63,16 @@ class FiniteFloatRange(click.FloatRange):
         if math.isnan(number):
             self.fail(f"{number} is not in the range {self._describe_range()}.", param, ctx)
         return number
+
+
+class OutputPath(click.Path):
+    """The ``click.Path`` of every ``--out``: refuses an empty value, which pathlib reads as '.'
+    (the current folder, with no name to write or to add a suffix to)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str | bytes) and not value:
+            self.fail("'': expected a path to write (an empty one names no file)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 #: numbers on the command line take the schema's bounds (spaces.schema): counts of
@@ -222,8 +232,9 @@ def _announce_compile() -> None:
 @click.option("--model", default=None, help="Replace the space's model (catalog name or TOML path).")
 @click.option("--hardware", default=None, help="Replace the space's hardware (catalog name or TOML path).")
 @click.option("--devices", type=COUNT, default=None, help="Replace the space's device count.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Output Parquet file [default: results/SPACE.parquet].")
+@click.option("--out", type=OutputPath(path_type=Path), default=None,
+              help="Output Parquet file [default: results/SPACE.parquet]; with --shard or --dask, the folder of the "
+                   "parts [default: results/SPACE].")
 @click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_SHOWN_ROWS), default=10, show_default=True,
               help="Rows of the ranking to print.")
 @click.option("--chunk-rows", type=COUNT, default=DEFAULT_CHUNK, show_default=True,
@@ -239,7 +250,7 @@ def _announce_compile() -> None:
               help="With more feasible candidates than this, simulate only this many best by analytic step time.")
 @click.option("--shard", default=None, metavar="I/N",
               help="Evaluate only shard I of N (0-based) of the combinations, e.g. for a nightly job array; "
-                   "writes results/SPACE/part-I-of-N.parquet.")
+                   "writes part-I-of-N.parquet in the --out folder [default: results/SPACE].")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Run the shards on a Dask distributed scheduler (tcp://host:8786, or 'local' for a LocalCluster).")
 @click.option("--shards", type=COUNT, default=8, show_default=True, help="Shards to submit with --dask.")
@@ -271,7 +282,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
             raise InputError(f"command line: --shard = {shard!r} with --dask: expected one of them (--dask runs every "
                              "shard of --shards N; --shard runs one here)")
         check_shard_count(shards, encoder.n_combinations, "--shards", shards)
-        folder = out or Path("results") / loaded.spec.name
+        folder = _parts_folder(out, loaded, "--dask")
         # every sweep option reaches the shards (progress bars stay on the workers' side: off)
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows,
                             options={"simulate": simulate, "max_tasks": max_tasks, "simulate_top": simulate_top})
@@ -291,10 +302,10 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         index, count = parse_shard(shard)
         check_shard_count(count, encoder.n_combinations, "--shard", shard)
         start, stop = shard_range(encoder.n_combinations, index, count)
-        target = out or Path("results") / loaded.spec.name / f"part-{index}-of-{count}.parquet"
+        target = _parts_folder(out, loaded, "--shard") / f"part-{index}-of-{count}.parquet"
     else:
         target = out or Path("results") / f"{loaded.spec.name}.parquet"
-    check_replaceable(target)  # before the sweep's minutes, not after (the writer checks again)
+    check_writable(target)  # before the sweep's minutes, not after (the writer checks again)
     _announce_compile()
     expected = expected_seconds(stop - start, simulate_top, simulate)
     if expected > WARN_AFTER_S:
@@ -324,6 +335,19 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
         click.echo(_top_table(top(summary.path, n_top), columns, wide))
+
+
+def _parts_folder(out: Path | None, loaded: LoadedSpace, flag: str) -> Path:
+    """The folder a sharded sweep (``--shard`` or ``--dask``) writes its ``part-I-of-N.parquet`` into:
+    ``--out``, or ``results/SPACE``. An ``--out`` naming a Parquet file is refused: every shard
+    would write that one file, each replacing the last, and the survivor would rank as the whole."""
+    if out is None:
+        return Path("results") / loaded.spec.name
+    if out.suffix.lower() == ".parquet":
+        raise InputError(f"command line: --out = {str(out)!r} with {flag}: expected a folder ({flag} writes one "
+                         f"part-I-of-N.parquet per shard into it, which top, pareto and compare read as one "
+                         f"dataset), e.g. --out {out.with_suffix('')}")
+    return out
 
 
 def _opened(results: Path) -> Results:
@@ -378,7 +402,7 @@ def pareto_cmd(results: Path, x: str, y: str, where: str | None, columns: str | 
 
 @main.command("report")
 @click.argument("results", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"), show_default=True)
+@click.option("--out", type=OutputPath(dir_okay=False, path_type=Path), default=Path("report.html"), show_default=True)
 @click.option("-n", "n_top", type=click.IntRange(1, MAX_SHOWN_ROWS), default=10, show_default=True)
 @_guard
 def report_cmd(results: Path, out: Path, n_top: int) -> None:
@@ -386,7 +410,6 @@ def report_cmd(results: Path, out: Path, n_top: int) -> None:
     from paraspace.results.report import write
 
     _opened(results)
-    ensure_folder(out.parent)
     click.echo(f"wrote {write(results, out, list(DIMENSION_NAMES), n_top)}")
 
 
@@ -410,13 +433,13 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
                    "default), or that and tokens/s per user (throughput-user), under the SLA.")
 @click.option("--max-mem", "max_mem", type=FiniteFloatRange(0, MAX_GIB, min_open=True), default=None,
               help="Memory cap in GiB [default: the device's HBM].")
-@click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql://...) [default: a journal file "
-                                              "in the output folder].")
+@click.option("--storage", default=None, help="Optuna storage URL (e.g. postgresql+psycopg2://user:password@host/db, "
+                                              "or sqlite:///study.db) [default: a journal file in the output folder].")
 @click.option("--study-name", default=None, help="[default: the space's name]")
 @click.option("--batch", type=COUNT, default=64, show_default=True, help="Trials asked per batch.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
               help="Seed of the sampler (numpy's range).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+@click.option("--out", "out_dir", type=OutputPath(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="Folder for the journal and the Parquet parts.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar with trials per second and the best feasible step time so far.")
@@ -488,10 +511,12 @@ def _parse_value(text: str) -> Any:
 
 
 def _eval_space(space: str | None, model: str | None, hardware: str | None, devices: int | None,
-                global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]) -> LoadedSpace:
+                global_batch: int | None, seq_len: int | None, dtype: str | None,
+                sets: tuple[str, ...]) -> tuple[LoadedSpace, LoadedSpace | None]:
     """The one-configuration space of eval and trace: ``--space`` (every setting of it kept) or the
     workload flags, narrowed to the ``--set`` strategy by ``explorer.evaluate.pin``, the one path
-    from a space and a strategy to an evaluation."""
+    from a space and a strategy to an evaluation; and the ``--space`` it was narrowed from (None
+    without one)."""
     strategy: dict[str, Any] = {}
     keys = ", ".join(DIMENSION_NAMES)
     for item in sets:
@@ -519,7 +544,7 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
                 raise InputError(f"command line: --{key.replace('_', '-')} = (missing): expected a value (or --space)")
         base = catalog.space_from_raw({"name": "eval", "description": "one configuration from the command line",
                                        **given}, "command line", Path.cwd())
-    return pin(base, strategy)
+    return pin(base, strategy), base if space else None
 
 
 def config_options(fn):  # noqa: ANN001, ANN201 - decorator
@@ -544,8 +569,9 @@ def config_options(fn):  # noqa: ANN001, ANN201 - decorator
 
 def _one_row(space: str | None, model: str | None, hardware: str | None, devices: int | None,
              global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]):  # noqa: ANN202
-    """The loaded space and the encoded single row of a command-line configuration."""
-    loaded = _eval_space(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    """The loaded space and the encoded single row of a command-line configuration, and the
+    ``--space`` it comes from (None without one)."""
+    loaded, base = _eval_space(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
     _announce_compile()
     enc = Encoder(loaded).encode_all()
     if enc.n_rows != 1:
@@ -553,7 +579,7 @@ def _one_row(space: str | None, model: str | None, hardware: str | None, devices
         strategy = " ".join(f"{k}={v[0]}" for k, v in loaded.raw["dimensions"].items())
         raise InputError(f"command line: {strategy}: expected a valid configuration, but {REASON_TEXT[reason]} "
                          f"(rule {reason.name.lower()})")
-    return loaded, enc
+    return loaded, enc, base
 
 
 @main.command("eval")
@@ -564,10 +590,14 @@ def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices
              global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...],
              as_json: bool) -> None:
     """Evaluate one configuration and print its metrics and breakdown."""
-    loaded, enc = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    loaded, enc, base = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
     cols = evaluate_encoded(pack(loaded), enc)
     row = to_arrow(cols, result_schema(), enum_labels()).to_pylist()[0]
     if as_json:
+        # the configuration's row_id in the --space's enumeration (a sweep's key), never the
+        # one-row space's own 0; left out where there is none
+        rid = row_id_in(base, {k: v[0] for k, v in enc.columns.items()}) if base is not None else None
+        row = {**row, "row_id": rid} if rid is not None else {k: v for k, v in row.items() if k != "row_id"}
         click.echo(json.dumps(row))
         return
     click.echo(_report(loaded, row))
@@ -575,7 +605,7 @@ def eval_cmd(space: str | None, model: str | None, hardware: str | None, devices
 
 @main.command("trace")
 @config_options
-@click.option("--out", "prefix", type=click.Path(dir_okay=False, path_type=Path), default=Path("trace"),
+@click.option("--out", "prefix", type=OutputPath(dir_okay=False, path_type=Path), default=Path("trace"),
               show_default=True, help="Writes PREFIX.json (Chrome trace / Perfetto) and PREFIX.png (Gantt).")
 @_guard
 def trace_cmd(space: str | None, model: str | None, hardware: str | None, devices: int | None,
@@ -595,12 +625,42 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
     from paraspace.explorer.timeline import capture
     from paraspace.results.trace import write_chrome_trace, write_gantt_png
 
-    loaded, enc = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    json_out, png_out = _trace_files(prefix)
+    loaded, enc, _ = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
     row = {k: int(v[0]) for k, v in enc.columns.items()}
-    tl = capture(loaded, pack(loaded), row)
-    json_path = write_chrome_trace(tl, prefix.with_suffix(".json"))
-    png_path = write_gantt_png(tl, prefix.with_suffix(".png"))
+    packed = pack(loaded)
+    tl = capture(loaded, packed, row)
+    json_path = write_chrome_trace(tl, json_out)
+    png_path = write_gantt_png(tl, png_out)
     click.echo(f"{tl.title}\n{tl.start_s.size:,} tasks; wrote {json_path} and {png_path}")
+    fit = analytic(packed, enc.columns)  # the memory model: the timeline has no verdict of its own
+    if not fit["feasible"][0]:
+        code = int(fit["infeasible_reason"][0])
+        device = loaded.hardware.device
+        used, cap, what = ((fit["mem_host_bytes"][0], device.host_capacity_bytes, "host memory (offloaded)")
+                           if code == Feasibility.OUT_OF_HOST_MEMORY else
+                           (fit["mem_peak_bytes"][0], device.hbm_capacity_bytes, "peak memory"))
+        click.echo(f"this configuration does NOT fit ({enum_labels()['infeasible_reason'][code]}): {what} "
+                   f"{used / GIB:.2f} GiB of {cap / GIB:.1f} GiB per device; the trace times a step it could not run")
+
+
+#: what trace writes: PREFIX + each of these
+TRACE_SUFFIXES = (".json", ".png")
+
+
+def _trace_files(prefix: Path) -> tuple[Path, Path]:
+    """PREFIX.json and PREFIX.png, the suffixes appended (``llama3-8b.tp2`` keeps its ``.tp2``: two
+    prefixes that differ there never write the same files); a prefix ending in one of them has
+    that one taken off first (``--out run.json`` writes run.json and run.png)."""
+    name = prefix.name
+    for suffix in TRACE_SUFFIXES:
+        if name.lower().endswith(suffix):
+            name = name[:-len(suffix)]
+            break
+    if not name or name in (".", ".."):
+        raise InputError(f"command line: --out = {str(prefix)!r}: expected a file name prefix (trace writes "
+                         "PREFIX.json and PREFIX.png)")
+    return prefix.with_name(name + TRACE_SUFFIXES[0]), prefix.with_name(name + TRACE_SUFFIXES[1])
 
 
 def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], prefix: Path) -> None:
@@ -621,8 +681,9 @@ def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], pr
     loaded = load_serving(space)
     _announce_compile()
     tl = capture(loaded, strategy)
-    path = write_chrome_trace(tl, prefix.with_suffix(".json"))
-    png_path = write_gantt_png(tl, prefix.with_suffix(".png"))
+    json_out, png_out = _trace_files(prefix)
+    path = write_chrome_trace(tl, json_out)
+    png_path = write_gantt_png(tl, png_out)
     click.echo(f"{tl.title}\n{int((tl.kind != TRANSFER).sum()):,} iterations on {len(tl.engine_names)} engine(s); "
                f"wrote {path} and {png_path}")
 
@@ -749,7 +810,7 @@ def _calibrate_options(fn):  # noqa: ANN001, ANN201 - decorator
     options = [
         click.argument("measurements", type=click.Path(exists=True, dir_okay=False, path_type=Path)),
         click.option("--hardware", required=True, help="Base profile: catalog name or TOML path."),
-        click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--out", required=True, type=OutputPath(dir_okay=False, path_type=Path),
                      help="The profile TOML to write."),
         click.option("--name", default=None, help="Name of the new profile [default: the base's name + -calibrated]."),
     ]
@@ -813,7 +874,7 @@ def _report(loaded: LoadedSpace, row: dict[str, Any]) -> str:
 
 @main.command("serve")
 @click.argument("space")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", type=OutputPath(dir_okay=False, path_type=Path), default=None,
               help="Output Parquet file [default: results/SPACE.parquet].")
 @click.option("-n", "--top", "n_top", type=click.IntRange(0, MAX_SHOWN_ROWS), default=10, show_default=True,
               help="Rows of the ranking to print.")
@@ -835,7 +896,7 @@ def serve_cmd(space: str, out: Path | None, n_top: int, simulate_top: int | None
         click.echo(serve.explain_table(serve.encode_summary(loaded)))
         return
     target = serve.output_path(loaded, out)
-    check_replaceable(target)  # before the evaluation, not after (the writer checks again)
+    check_writable(target)  # before the evaluation, not after (the writer checks again)
     summary = serve.run_serve(loaded, target, simulate_top=simulate_top)
     click.echo(serve.headline(loaded, summary))
     if explain or summary.n_rows == 0:

@@ -15,6 +15,7 @@ from paraspace.kernels.codes import ZERO_3, ZERO_3_DEFERRED
 from paraspace.kernels.event_tier import DEFAULT_BUCKETS, SIM_OUTPUTS, simulate_rows, task_bound
 from paraspace.kernels.training import OUTPUTS, evaluate_rows
 from paraspace.spaces.catalog import LoadedSpace
+from paraspace.spaces.encode import DIMENSION_NAMES, Encoder
 from paraspace.spaces.enums import DTYPE_BYTES, AllReduceAlgorithm, Collective, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import GB, Dimensions, Hardware, Model, SpaceSpec, validate
@@ -178,8 +179,35 @@ def pin(space: LoadedSpace, strategy: Mapping[str, Any]) -> LoadedSpace:
             others *= getattr(pinned.dimensions, name)[0]
         devices = pinned.device_counts[0]
         if devices % others:
+            # blame where the sizes came from: the command line's --set where it gave one
+            from_set = [f"{name}={strategy[name]}" for name in ("tp", "pp", "cp", "devices") if name in strategy]
+            if from_set:
+                raise CatalogError("command line", f"--set {' --set '.join(from_set)}: tp*pp*cp", others,
+                                   f"a divisor of devices = {devices}")
             raise CatalogError(space.source, "tp*pp*cp", others, f"a divisor of devices = {devices}")
     return LoadedSpace(spec=pinned, model=space.model, hardware=space.hardware, source=space.source, raw=raw)
+
+
+def row_id_in(space: LoadedSpace, row: Mapping[str, Any]) -> int | None:
+    """The ``row_id`` one configuration has in ``space``'s enumeration (the id a sweep or study of
+    ``space`` gives it), ``row`` being its encoded strategy columns (``Encoder`` codes); None where
+    ``space`` does not hold it (a value outside a dimension's list, a dp its derivation would not
+    give) or is too large to enumerate."""
+    try:
+        encoder = Encoder(space)
+    except CatalogError:
+        return None
+    positions = {}
+    for name in DIMENSION_NAMES:
+        at = np.flatnonzero(encoder.values[name] == (0 if name == "dp" and encoder.derive_dp else row[name]))
+        if at.size == 0:
+            return None
+        positions[name] = at[:1]
+    rid = encoder.row_ids(positions)
+    found = encoder.encode_ids(rid)  # the same combination there, dp derived as the space derives it
+    if found.n_rows != 1 or any(int(found.columns[n][0]) != int(row[n]) for n in DIMENSION_NAMES):
+        return None
+    return int(rid[0])
 
 
 #: rows whose step graph would exceed this many tasks are not simulated (their

@@ -665,8 +665,7 @@ def _written(out: Path, text: str, measurements: Path, lines_of: Callable[[str],
         out.parent.mkdir(parents=True, exist_ok=True)
         staged.write_text(text, encoding="utf-8")
     except OSError as err:
-        raise CatalogError("command line", "--out", str(out), f"a file that can be written ({err.strerror or err})") \
-            from None
+        raise _unwritable(out, err) from None
     try:
         loaded = catalog.load_hardware(str(staged.resolve()))
     except CatalogError as err:
@@ -677,8 +676,17 @@ def _written(out: Path, text: str, measurements: Path, lines_of: Callable[[str],
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
-    publish(staged, out)
+    try:
+        publish(staged, out)
+    except OSError as err:  # the rename refused (a folder, or an immutable file, at --out)
+        raise _unwritable(out, err) from None
+    finally:
+        staged.unlink(missing_ok=True)  # gone once renamed
     return loaded
+
+
+def _unwritable(out: Path, err: OSError) -> CatalogError:
+    return CatalogError("command line", "--out", str(out), f"a file that can be written ({err.strerror or err})")
 
 
 def _rel_errors(predicted: list[float], measured: list[float]) -> list[float]:

@@ -91,11 +91,11 @@ from paraspace.explorer.sweep import (
     provenance,
     result_schema,
 )
-from paraspace.results.writer import ResultWriter, read_metadata, to_arrow
+from paraspace.results.writer import ResultWriter, ensure_folder, read_metadata, to_arrow, writing
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSIONS, Encoder
 from paraspace.spaces.enums import Reason, labels
-from paraspace.spaces.errors import CatalogError
+from paraspace.spaces.errors import MISSING, CatalogError
 
 try:
     import fcntl
@@ -112,6 +112,8 @@ MAX_GRID = 100_000
 #: (``optuna.study._constrained_optimization``): here one value, ``fits``, > 0 when a rule
 #: is broken (1) or memory exceeds the cap (the relative excess)
 CONSTRAINTS_ATTR = "constraints"
+#: a --storage URL that works with the test extra's driver (psycopg2-binary)
+POSTGRES_URL = "postgresql+psycopg2://user:password@host/db"
 #: Optuna's heartbeat on RDB storages: each trial of the batch in flight beats every HEARTBEAT_S
 #: seconds; a RUNNING trial silent for GRACE_S is failed and queued again by whichever worker looks
 HEARTBEAT_S = 10
@@ -204,18 +206,28 @@ def check_options(name: str, space: dict[str, list[Any]], *, sampler: str, stora
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
         try:
-            make_url(storage).get_dialect()
+            dialect = make_url(storage).get_dialect()
         except (ArgumentError, NoSuchModuleError, ValueError) as err:
             raise CatalogError("command line", "--storage", storage,
-                               "an Optuna storage URL such as postgresql://user:password@host/db or "
+                               f"an Optuna storage URL such as {POSTGRES_URL} or "
                                f"sqlite:///study.db ({str(err).splitlines()[0]})") from None
+        try:  # the database driver the URL names (postgresql:// alone means psycopg 3 in SQLAlchemy 2)
+            (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()
+        except ImportError as err:
+            other = (f", or name one that is: {POSTGRES_URL} (psycopg2-binary, in the test extra)"
+                     if dialect.name == "postgresql" and dialect.driver != "psycopg2" else "")
+            raise CatalogError("command line", "--storage", storage,
+                               f"a URL whose database driver is installed ({dialect.name}+{dialect.driver} needs the "
+                               f"Python module {err.name or dialect.driver!r}, which is missing: install it{other})") \
+                from None
 
 
 def default_storage(out_dir: Path, study_name: str) -> optuna.storages.BaseStorage:
     from optuna.storages.journal import JournalFileBackend
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(JournalFileBackend(str(out_dir / f"{study_name}.journal")))
+    ensure_folder(out_dir)
+    with writing(out_dir, what="a folder"):
+        return optuna.storages.JournalStorage(JournalFileBackend(str(out_dir / f"{study_name}.journal")))
 
 
 @dataclass
@@ -360,7 +372,9 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
             if storage is None and not dead.live:
                 _release_stale_journal_lock(out_dir / f"{name}.journal")
             study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space), storage)
-            _check_objective(study, problem, "--storage" if storage else out_dir / f"{name}.journal")
+            where = "--storage" if storage else out_dir / f"{name}.journal"
+            _check_objective(study, problem, where)
+            _check_space(study, problem, where)
             if study.metric_names is None:  # objective names, as optuna-dashboard shows them
                 study.set_metric_names(problem.metric_names)
             dead.reclaim(study, part_dir, retry, journal=storage is None)
@@ -459,7 +473,7 @@ def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], problem:
         study.tell(trial, outcome.values)
     if staged is None:
         return None
-    part_dir.mkdir(parents=True, exist_ok=True)
+    ensure_folder(part_dir)
     final = part_dir / staged.name.removesuffix(PENDING)
     os.replace(staged, final)
     return final
@@ -561,15 +575,16 @@ class _Worker:
         self.clean = True
 
     def __enter__(self) -> Self:
-        self.root.mkdir(parents=True, exist_ok=True)
-        # locked under a private name, then renamed: a visible lock file is always held by a live worker
-        making = self.root / f".{self.token}.making"
-        self._fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.replace(making, self.root / f"{self.token}.lock")
-        self.pending.mkdir()
-        self._trials = open(self.root / f"{self.token}.trials", "w")
+        with writing(self.root.parent, what="a folder"):  # the study's --out: its first files are these
+            self.root.mkdir(parents=True, exist_ok=True)
+            # locked under a private name, then renamed: a visible lock file is always held by a live worker
+            making = self.root / f".{self.token}.making"
+            self._fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.replace(making, self.root / f"{self.token}.lock")
+            self.pending.mkdir()
+            self._trials = open(self.root / f"{self.token}.trials", "w")
         return self
 
     def begin(self) -> None:
@@ -754,6 +769,30 @@ def _check_objective(study: optuna.Study, problem: Problem, where: str | Path) -
                        _objective_text(problem.directions, problem.metric_names),
                        f"the objective the study was created with, {_objective_text(stored, names)} (resume it "
                        "with that --objective, or give another --study-name)")
+
+
+def _check_space(study: optuna.Study, problem: Problem, where: str | Path) -> None:
+    """Refuse to resume ``study`` over other dimensions than its trials were asked with (a space
+    whose values changed, or another space under the same --study-name): Optuna would fail the
+    first trial asked ("CategoricalDistribution does not support dynamic value space"), leaving
+    it behind, and its Parquet parts would mix two spaces. A ``CatalogError`` naming the study,
+    the first dimension that differs and both lists, before any trial is asked."""
+    stored: dict[str, list[Any]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for key, dist in trial.distributions.items():
+            if key not in stored and isinstance(dist, optuna.distributions.CategoricalDistribution):
+                stored[key] = list(dist.choices)
+    if not stored:  # no trial asked yet: nothing to differ from
+        return
+    for key in [*problem.space, *(k for k in stored if k not in problem.space)]:
+        mine, theirs = problem.space.get(key), stored.get(key)
+        if mine != theirs:
+            asked = ("no such dimension: the study's trials were asked without it" if theirs is None
+                     else f"{theirs}, the values the study's trials were asked with")
+            raise CatalogError(where, f"study {study.study_name!r}: dimensions.{key}",
+                               MISSING if mine is None else mine,
+                               f"{asked} (the space {problem.name} changed, or is not the one this study searched: "
+                               "give another --study-name, or restore the space)")
 
 
 def _objective_text(directions: list[str], metrics: list[str] | None) -> str:

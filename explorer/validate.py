@@ -38,6 +38,9 @@ from paraspace.spaces.schema import Hardware, Model, SpaceSpec, validate
 
 TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "glu",
                      "gpu", "n_gpus", "tp", "pp", "dp", "cp", "global_batch", "dtype", "metric", "value", "step_time_s")
+#: the quantities a training row may publish (``metric``; shared/validation/README.md): each is
+#: converted to ``step_time_s`` by the source's own formula, and the step time is what is predicted
+TRAINING_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
 #: values searched where a source left a field EMPTY
 UNKNOWN_SEARCH: dict[str, list[Any]] = {
     "micro_batch": [1, 2, 4, 8],
@@ -318,6 +321,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
     (``gpus_per_node``), the attention kernel (``attention``); nothing from its source."""
     rid = row.get("id") or ""
     where = f"{source}: row {rid}"
+    if row.get("metric") not in TRAINING_METRICS:  # a typo would otherwise pass as a step time
+        raise CatalogError(where, "metric", row.get("metric"), f"one of {list(TRAINING_METRICS)}")
     ints = {k: _num(row, k, source) for k in ("layers", "seq", "n_gpus", "tp", "pp", "dp", "cp", "global_batch")}
     for key, value in ints.items():
         if not value:

@@ -19,7 +19,6 @@ One page, nothing fetched from elsewhere (Plotly's JavaScript is embedded once):
 
 from __future__ import annotations
 
-import functools
 import html
 import json
 import math
@@ -31,7 +30,7 @@ import polars as pl
 from paraspace.results import serving_schema
 from paraspace.results.rank import SERVING_FRONT, is_serving, pareto, ranked, scan
 from paraspace.results.schema import STEP_PARTS
-from paraspace.results.writer import PARTIAL_SUFFIX, check_replaceable, publish
+from paraspace.results.writer import PARTIAL_SUFFIX, check_replaceable, check_writable, publish, writing
 
 GIB = 1024**3
 #: how every report page begins (``_head``), and so how ``write`` knows a file it may replace
@@ -327,15 +326,15 @@ def write(path: str | Path, out: str | Path, strategy: list[str], n_top: int = 1
     existing ``out`` is replaced only where it is an earlier report (one that begins with
     ``PAGE_START``)."""
     out = Path(out)
-    check = functools.partial(check_replaceable, out, starts_with=PAGE_START.encode(), kind="paraspace report")
-    check()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    kind = {"starts_with": PAGE_START.encode(), "kind": "paraspace report"}
+    check_writable(out, **kind)
     page = build(path, strategy, n_top)
-    check()  # again: something else may have been written there meanwhile
+    check_replaceable(out, **kind)  # again: something else may have been written there meanwhile
     staged = out.with_name(out.name + PARTIAL_SUFFIX)
     try:
-        staged.write_bytes(page.encode())
-        publish(staged, out)
+        with writing(out):
+            staged.write_bytes(page.encode())
+            publish(staged, out)
     finally:
         staged.unlink(missing_ok=True)
     return out

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from paraspace.results.trace import save_png
+from paraspace.results.trace import save_png, write_text
 
 US = 1e6
 ITERATIONS_TID = 0
@@ -113,10 +113,7 @@ def chrome_trace(tl: ServingTimeline) -> dict:
 
 
 def write_chrome_trace(tl: ServingTimeline, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(tl), allow_nan=False))
-    return path
+    return write_text(json.dumps(chrome_trace(tl), allow_nan=False), path)
 
 
 #: bar colours by event kind (KIND_NAMES), as the training Gantt colours its kinds

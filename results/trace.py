@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from paraspace.results.writer import ensure_folder, writing
+
 
 @dataclass(frozen=True)
 class Timeline:
@@ -70,9 +72,16 @@ def chrome_trace(tl: Timeline) -> dict:
 
 
 def write_chrome_trace(tl: Timeline, path: str | Path) -> Path:
+    return write_text(json.dumps(chrome_trace(tl)), path)
+
+
+def write_text(text: str, path: str | Path) -> Path:
+    """``text`` written to ``path`` (its folder made); a ``ResultsError`` naming the path when
+    it cannot be (``results.writer.writing``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(tl)))
+    ensure_folder(path.parent)
+    with writing(path):
+        path.write_text(text)
     return path
 
 
@@ -119,7 +128,10 @@ def save_png(fig: Any, path: str | Path) -> Path:
 
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        ensure_folder(path.parent)
+        with writing(path):
+            fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
     return path

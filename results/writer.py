@@ -13,8 +13,10 @@ bytes are not on disk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -72,7 +74,8 @@ class ResultWriter:
 
     def __enter__(self) -> ResultWriter:
         ensure_folder(self.path.parent)
-        self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
+        with writing(self.path):
+            self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
         return self
 
     def write(self, table: pa.Table) -> None:
@@ -93,7 +96,11 @@ class ResultWriter:
         except ResultsError:
             self.partial.unlink(missing_ok=True)
             raise
-        publish(self.partial, self.path)
+        try:
+            with writing(self.path):
+                publish(self.partial, self.path)
+        finally:
+            self.partial.unlink(missing_ok=True)  # gone once renamed; else nothing that looks half done stays
         return self.path
 
     def discard(self) -> None:
@@ -117,8 +124,9 @@ def check_replaceable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC,
     otherwise destroy. Every Parquet-writing command checks its target here
     (``ResultWriter``), the report its page (``results.report.write``)."""
     path = Path(path)
-    if not path.exists():
-        return
+    with writing(path):  # a name too long to look up, a folder that cannot be searched
+        if not path.exists():
+            return
     expected = f"{str(path)!r}: expected a new file or an earlier {kind} to replace"
     if not path.is_file():
         raise ResultsError(f"{path}: output file = {expected} (it is a folder or another non-file; nothing written)")
@@ -131,6 +139,46 @@ def check_replaceable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC,
     if head and head != starts_with:
         raise ResultsError(f"{path}: output file = {expected} (it is not one: it starts with {head[:16]!r}; "
                            "refusing to overwrite it, nothing written: give another --out or remove the file)")
+
+
+def check_writable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC, kind: str = "Parquet result") -> None:
+    """``check_replaceable``, then that the file can be written at all: its folder exists or can be
+    created, and takes the staging file ``NAME.partial`` (created and removed here; an earlier one
+    is left as it was). A ``ResultsError`` naming ``path`` otherwise (``writing``). Commands call
+    it before their work, so that an unusable ``--out`` fails in a second, not after the run."""
+    check_replaceable(path, starts_with=starts_with, kind=kind)
+    path = Path(path)
+    ensure_folder(path.parent)
+    staged = path.with_name(path.name + PARTIAL_SUFFIX)
+    with writing(path):
+        try:
+            fd, made = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:  # an earlier run's leftover (kept, not truncated), or a folder (refused)
+            fd, made = os.open(staged, os.O_WRONLY), False
+        os.close(fd)
+        if made:
+            staged.unlink()
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, *, what: str = "a file") -> Iterator[Path]:
+    """Run a block that creates or replaces ``path`` (or files for it: its staging file, a folder's
+    contents, ``what`` says which); an ``OSError`` it raises (a folder that cannot be written, a
+    name too long, a folder where the file goes) becomes a ``ResultsError`` naming ``path``, the
+    file that failed and why: the one message every command gives for an output it cannot write."""
+    try:
+        yield Path(path)
+    except OSError as err:
+        raise unwritable(path, err, what=what) from None
+
+
+def unwritable(path: str | Path, err: OSError, *, what: str = "a file") -> ResultsError:
+    """The ``ResultsError`` of ``writing``: ``PATH: expected a file that can be written (REASON)``."""
+    reason = os.strerror(err.errno) if err.errno else (err.strerror or str(err) or type(err).__name__)
+    failed = err.filename
+    if failed is not None and os.fsdecode(failed) != str(path):
+        reason = f"{os.fsdecode(failed)}: {reason}"
+    return ResultsError(f"{path}: expected {what} that can be written ({reason})")
 
 
 def ensure_folder(folder: str | Path) -> Path:

@@ -86,8 +86,8 @@ def test_shards_merge_to_the_unsharded_sweep(tmp_path, results):
     sweep row for row (every feasible candidate is simulated in both)."""
     folder = tmp_path / "nightly"
     for i in range(3):
-        out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--shard", f"{i}/3", "--out",
-                                        str(folder / f"part-{i}-of-3.parquet"), "--no-progress", "-n", "0"])
+        out = CliRunner().invoke(main, ["sweep", "llama3-8b-h100-64", "--shard", f"{i}/3", "--out", str(folder),
+                                        "--no-progress", "-n", "0"])
         assert out.exit_code == 0, out.output
     merged = top(folder, 100_000)
     single = top(results, 100_000)

@@ -123,9 +123,7 @@ def test_eval_json_matches_the_sweep_row(small_sweep):
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
     assert list(got) == df.columns
-    for key, value in row.items():
-        if key == "row_id":
-            continue  # position in a different (one-row) space
+    for key, value in row.items():  # row_id too: the configuration's id in the space, the sweep's
         if isinstance(value, float) and not isinstance(value, bool):
             assert got[key] == pytest.approx(value, rel=1e-12), key
         else:  # strings, flags, integers and nulls compare exactly (approx refuses them with rel= on pytest 9.1+)

@@ -100,7 +100,7 @@ def test_run_sweep_discards_an_empty_result_unless_it_is_a_shard(small, tmp_path
 def test_a_shard_without_a_valid_candidate_writes_its_empty_part(tmp_path):
     """An empty part is a shard's complete answer: the dataset needs it to look whole."""
     out = tmp_path / "part-0-of-2.parquet"
-    result = run("sweep", SMALL, "--devices", "100", "--shard", "0/2", "--out", str(out), "--no-progress")
+    result = run("sweep", SMALL, "--devices", "100", "--shard", "0/2", "--out", str(tmp_path), "--no-progress")
     assert result.exit_code == 0, result.output
     assert result.output.endswith(f"llama3-8b-h100-sxm5-80gb-100 shard 0/2: no valid candidate; wrote {out} (0 rows)\n")
     assert pq.read_metadata(out).num_rows == 0

@@ -162,7 +162,7 @@ def test_grid_sampler_refuses_a_space_too_large_to_list(tmp_path):
     [
         (["--max-mem", "0"], ["--max-mem", "0<x"]),
         (["--seed", "-1"], ["--seed", "-1 is not in the range 0<=x<=4294967295"]),
-        (["--storage", "garbage"], ["--storage = 'garbage'", "an Optuna storage URL", "postgresql://"]),
+        (["--storage", "garbage"], ["--storage = 'garbage'", "an Optuna storage URL", "postgresql+psycopg2://"]),
         (["--storage", "nosuchdb://host/db"], ["--storage = 'nosuchdb://host/db'", "an Optuna storage URL"]),
         (["--sampler", "grid", "--space-is", "llama3-70b-h100-1024"], ["--sampler = 'grid'", "tpe or random"]),
     ],

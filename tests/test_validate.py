@@ -199,6 +199,8 @@ def test_a_bad_header_is_an_error_for_the_file(tmp_path):
     ({"step_time_s": "nan"}, ["row t-1: step_time_s", "'nan'", "a finite number"]),
     ({"hidden": "1e300"}, ["row t-1: hidden", "a whole number from 0 to 2^53"]),
     ({"attention": "flash9"}, ["row t-1", "attention", "'flash9'", "unfused"]),
+    ({"metric": "bogus"}, ["row t-1: metric = 'bogus'", "expected one of ['step_time_s', 'tokens_per_s_per_gpu', "
+                                                        "'tflops_per_gpu', 'mfu']"]),
 ])
 def test_a_bad_row_is_unsupported_with_its_reason_and_the_rest_predicted(tmp_path, change, needles):
     """A row the schema refuses gets status unsupported and the reason (field, value,
