@@ -94,7 +94,7 @@ from paraspace.explorer.evaluate import MIB, pack_hardware
 from paraspace.kernels import params
 from paraspace.kernels.collectives import flat_time_s, link_bytes_per_s, size_fraction
 from paraspace.kernels.ops import gemm_time_s
-from paraspace.results.writer import publish
+from paraspace.results.writer import check_replaceable, publish
 from paraspace.spaces import catalog
 from paraspace.spaces.enums import DTYPE_BYTES, Collective, Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
@@ -551,6 +551,10 @@ def _toml(data: dict[str, Any]) -> str:
     return tomli_w.dumps(data)
 
 
+#: how every profile ``calibrate`` writes begins (``gemm_toml``, ``comm_toml``)
+PROFILE_START = "# Fitted by `paraspace calibrate "
+
+
 def _comment(text: str) -> str:
     """A comment line (no line breaks inside)."""
     return "# " + " ".join(text.split()) if text.strip() else "#"
@@ -580,7 +584,7 @@ def gemm_toml(fit: GemmFit, base_ref: str, name: str, description: str, source: 
               predicted: list[float]) -> str:
     dev = fit.base.device
     lines = [
-        _comment(f"Fitted by `paraspace calibrate gemm` from {Path(source).name} (sha256 {file_digest(source)}): "
+        _comment(f"{PROFILE_START[2:]}gemm` from {Path(source).name} (sha256 {file_digest(source)}): "
                  f"{len(fit.points)} {fit.dtype} GEMM shapes on {fit.base.name}."),
         _comment(f"efficiency = 2mnk / ((seconds - launch {dev.launch_overhead_us:g} us) x {fit.dtype} peak "
                  f"{dev.peak_TFLOP_per_s[fit.dtype]:g} TFLOP/s), clamped to (0, 1]; duplicate shapes averaged."),
@@ -614,7 +618,7 @@ def comm_toml(fit: CommFit, base_ref: str, name: str, description: str, source: 
     tier = fit.tier
     ops = ", ".join(f"{op} {bw / GB:.4g} GB/s" for op, bw in fit.op_bytes_per_s.items())
     lines = [
-        _comment(f"Fitted by `paraspace calibrate comm` from {Path(source).name} (sha256 {file_digest(source)}): "
+        _comment(f"{PROFILE_START[2:]}comm` from {Path(source).name} (sha256 {file_digest(source)}): "
                  f"{len(fit.measured)} measurements on tier {tier.name!r} of {fit.base.name}."),
         _comment(f"latency_us = {fit.latency_s * 1e6:.6g} ({fit.latency_note})."),
         _comment(f"op_bandwidth_GB_per_s (large-message bus bandwidth): {ops}."),
@@ -660,6 +664,8 @@ def _written(out: Path, text: str, measurements: Path, lines_of: Callable[[str],
     does not load is never written, and the error names the CSV lines whose fit broke it
     (``lines_of`` maps the profile field to them), not the file that was never written."""
     out = Path(out)
+    # only an earlier profile of ours is replaced: never the measurements, notes or a result
+    check_replaceable(out, starts_with=PROFILE_START.encode(), kind="profile written by paraspace calibrate")
     staged = out.with_name(f"{out.stem}.partial{out.suffix or '.toml'}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

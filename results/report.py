@@ -71,11 +71,15 @@ def _with_derived(frame: pl.LazyFrame) -> pl.LazyFrame:
     return frame.with_columns(extra)
 
 
-def varying(frame: pl.LazyFrame, strategy: list[str]) -> tuple[list[str], list[str]]:
-    """The strategy dimensions that take several values among the feasible rows, and those held at one."""
+def varying(frame: pl.LazyFrame, strategy: list[str]) -> tuple[list[str], str]:
+    """The strategy dimensions that take several values among ``frame``'s rows (the feasible
+    ones, where there are any), and a note of those held at one value, with the value they
+    hold there ("tp = 8, ..."; "none")."""
     present = [d for d in strategy if d in frame.collect_schema().names()]
     counts = frame.select([pl.col(d).n_unique().alias(d) for d in present]).collect().row(0, named=True)
-    return [d for d in present if counts[d] > 1], [d for d in present if counts[d] <= 1]
+    held = [d for d in present if counts[d] <= 1]
+    values = frame.select([pl.col(d).first() for d in held]).collect().row(0, named=True) if held else {}
+    return [d for d in present if counts[d] > 1], ", ".join(f"{d} = {v}" for d, v in values.items()) or "none"
 
 
 def _figure_html(fig: Any, div_id: str) -> str:
@@ -214,7 +218,7 @@ def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
     n_feasible = feasible.select(pl.len()).collect().item()
     n_simulated = frame.select(pl.col("simulated").sum()).collect().item() if "simulated" in \
         frame.collect_schema().names() else 0
-    dims, held = varying(feasible if n_feasible else frame, strategy)
+    dims, held_note = varying(feasible if n_feasible else frame, strategy)
     best = ranked(frame).head(n_top).collect()
     front = _with_derived(pareto(path).lazy()).collect()
     fig_front = front_figure(feasible, front, best, dims, ("step_time_s", "mem_peak_GiB"),
@@ -228,8 +232,6 @@ def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
                *(pl.col(c) for c in ("tokens_per_s_per_gpu", "mfu") if c in best.columns),
                pl.col("mem_peak_GiB").round(1), *(pl.col(c) for c in ("simulated", "feasible") if c in best.columns)]
     shown = best.select(["row_id", *metrics, *dims]).with_row_index("rank", offset=1)
-    held_values = frame.select([pl.col(d).first() for d in held]).collect().row(0, named=True) if held else {}
-    held_note = ", ".join(f"{d} = {v}" for d, v in held_values.items()) or "none"
     rows_json = details(pl.concat([best, front], how="diagonal_relaxed").unique("row_id"), dims)
     sample_ids = [str(x) for x in fig_front.data[0].customdata]
     if sample_ids:  # the sampled points' details too, so any point can be clicked
@@ -287,7 +289,7 @@ def build_serving(path: str | Path, frame: pl.LazyFrame, n_top: int) -> str:
     feasible = frame.filter(pl.col("feasible"))
     n_rows = frame.select(pl.len()).collect().item()
     n_feasible = feasible.select(pl.len()).collect().item()
-    dims, held = varying(feasible if n_feasible else frame, strategy)
+    dims, held_note = varying(feasible if n_feasible else frame, strategy)
     best = ranked(frame).head(n_top).collect()
     front = pareto(path).with_columns((pl.col("mem_peak_bytes") / GIB).alias("mem_peak_GiB"))
     gpu, user = SERVING_FRONT
@@ -296,8 +298,6 @@ def build_serving(path: str | Path, frame: pl.LazyFrame, n_top: int) -> str:
     fig_sens, sens = sensitivity(feasible if n_feasible else frame, dims, gpu, higher_is_better=True)
     shown = best.select(["row_id", *(c for c in SERVING_METRICS if c in best.columns), *dims]
                         ).with_row_index("rank", offset=1)
-    held_values = frame.select([pl.col(d).first() for d in held]).collect().row(0, named=True) if held else {}
-    held_note = ", ".join(f"{d} = {v}" for d, v in held_values.items()) or "none"
     keep = [c for c in (*dims, *SERVING_METRICS) if c in best.columns]
     rows_json = {str(r["row_id"]): {k: (None if isinstance(r[k], float) and math.isnan(r[k]) else r[k]) for k in keep}
                  for r in pl.concat([best, front.select(best.columns)]).unique("row_id").iter_rows(named=True)}

@@ -348,3 +348,21 @@ def test_error_empty_file_and_overwriting_the_base(tmp_path):
         fit_measurements.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), str(base), base)
     with pytest.raises(CatalogError, match="--out = .*: expected a file that can be written"):
         fit_measurements.calibrate_gemm(grouped_gemm_csv(tmp_path / "g.csv"), "br166-spc", base / "under-a-file.toml")
+
+
+def test_out_replaces_only_an_earlier_calibrated_profile(tmp_path):
+    """--out may name an earlier profile of calibrate (refitted in place), never the measurements
+    being read, notes or a result: those stay byte for byte and the error names the file."""
+    flops = 2.0 * 8192 * 8192 * 8192
+    csv = write_csv(tmp_path / "m.csv", "M,N,K,dtype,seconds", [f"8192,8192,8192,bf16,{flops / 600e12}"])
+    kept = csv.read_bytes()
+    runner = CliRunner()
+    refused = runner.invoke(main, ["calibrate", "gemm", str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(csv)])
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert f"{csv}: output file" in refused.output and "profile written by paraspace calibrate" in refused.output
+    assert csv.read_bytes() == kept
+    out = tmp_path / "h.toml"
+    for _ in range(2):  # the second run replaces the first one's profile
+        done = runner.invoke(main, ["calibrate", "gemm", str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(out)])
+        assert done.exit_code == 0, done.output
+    assert out.read_text().startswith(fit_measurements.PROFILE_START)

@@ -96,3 +96,23 @@ def test_serving_results_get_the_serving_page(tmp_path):
     assert len(re.findall(r'class="plotly-graph-div"', text)) == 2
     assert not re.search(r'(src|href)="(http|//|/)', _outside_scripts(text))
     assert "output_tokens_per_s_per_gpu" in _outside_scripts(text)
+
+
+def test_held_dimensions_show_the_feasible_rows_values(tmp_path):
+    """tp 1 or 8 on 8 GPUs, one sequence per GPU at tp 1: only tp 8 fits, so tp is held at 8
+    among the feasible rows and the note says so (not the infeasible first row's tp 1)."""
+    space = tmp_path / "held.toml"
+    space.write_text('name = "held"\ndescription = "d"\nmodel = "llama3-8b"\nhardware = "h100-sxm5-80gb"\n'
+                     'devices = 8\nglobal_batch = 8\nseq_len = 4096\n[dimensions]\ntp = [1, 8]\npp = [1]\n'
+                     'micro_batch = [1]\nrecompute = ["full"]\nzero = [0]\n')
+    runner = CliRunner()
+    out = tmp_path / "held.parquet"
+    assert runner.invoke(main, ["sweep", str(space), "--out", str(out), "--no-progress", "-n", "0"]).exit_code == 0
+    import polars as pl
+
+    feasible = pl.read_parquet(out).filter(pl.col("feasible"))
+    assert feasible["tp"].to_list() == [8]
+    html_out = tmp_path / "held.html"
+    assert runner.invoke(main, ["report", str(out), "--out", str(html_out)]).exit_code == 0
+    note = re.search(r"Held at one value: ([^.<]*)", html_out.read_text()).group(1)
+    assert note.startswith("devices = 8, tp = 8, pp = 1, dp = 1,")
