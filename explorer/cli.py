@@ -723,6 +723,7 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
         kind, results = validate.run(file, on_row)
     stats = validate.summary(results)
     held = held_stats = None
+    loso_notes: dict[str, str] = {}
     if loso and kind == "training":
         from paraspace.explorer import loso as loso_mod
 
@@ -735,7 +736,9 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
             held = loso_mod.run(str(file), results, on_job=on_job)
         held_stats = loso_mod.summary(results, held)
         held_stats["bands"] = loso_mod.band_coverage(list(validate.read(file).iter_rows(named=True)), results, held)
-    loso_notes: dict[str, str] = {}
+        for source in sorted({r.source for r, h in zip(results, held) if r.status == "ok" and h is None}):
+            loso_notes[source] = ("no prediction with its rows left out: the knobs are fitted on the other sources' "
+                                  "ok dense rows (explorer.loso), and this file has none beside it")
     if kind == "inference":  # no knob is fitted on inference rows: instant, so always (explorer.loso)
         from paraspace.explorer import loso as loso_mod
 

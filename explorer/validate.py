@@ -930,11 +930,15 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     return base
 
 
-def predict_row(predict: Any, row: dict[str, str | None], source: str) -> RowResult:
+def predict_row(predict: Any, row: dict[str, str | None], source: str, duplicate_of: int | None = None) -> RowResult:
     """``predict`` on one row; a row it cannot take (a field out of the schema, a GPU
-    not in the catalog, a model the schema cannot hold) is ``unsupported`` with the
-    reason, and the rest of the file is still predicted."""
+    not in the catalog, a model the schema cannot hold, an id an earlier row has:
+    ``duplicate_of`` its data row number) is ``unsupported`` with the reason, and the
+    rest of the file is still predicted."""
     try:
+        if duplicate_of is not None:  # counted once: the README's ids are unique across the files
+            raise CatalogError(f"{source}: row {row.get('id')}", "id", row.get("id"),
+                               f"an id no other row has (data row {duplicate_of} has it; this one is not predicted)")
         if row.get("quality") not in QUALITIES:
             raise CatalogError(f"{source}: row {row.get('id') or ''}", "quality", row.get("quality"),
                                f"one of {list(QUALITIES)}")
@@ -962,8 +966,10 @@ def run(path: str | Path, on_row: Any = None) -> tuple[str, list[RowResult]]:
     kind = kind_of(df)
     predict = {"comm": predict_comm, "inference": predict_inference}.get(kind, predict_training)
     results = []
-    for row in df.iter_rows(named=True):
-        results.append(predict_row(predict, row, str(path)))
+    seen: dict[str, int] = {}  # id -> its first data row (1-based)
+    for number, row in enumerate(df.iter_rows(named=True), start=1):
+        first = seen.setdefault(row["id"], number) if row.get("id") else number
+        results.append(predict_row(predict, row, str(path), first if first != number else None))
         if on_row is not None:
             on_row(len(results), df.height)
     return kind, results
@@ -1014,7 +1020,8 @@ def ceiling_ratio(r: RowResult) -> float:
 
 def table(results: list[RowResult]) -> str:
     mw = max([len("metric"), *(len(r.metric) for r in results)]) + 2
-    lines = [f"{'id':<44}{'quality':<11}{'metric':<{mw}}{'measured':>12}{'predicted':>13}{'error':>9}  chosen / status"]
+    iw = max([len("id"), *(len(r.id) for r in results)]) + 2  # the longest id, so no id runs into its quality
+    lines = [f"{'id':<{iw}}{'quality':<11}{'metric':<{mw}}{'measured':>12}{'predicted':>13}{'error':>9}  chosen / status"]
     for r in results:
         meas = f"{r.measured:.4g}" if r.measured is not None else "-"
         pred = f"{r.predicted:.4g}" if r.predicted is not None else "-"
@@ -1023,7 +1030,7 @@ def table(results: list[RowResult]) -> str:
                  f"unsupported: {r.reason}" if r.reason else r.status)
         if r.beyond_ceiling:
             extra = f"BEYOND MEMORY-BANDWIDTH BOUND {r.ceiling:.4g}; " + extra
-        lines.append(f"{r.id:<44}{r.quality:<11}{r.metric:<{mw}}{meas:>12}{pred:>13}{err:>9}  {extra}")
+        lines.append(f"{r.id:<{iw}}{r.quality:<11}{r.metric:<{mw}}{meas:>12}{pred:>13}{err:>9}  {extra}")
     return "\n".join(lines)
 
 

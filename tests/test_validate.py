@@ -452,6 +452,10 @@ def test_cli_loso_when_no_other_source_can_judge_a_band(tmp_path):
     held = {r["id"]: r.get("loso_predicted") for r in data["rows"]}
     assert held["t-1"] is not None and held["t-1"] > 0 and held["t-2"] is None
     assert data["loso"]["bands"] == {"n": 0, "coverage": None}
+    # the source without a held-out prediction is named, in the JSON and in the text
+    assert list(data["loso_notes"]) == ["other"] and "no prediction with its rows left out" in data["loso_notes"]["other"]
+    text = CliRunner().invoke(main, ["validate", str(path), "--loso", "--no-progress"])
+    assert "leave-one-source-out, other: no prediction with its rows left out" in text.output
 
 
 def test_each_row_is_reported_as_it_is_done(tmp_path):
@@ -479,3 +483,24 @@ def test_cli_loso_on_a_small_file(tmp_path):
     text = CliRunner().invoke(main, ["validate", str(path), "--loso", "--no-progress"])
     assert text.exit_code == 0, text.output
     assert f"bands: the 80% band fitted without each source holds {100 * inside / 2:.1f}% of its 2 ok rows" in text.output
+
+
+def test_a_repeated_id_is_predicted_once_and_the_table_fits_long_ids(tmp_path):
+    """Ids are unique across the files (the data README): a row repeating an earlier id is
+    unsupported, naming the first, so it is not counted twice; the table's id column is as
+    wide as the longest id, so the quality column starts at one offset on every line."""
+    with TRAINING.open() as handle:
+        rows = list(csv.DictReader(handle))[:2]
+    rows.append(dict(rows[0]))
+    rows[1]["id"] = "x" * 60
+    path = tmp_path / "dup.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    _, results = validate.run(path)
+    assert [r.status for r in results][2] == "unsupported"
+    assert f"id = '{rows[0]['id']}': expected an id no other row has (data row 1 has it" in results[2].reason
+    assert results[0].status != "unsupported" and validate.summary(results)["status"]["unsupported"] == 1
+    lines = validate.table(results).splitlines()
+    assert {line.index(r.quality, 60) for line, r in zip(lines[1:], results)} == {lines[0].index("quality")}
