@@ -158,11 +158,20 @@ def sensitivity(feasible: pl.LazyFrame, dims: list[str], metric: str = "step_tim
     return fig, table
 
 
-def details(frame: pl.DataFrame, dims: list[str]) -> dict[str, dict[str, Any]]:
-    """Per row_id, what the click panel shows: the dimensions, metrics and breakdown."""
-    keep = [c for c in (*dims, *TABLE_METRICS, *STEP_PARTS, SIM_DELTA) if c in frame.columns]
+def details(frame: pl.DataFrame, dims: list[str], metrics: tuple[str, ...] = (*TABLE_METRICS, *STEP_PARTS, SIM_DELTA)
+            ) -> dict[str, dict[str, Any]]:
+    """Per row_id, what the click panel shows: the dimensions and ``metrics`` (a training
+    row's metrics and breakdown by default)."""
+    keep = [c for c in (*dims, *metrics) if c in frame.columns]
     return {str(r["row_id"]): {k: (None if isinstance(r[k], float) and math.isnan(r[k]) else r[k]) for k in keep}
             for r in frame.select(["row_id", *keep]).iter_rows(named=True)}
+
+
+def plotted_details(frame: pl.LazyFrame, fig: Any, dims: list[str], **metrics: Any) -> dict[str, dict[str, Any]]:
+    """``details`` of the sampled points the front figure draws first (its first trace), so
+    that any point on the page can be clicked, not only the best rows and the front's."""
+    ids = [int(x) for x in fig.data[0].customdata]
+    return details(frame.filter(pl.col("row_id").is_in(ids)).collect(), dims, **metrics) if ids else {}
 
 
 def compare_html(a: dict[str, Any], b: dict[str, Any], ids: tuple[str, str]) -> str:
@@ -228,15 +237,12 @@ def build(path: str | Path, strategy: list[str], n_top: int = 10) -> str:
     # the numbers first (they must be on screen), then the dimensions that vary
     band = (pl.format("{}-{}", pl.col("step_time_lo_s").round(3), pl.col("step_time_hi_s").round(3))
             .alias("80% band (s)")) if "step_time_lo_s" in best.columns else None
-    metrics = [pl.col("step_time_s").round(4), *([band] if band is not None else []),
+    metrics = [pl.col("step_time_s"), *([band] if band is not None else []),
                *(pl.col(c) for c in ("tokens_per_s_per_gpu", "mfu") if c in best.columns),
                pl.col("mem_peak_GiB").round(1), *(pl.col(c) for c in ("simulated", "feasible") if c in best.columns)]
     shown = best.select(["row_id", *metrics, *dims]).with_row_index("rank", offset=1)
     rows_json = details(pl.concat([best, front], how="diagonal_relaxed").unique("row_id"), dims)
-    sample_ids = [str(x) for x in fig_front.data[0].customdata]
-    if sample_ids:  # the sampled points' details too, so any point can be clicked
-        sampled = frame.filter(pl.col("row_id").is_in([int(x) for x in sample_ids])).collect()
-        rows_json.update(details(sampled, dims))
+    rows_json.update(plotted_details(frame, fig_front, dims))
     compare = ""
     if best.height >= 2:
         ids = (str(best["row_id"][0]), str(best["row_id"][1]))
@@ -298,9 +304,8 @@ def build_serving(path: str | Path, frame: pl.LazyFrame, n_top: int) -> str:
     fig_sens, sens = sensitivity(feasible if n_feasible else frame, dims, gpu, higher_is_better=True)
     shown = best.select(["row_id", *(c for c in SERVING_METRICS if c in best.columns), *dims]
                         ).with_row_index("rank", offset=1)
-    keep = [c for c in (*dims, *SERVING_METRICS) if c in best.columns]
-    rows_json = {str(r["row_id"]): {k: (None if isinstance(r[k], float) and math.isnan(r[k]) else r[k]) for k in keep}
-                 for r in pl.concat([best, front.select(best.columns)]).unique("row_id").iter_rows(named=True)}
+    rows_json = details(pl.concat([best, front.select(best.columns)]).unique("row_id"), dims, metrics=SERVING_METRICS)
+    rows_json.update(plotted_details(frame, fig_front, dims, metrics=SERVING_METRICS))
     title = html.escape(str(path))
     return f"""{_head(title)}
 <h1>paraspace serving report</h1>

@@ -96,6 +96,17 @@ def test_serving_results_get_the_serving_page(tmp_path):
     assert len(re.findall(r'class="plotly-graph-div"', text)) == 2
     assert not re.search(r'(src|href)="(http|//|/)', _outside_scripts(text))
     assert "output_tokens_per_s_per_gpu" in _outside_scripts(text)
+    # every plotted deployment (all the feasible ones: fewer than the scatter's sample) can be clicked,
+    # its panel the file's values
+    import json
+
+    import polars as pl
+
+    rows = json.loads(re.search(r"const ROWS = (\{.*?\});", text).group(1))
+    feasible = pl.read_parquet(served).filter(pl.col("feasible"))
+    assert set(rows) >= {str(i) for i in feasible["row_id"]}
+    one = feasible.row(feasible.height - 1, named=True)
+    assert rows[str(one["row_id"])]["ttft_s"] == one["ttft_s"]
 
 
 def test_held_dimensions_show_the_feasible_rows_values(tmp_path):
