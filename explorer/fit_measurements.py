@@ -517,6 +517,29 @@ def fit_comm(measured: list[CommMeasurement], hw: Hardware, index: int) -> CommF
     return CommFit(hw, index, tuple(measured), alpha, note, bandwidths, curve_op if curve else "", curve)
 
 
+#: a fitted op bandwidth this many times the best bus bandwidth measured for the op is refused:
+#: the latency took (nearly) all of every point's time, so the bytes term, and with it the
+#: bandwidth, is whatever little is left (a 6 us tier over 30 ring steps against a 49 us
+#: all-reduce: 0.1% left, 1000x the measured 40 GB/s)
+MAX_BANDWIDTH_OVER_MEASURED = 4.0
+
+
+def _check_bandwidths(fit: CommFit, measurements: Path) -> None:
+    """Refuse a fit whose op bandwidth the measurements do not determine (``MAX_BANDWIDTH_OVER_MEASURED``)."""
+    for op, bandwidth in fit.op_bytes_per_s.items():
+        points = [c for c in fit.measured if c.op == op]
+        best = max(points, key=lambda c: c.bus_bytes / c.seconds)
+        busbw = best.bus_bytes / best.seconds
+        if bandwidth > MAX_BANDWIDTH_OVER_MEASURED * busbw:
+            raise CatalogError(measurements, f"{_lines_text([line for c in points for line in c.lines])} ({op})",
+                               f"busbw at most {busbw / GB:.4g} GB/s",
+                               f"measurements whose bytes term the latency leaves room for: the fitted latency "
+                               f"{fit.latency_s * 1e6:.4g} us ({fit.latency_note}) takes all but "
+                               f"{100 * busbw / bandwidth:.2g}% of their time, which would make the {op} bandwidth "
+                               f"{bandwidth / GB:.4g} GB/s; add larger messages (a bandwidth-bound point) or small "
+                               "ones (to fit the latency on)")
+
+
 def predict_comm(hw: Hardware, index: int, points: list[tuple[str, float, float]]) -> list[float]:
     """``kernels.collectives.flat_time_s`` of each (op, ranks, bytes) on tier ``index``
     of ``hw`` packed as the explorer packs it (the whole group on that tier)."""
@@ -745,6 +768,7 @@ def calibrate_comm(measurements: Path, hardware_ref: str, tier: str, out: Path,
     base_ref = extends_ref(hardware_ref, out)
     measured = read_comm_csv(measurements)
     fit = fit_comm(measured, base, index)
+    _check_bandwidths(fit, measurements)
     name = name or f"{base.name}-calibrated"
     ops = [op for op in fit.op_bytes_per_s]
     description = (f"{base.name} with link tier {tier} (latency, {'/'.join(ops)} bandwidth, size curve) fitted to "

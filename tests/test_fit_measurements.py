@@ -366,3 +366,17 @@ def test_out_replaces_only_an_earlier_calibrated_profile(tmp_path):
         done = runner.invoke(main, ["calibrate", "gemm", str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(out)])
         assert done.exit_code == 0, done.output
     assert out.read_text().startswith(fit_measurements.PROFILE_START)
+
+
+def test_a_comm_fit_whose_latency_leaves_no_bytes_term_is_refused(tmp_path):
+    """One 1 MiB all-reduce over 16 ranks at 40 GB/s bus bandwidth: 1048576 x 2 x 15 / 16 / 40e9
+    = 49 us, under the base IB tier's 6 us x 30 ring steps; the latency, clamped to what the
+    point allows (0.999 of it), leaves 0.1% for the bytes, which would be 1000x the measured
+    40 GB/s. Refused, naming the line and the bandwidth it would give; nothing written."""
+    csv = write_csv(tmp_path / "one.csv", "op,ranks,bytes,gbps", ["all_reduce,16,1048576,40"])
+    out = tmp_path / "c.toml"
+    with pytest.raises(CatalogError) as err:
+        fit_measurements.calibrate_comm(csv, "h100-sxm5-80gb", "ib", out)
+    assert "line 2 (all_reduce) = 'busbw at most 40 GB/s'" in str(err.value)
+    assert "would make the all_reduce bandwidth 4e+04 GB/s" in str(err.value)
+    assert not out.exists()
