@@ -135,6 +135,10 @@ def read_rows(path: Path, required: tuple[str, ...], either: tuple[str, str]) ->
                                                       f"{either[0]} or {either[1]}, then one row per measurement")
     header_line, header_text = lines[0]
     header = [c.strip().lower() for c in next(csv.reader([header_text]))]
+    repeated = sorted({c for c in header if c and header.count(c) > 1})
+    if repeated:  # which copy a row's value comes from would be a guess
+        raise CatalogError(path, f"line {header_line}, columns", header,
+                           f"each column once ({', '.join(repeated)} given more than once)")
     missing = [c for c in required if c not in header]
     present = [c for c in either if c in header]
     if missing or len(present) != 1:

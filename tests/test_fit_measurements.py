@@ -380,3 +380,11 @@ def test_a_comm_fit_whose_latency_leaves_no_bytes_term_is_refused(tmp_path):
     assert "line 2 (all_reduce) = 'busbw at most 40 GB/s'" in str(err.value)
     assert "would make the all_reduce bandwidth 4e+04 GB/s" in str(err.value)
     assert not out.exists()
+
+
+def test_a_repeated_csv_column_is_refused(tmp_path):
+    """m given twice: which copy a row means is a guess, so the header is refused, naming it."""
+    csv = write_csv(tmp_path / "dup.csv", "m,n,k,dtype,m,tflops", ["1024,4096,4096,bf16,2048,200"])
+    with pytest.raises(CatalogError) as err:
+        fit_measurements.calibrate_gemm(csv, "h100-sxm5-80gb", tmp_path / "x.toml")
+    assert "line 1, columns" in str(err.value) and "each column once (m given more than once)" in str(err.value)
