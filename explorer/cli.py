@@ -415,7 +415,8 @@ def report_cmd(results: Path, out: Path, n_top: int) -> None:
 
 @main.command("compare")
 @click.argument("results", type=click.Path(path_type=Path))
-@click.option("--ids", "ids", type=click.IntRange(0, MAX_COMBINATIONS), multiple=True, required=True, help="row_id to show (give it again for each row: two or more side by side, with the differences of two).")
+@click.option("--ids", "ids", type=click.IntRange(0, MAX_COMBINATIONS), multiple=True, required=True,
+              help="row_id to show (give it again for each row: two or more side by side, with the differences of two).")
 @_guard
 def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
     """Rows side by side, with the difference of every column for two rows."""

@@ -190,7 +190,8 @@ SERVING_WORKLOAD = np.dtype(
 OUTPUTS = (
     "engines",  # instances * pp
     "batch",  # mean running requests per engine
-    "prefill_s",  # prefill of one wave (closed loop, static Poisson) or of one prompt's iterations (Poisson)
+    # prefill of one wave (closed loop, static Poisson) or of one prompt's iterations (Poisson; NaN when overloaded)
+    "prefill_s",
     "decode_step_s",  # one decode iteration at the batch and mean KV length
     "tokens_per_step",  # tokens a decoding sequence emits per decode iteration (1 without drafts)
     "kv_transfer_s",  # disaggregated: one prompt's KV cache from its prefill to its decode replica (0 aggregated)
@@ -711,9 +712,11 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
                     break
                 t = nt
             b = lam * nd * t / e_tok
-            pre = prompt_iterations_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b, q,
-                                      b * (inl + 0.5 * outl) + b * (q - 1.0), new, pairs,
-                                      new if scheduler == UNCHUNKED else max_tokens - b * q)
+            pre = np.nan  # an overloaded engine (the loop did not converge) has no steady prompt to time
+            if converged:
+                pre = prompt_iterations_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b, q,
+                                          b * (inl + 0.5 * outl) + b * (q - 1.0), new, pairs,
+                                          new if scheduler == UNCHUNKED else max_tokens - b * q)
             ttft = 0.5 * t + pre + (t if overlap else 0.0)
             tpot = t / e_tok
             dec = nd * tpot
