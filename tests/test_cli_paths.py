@@ -49,7 +49,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def space_toml(path: Path, tp: str = "[4, 8]", name: str = "tiny") -> Path:
+def space_toml(path: Path, tp: str = "[4, 8]", name: str = "tiny", pp: str = "[1, 2]") -> Path:
     """A space of a few combinations on the small model (each tp valid)."""
     path.write_text(textwrap.dedent(f"""
         name = "{name}"
@@ -61,7 +61,7 @@ def space_toml(path: Path, tp: str = "[4, 8]", name: str = "tiny") -> Path:
         seq_len = 8192
         [dimensions]
         tp = {tp}
-        pp = [1, 2]
+        pp = {pp}
         """))
     return path
 
@@ -122,7 +122,7 @@ def test_a_name_too_long_is_one_line_in_every_command(swept, tmp_path, monkeypat
             f"Error: {LONG}: expected a folder that can be written (")
     refused(run("calibrate", "gemm", str(EXAMPLES / "gemm-h100.csv"), "--hardware", "h100-sxm5-80gb",
                 "--out", f"{LONG}.toml"),
-            f"--out = '{LONG}.toml': expected a file that can be written (File name too long)")
+            f"Error: {LONG}.toml: expected a file that can be written (File name too long)")
     assert list(tmp_path.iterdir()) == [tmp_path / "tiny.toml"]
 
 

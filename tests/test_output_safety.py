@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import shutil
-import textwrap
 from pathlib import Path
 
 import polars as pl
@@ -17,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from test_cli_paths import space_toml
 
 import paraspace.explorer.sweep as sweep_mod
 from paraspace.explorer.cli import main
@@ -56,19 +56,7 @@ def small(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_space(tmp_path) -> Path:
     """A space of two combinations (tp 4 or 8), both valid."""
-    path = tmp_path / "tiny.toml"
-    path.write_text(textwrap.dedent("""
-        name = "tiny"
-        description = "two combinations"
-        model = "llama3-8b"
-        hardware = "h100-sxm5-80gb"
-        devices = 64
-        global_batch = 256
-        seq_len = 8192
-        [dimensions]
-        tp = [4, 8]
-        """))
-    return path
+    return space_toml(tmp_path / "tiny.toml", pp="[1]")
 
 
 # --------------------------------------------------------------------------- 1. failures keep earlier results
@@ -359,7 +347,7 @@ def test_calibrate_blames_the_csv_line_and_writes_nothing(tmp_path, kind, header
     csv = tmp_path / "m.csv"
     csv.write_text("\n".join([header, *rows]) + "\n")
     out = tmp_path / "profile.toml"
-    out.write_text("# an earlier profile\n")
+    out.write_text("# Fitted by `paraspace calibrate gemm` from an earlier run\n")  # an earlier profile of ours
     before = sha(out)
     result = run("calibrate", kind, str(csv), "--hardware", "h100-sxm5-80gb", "--out", str(out), *extra)
     expected = "0.000001" if kind == "gemm" else "0.001"
