@@ -489,16 +489,8 @@ def test_a_repeated_id_is_predicted_once_and_the_table_fits_long_ids(tmp_path):
     """Ids are unique across the files (the data README): a row repeating an earlier id is
     unsupported, naming the first, so it is not counted twice; the table's id column is as
     wide as the longest id, so the quality column starts at one offset on every line."""
-    with TRAINING.open() as handle:
-        rows = list(csv.DictReader(handle))[:2]
-    rows.append(dict(rows[0]))
-    rows[1]["id"] = "x" * 60
-    path = tmp_path / "dup.csv"
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    _, results = validate.run(path)
+    rows = [ROW, {**ROW, "id": "x" * 60}, dict(ROW)]
+    _, results = validate.run(write(tmp_path, rows))
     assert [r.status for r in results][2] == "unsupported"
     assert f"id = '{rows[0]['id']}': expected an id no other row has (data row 1 has it" in results[2].reason
     assert results[0].status != "unsupported" and validate.summary(results)["status"]["unsupported"] == 1
