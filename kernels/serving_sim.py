@@ -581,14 +581,15 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
     if acc[A_DEC_STEPS] > 0.0:
         res[S_TOKENS_PER_STEP] = acc[A_DEC_TOKENS] / acc[A_DEC_STEPS]
     lo = burst if burst < n else 0  # the requests measured: lo .. n - 1
-    ttft = first_at[lo:] - arr_at[lo:]
-    e2e = done_at[lo:] - arr_at[lo:]
-    multi = out_len[lo:] > 1
+    arrived, first, done, outs = arr_at[lo:], first_at[lo:], done_at[lo:], out_len[lo:]
+    ttft = first - arrived
+    e2e = done - arrived
+    multi = outs > 1
     res[S_TTFT] = ttft.mean()
     res[S_TTFT_P50] = np.percentile(ttft, 50.0)
     res[S_TTFT_P90] = np.percentile(ttft, 90.0)
     if multi.any():
-        tpot = (done_at[lo:][multi] - first_at[lo:][multi]) / (out_len[lo:][multi] - 1.0)
+        tpot = (done[multi] - first[multi]) / (outs[multi] - 1.0)
         res[S_TPOT] = tpot.mean()
         res[S_TPOT_P50] = np.percentile(tpot, 50.0)
         res[S_TPOT_P90] = np.percentile(tpot, 90.0)

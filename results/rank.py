@@ -191,18 +191,15 @@ def ranked(frame: pl.LazyFrame, by: tuple[str, ...] = RANK_BY) -> pl.LazyFrame:
     may not beat). A serving result under the default order ranks as ``paraspace serve``
     does (``serving_schema.RANK``: then the most output tokens per second per GPU, then
     the shortest TTFT)."""
-    if by == RANK_BY and is_serving(frame):
-        keys = [pl.col(name).cast(pl.Float64).fill_nan(None) for name, _ in serving_schema.RANK]  # NaN last
-        return frame.sort([*keys, pl.col("row_id")], descending=[*(d for _, d in serving_schema.RANK), False],
-                          nulls_last=True)
     types = frame.collect_schema()
+    if by == RANK_BY and is_serving(frame):
+        order = list(serving_schema.RANK)
+    else:
+        simulated = [("simulated", True)] if by == RANK_BY and "simulated" in types else []
+        order = [("feasible", True), *simulated, *((name, False) for name in by)]
     keys = [pl.col(name).fill_nan(None) if name in types and types[name].is_float() else pl.col(name)
-            for name in by]  # NaN last, as null
-    first = [pl.col("feasible")]
-    if by == RANK_BY and "simulated" in types:
-        first.append(pl.col("simulated"))
-    return frame.sort([*first, *keys, pl.col("row_id")], descending=[*([True] * len(first)), *([False] * len(by)),
-                                                                      False], nulls_last=True)
+            for name, _ in order]  # NaN last, as null
+    return frame.sort([*keys, pl.col("row_id")], descending=[*(d for _, d in order), False], nulls_last=True)
 
 
 #: what --where may hold besides column names: SQL operators and literals, a few functions

@@ -114,33 +114,33 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         rps = lam
     else:
         lam = rate / engines
+
+        def iteration(b: float, tokens: float, head_rows: float, pairs: float, prompt: float) -> float:
+            """kernels.serving.iteration_s beside b decoding requests: ``prompt`` of the tokens prompt tokens."""
+            return (host + rows(tokens) + head(head_rows) + kv_coef * b * (input_len + output_len / 2 + q - 1)
+                    + pair_coef * pairs + draft_prompt(prompt) + draft_steps(b))
+
         t, stable = 0.0, False
         for _ in range(200):
             arrivals = lam * t
             b = lam * steps * t
             if b > b_max or b * q + arrivals * new > max_tokens:
                 break
-            nt = (host + rows(max(b * q + arrivals * new, 1.0)) + head(max(b * q + arrivals, 1.0))
-                  + kv_coef * b * (input_len + output_len / 2 + q - 1) + pair_coef * arrivals * pairs_one
-                  + draft_prompt(arrivals * new) + draft_steps(b))
+            nt = iteration(b, max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0), arrivals * pairs_one,
+                           arrivals * new)
             if abs(nt - t) <= 1e-12 * nt:
                 t, stable = nt, True
                 break
             t = nt
         b = lam * steps * t
         room = new if scheduler == UNCHUNKED else max_tokens - b * q
-
-        def carrying(tokens: float, head_rows: float, pairs: float, chunk: float) -> float:  # with a chunk
-            return (host + rows(tokens) + head(head_rows) + kv_coef * b * (input_len + output_len / 2 + q - 1)
-                    + pair_coef * pairs + draft_prompt(chunk) + draft_steps(b))
-
         if room <= 0:
             pre = math.inf
         else:  # the prompt's chunks of the room the decode batch leaves, each at its own cost
             chunks = max(math.ceil(new / room), 1)
             last = new - (chunks - 1) * room
-            pre = (chunks - 1) * carrying(b * q + room, b * q, 0.0, room) if chunks > 1 else 0.0
-            pre += carrying(max(b * q + last, 1.0), b * q + 1, pairs_one, last)
+            pre = (chunks - 1) * iteration(b, b * q + room, b * q, 0.0, room) if chunks > 1 else 0.0
+            pre += iteration(b, max(b * q + last, 1.0), b * q + 1, pairs_one, last)
         ttft = t / 2 + pre
         if overlap:  # the batch an arrival could join was already scheduled: one iteration more
             ttft += t
