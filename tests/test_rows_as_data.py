@@ -115,13 +115,13 @@ def test_unfused_row_predicts_slower_than_the_same_row_with_flash2(tmp_path):
 
 
 @pytest.mark.parametrize(("name", "peaks", "hbm_gib", "hbm_gbps", "domain", "node", "nvlink", "nic_gbps"), [
-    # HGX B200 column of NVIDIA's Blackwell table, sparse figures halved; 180 GB = 167.6 GiB
-    ("b200-sxm-180gb", {"bf16": 2250, "fp8": 4500, "fp4": 9000, "int8": 4500, "tf32": 1125}, 167.6, 7700, 8, 8, 5,
+    # HGX B200 column of NVIDIA's Blackwell table, sparse figures halved; 180 GB read as GiB, as NVIDIA counts HBM
+    ("b200-sxm-180gb", {"bf16": 2250, "fp8": 4500, "fp4": 9000, "int8": 4500, "tf32": 1125}, 180.0, 7700, 8, 8, 5,
      50),
-    # Blackwell Ultra: dense FP4 13,125, no INT8 listed; 288 GB = 268.2 GiB; ConnectX-8 800 Gb/s
-    ("b300-sxm-288gb", {"bf16": 2250, "fp8": 4500, "fp4": 13125}, 268.2, 8000, 8, 8, 5, 100),
-    # GB200 NVL72 column: 72 GPUs on NVLink 5, trays of 4; 186 GB = 173.2 GiB
-    ("gb200-nvl72", {"bf16": 2500, "fp8": 5000, "fp4": 10000, "int8": 5000}, 173.2, 8000, 72, 4, 5, 50),
+    # Blackwell Ultra: dense FP4 13,125, no INT8 listed; 288 GB (GiB); ConnectX-8 800 Gb/s
+    ("b300-sxm-288gb", {"bf16": 2250, "fp8": 4500, "fp4": 13125}, 288.0, 8000, 8, 8, 5, 100),
+    # GB200 NVL72 column: 72 GPUs on NVLink 5, trays of 4; 186 GB (GiB)
+    ("gb200-nvl72", {"bf16": 2500, "fp8": 5000, "fp4": 10000, "int8": 5000}, 186.0, 8000, 72, 4, 5, 50),
     # the H100's nominal peak with six HBM2e stacks: 96 GB at 2.4 TB/s
     ("h100-sxm5-96gb-500w", {"bf16": 989.4, "fp8": 1978.9}, 96.0, 2400, 8, 8, 4, 50),
 ])
