@@ -251,14 +251,20 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
     """(weights, gradients, optimizer states, host) bytes of stage ``stage``'s
     device: ZeRO shards over DP x CP (experts over expert DP), weight offload
     keeps the current and the prefetched ``unit`` on the device, host-side
-    optimizer states; DualPipe holds two stages' copies, PipeDream stashes
-    p - stage weight versions. ZeRO-3 with deferred gradient reduction
+    optimizer states; DualPipe's device holds stage ``stage`` and stage
+    p - 1 - stage, each kind of parameter sharded as its own (dense over DP x CP,
+    experts over expert DP), the gathered or prefetched working layers once;
+    PipeDream stashes p - stage weight versions. ZeRO-3 with deferred gradient reduction
     (``ZERO_3_DEFERRED``) holds the stage's whole gradient, unsharded, as the
     micro-batches accumulate it (FSDP keeps it in the reduction precision)."""
     pp = int(sh.p)
     dc = sh.d * sh.c
     zero = kn.zero
     dense, expert = stage_params_from(stage, pp, parts, model)
+    if kn.schedule == SCHEDULE_DUALPIPE:  # the twin stage's parameters too (modeling.md section 6)
+        twin_dense, twin_expert = stage_params_from(pp - 1 - stage, pp, parts, model)
+        dense += twin_dense
+        expert += twin_expert
     params = dense + expert
     host = 0.0
     grads = 0.0
@@ -282,14 +288,8 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
         grads = (dense / dc + expert / edp) * gb if zero >= 2 and not deferred else params * gb
     state = work.optimizer_bytes * OPT_STATE_FRACTION[kn.optimizer]
     optim = (dense / dc + expert / edp) * state if zero >= 1 else params * state
-    # ---- parameter copies of DualPipe and PipeDream (modeling.md section 6)
-    if kn.schedule == SCHEDULE_DUALPIPE:  # stage `stage` and stage p-1-stage: two copies of the parameters
-        twin_dense, twin_expert = stage_params_from(pp - 1 - stage, pp, parts, model)
-        dual_copies = (params + twin_dense + twin_expert) / params
-        weights *= dual_copies
-        grads *= dual_copies
-        optim *= dual_copies
-    elif kn.schedule == SCHEDULE_PIPEDREAM:  # weight stashing: p - stage versions, one gradient and optimizer state
+    # ---- PipeDream's weight versions (modeling.md section 6)
+    if kn.schedule == SCHEDULE_PIPEDREAM:  # weight stashing: p - stage versions, one gradient and optimizer state
         weights += (sh.p - stage - 1.0) * params * work.weight_bytes
     return weights, grads, optim, host
 

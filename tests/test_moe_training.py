@@ -18,7 +18,9 @@ from paraspace.kernels.codes import (
     DISPATCH_HIERARCHICAL,
     PLACEMENT_INNER,
     PLACEMENT_OUTER,
+    OPTIMIZER_CPU_ADAM,
     RECOMPUTE_FULL,
+    SCHEDULE_DUALPIPE,
 )
 from paraspace.kernels.training import (
     OUTPUTS,
@@ -150,6 +152,24 @@ def test_toy_moe_weight_memory_by_hand(toy_dev, toy_tiles, make_tiers, make_work
     assert out["mem_weights_bytes"] == 108_352 * 2
     assert out["mem_grads_bytes"] == 108_352 * 4
     assert out["mem_optimizer_bytes"] == 108_352 * 12
+
+
+def test_dualpipe_device_holds_both_stages_sharded_by_kind(toy_dev, toy_tiles, make_tiers, make_workload):
+    """DualPipe on pp = 2: every device runs stage 0 and stage 1, i.e. the whole toy
+    model, each kind of parameter sharded as its own under ZeRO-1 (dp = 8, ep = 2:
+    non-expert over 8 ranks, experts over 4): (59,200 / 8 + 49,152 / 4) x 12 =
+    236,256 bytes of Adam states, not stage 0's (29,568 / 8 + 24,576 / 4) x 12 =
+    118,080 scaled by the parameter ratio 108,352 / 54,144 (236,295.3). CPU Adam's
+    fp32 master and moments (12 bytes, ``OPT_HOST_STATE_FRACTION``) are on the
+    host, for both stages alike: 236,256 host bytes."""
+    hw = (toy_dev, make_tiers((0.0, 100e9, 0.0)), toy_tiles)
+    work = make_workload(global_batch=64.0, seq_len=128.0)
+    out = run(toy_moe(), hw, work, pp=2, dp=8, ep=2, zero=1, n_micro=8, schedule=SCHEDULE_DUALPIPE)
+    assert out["mem_optimizer_bytes"] == pytest.approx((59_200 / 8 + 49_152 / 4) * 12, rel=1e-15)
+    assert out["mem_weights_bytes"] == 108_352 * 2  # both stages' weights, unsharded under ZeRO-1
+    cpu = run(toy_moe(), hw, work, pp=2, dp=8, ep=2, zero=1, n_micro=8, schedule=SCHEDULE_DUALPIPE,
+              opt=OPTIMIZER_CPU_ADAM)
+    assert cpu["mem_host_bytes"] == pytest.approx((59_200 / 8 + 49_152 / 4) * 12, rel=1e-15)
 
 
 def test_zero1_shards_expert_states_over_expert_dp(toy_dev, toy_tiles, make_tiers, make_workload):
