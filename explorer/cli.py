@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import json
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +30,14 @@ from paraspace.explorer.sweep import (
     evaluate_encoded,
     expected_seconds,
     named_for_output,
+    other_shard_parts,
+    remove_shard_parts,
     result_schema,
     run_sweep,
+    shard_path,
     shard_range,
 )
-from paraspace.results.rank import Results, ResultsError, compare, front_axes, open_results, pareto, top
+from paraspace.results.rank import SHARD_FILE, Results, ResultsError, compare, front_axes, open_results, pareto, top
 from paraspace.results.schema import STEP_PARTS
 from paraspace.results.writer import check_writable, to_arrow
 from paraspace.spaces import catalog
@@ -98,7 +105,51 @@ def _guard(fn):  # noqa: ANN001, ANN202 - decorator
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a Slurm time limit, ``timeout``, Kubernetes stopping a pod), raised in the main
+    thread. A ``KeyboardInterrupt``, so that it unwinds exactly as Ctrl-C does: a staged
+    ``NAME.partial`` is removed, an earlier complete output stays as it was (``results.writer``),
+    a study gives its batch back."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    # further SIGTERMs are ignored while the run cleans up: ``timeout`` signals the command, then its
+    # process group, and a second Terminated would cut the cleanup short (SIGKILL still ends it)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Terminated`` (where a handler can be set: the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Commands(click.Group):
+    """The command group; a command stopped by SIGTERM or Ctrl-C (after its cleanup, see
+    ``Terminated``) prints one line and exits 128 + the signal's number, as a shell reports a
+    process the signal ended: 143 for SIGTERM, 130 for Ctrl-C."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            with _sigterm_interrupts():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as err:
+            number = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+            what = "SIGTERM" if number == signal.SIGTERM else "\nCtrl-C"  # a new line after the terminal's ^C
+            click.echo(f"{what}: stopped (exit status {128 + number}); its staged output removed, earlier results "
+                       "left as they were", err=True)
+            raise click.exceptions.Exit(128 + number) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="paraspace")
 def main() -> None:
     """Evaluate parallel strategies for LLM training (step time and memory per device)
@@ -250,7 +301,8 @@ def _announce_compile() -> None:
               help="With more feasible candidates than this, simulate only this many best by analytic step time.")
 @click.option("--shard", default=None, metavar="I/N",
               help="Evaluate only shard I of N (0-based) of the combinations, e.g. for a nightly job array; "
-                   "writes part-I-of-N.parquet in the --out folder [default: results/SPACE].")
+                   "writes part-I-of-N.parquet in the --out folder [default: results/SPACE], then removes the "
+                   "space's parts of another N there (with --dask: once every shard is written).")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Run the shards on a Dask distributed scheduler (tcp://host:8786, or 'local' for a LocalCluster).")
 @click.option("--shards", type=COUNT, default=8, show_default=True, help="Shards to submit with --dask.")
@@ -283,9 +335,11 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
                              "shard of --shards N; --shard runs one here)")
         check_shard_count(shards, encoder.n_combinations, "--shards", shards)
         folder = _parts_folder(out, loaded, "--dask")
+        replaced = other_shard_parts(folder, shards, loaded.spec.name)  # refused before the run, not after
         # every sweep option reaches the shards (progress bars stay on the workers' side: off)
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows,
                             options={"simulate": simulate, "max_tasks": max_tasks, "simulate_top": simulate_top})
+        _say_removed(remove_shard_parts(replaced, loaded.spec.name), folder, shards)
         rows = sum(p["n_rows"] for p in parts)
         n_combinations = sum(p["n_combinations"] for p in parts)
         click.echo(f"{len(parts)} shards on {dask_address}: {n_combinations:,} combinations "
@@ -298,11 +352,14 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
             click.echo(_top_table(top(folder, n_top), columns, wide))
         return
     start, stop = 0, encoder.n_combinations
+    replaced: list[Path] = []
     if shard is not None:
         index, count = parse_shard(shard)
         check_shard_count(count, encoder.n_combinations, "--shard", shard)
         start, stop = shard_range(encoder.n_combinations, index, count)
-        target = _parts_folder(out, loaded, "--shard") / f"part-{index}-of-{count}.parquet"
+        folder = _parts_folder(out, loaded, "--shard")
+        replaced = other_shard_parts(folder, count, loaded.spec.name)  # refused before the run, not after
+        target = shard_path(folder, index, count)
     else:
         target = out or Path("results") / f"{loaded.spec.name}.parquet"
     check_writable(target)  # before the sweep's minutes, not after (the writer checks again)
@@ -315,6 +372,8 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
                         max_tasks=max_tasks, simulate_top=simulate_top, start=start, stop=stop,
                         keep_empty=shard is not None)
+    if shard is not None:
+        _say_removed(remove_shard_parts(replaced, loaded.spec.name), target.parent, count)
     if summary.n_rows == 0:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
         if shard is not None:  # an empty part is this shard's complete answer; the dataset needs it
@@ -335,6 +394,14 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     if n_top:
         click.echo(f"top {n_top} by step time (feasible first):")
         click.echo(_top_table(top(summary.path, n_top), columns, wide))
+
+
+def _say_removed(removed: list[Path], folder: Path, count: int) -> None:
+    """Say on stderr which parts of another shard count a sharded run removed (``other_shard_parts``)."""
+    if removed:
+        counts = sorted({int(SHARD_FILE.fullmatch(p.name)[2]) for p in removed})
+        click.echo(f"removed {len(removed)} part(s) of an earlier run of {' and of '.join(map(str, counts))} shards "
+                   f"from {folder}/: its shard array is now this run's {count}", err=True)
 
 
 def _parts_folder(out: Path | None, loaded: LoadedSpace, flag: str) -> Path:
@@ -768,6 +835,11 @@ def validate_cmd(file: Path, as_json: bool, loso: bool, progress: bool) -> None:
                 held_text = f"  (leave-one-source-out {100 * held_stats[group]['mape']:.1f}%)"
             click.echo(f"{group:>9} rows: n={st['n']}  MAPE {100 * st['mape']:.1f}%{held_text}  median "
                        f"{100 * st['median_ape']:.1f}%  mean signed {100 * st['mean_signed']:+.1f}%")
+            if st["oom"]:
+                held_oom = (f", leave-one-source-out {100 * held_stats[group]['mape_with_oom']:.1f}%"
+                            if held_stats and held_stats[group]["n"] else "")
+                click.echo(f"  {st['oom']} more measured runs predicted out of memory (left out above); counting "
+                           f"their fastest configurations: MAPE {100 * st['mape_with_oom']:.1f}%{held_oom}")
             click.echo("  worst: " + ", ".join(f"{rid} {100 * err:+.1f}%" for rid, err in st["worst"]))
     for key in ("by_source", "by_gpu", "by_metric", "by_framework"):
         for name, st in stats.get(key, {}).items():

@@ -341,6 +341,20 @@ def test_ranking_agreement_by_hand():
                                             "distinguished": pytest.approx(2 / 3, rel=1e-15)}
 
 
+def test_summary_counts_runs_predicted_out_of_memory_apart():
+    """Errors +10% and -20% on rows that fit: MAPE 15%. A third measured run that no
+    searched configuration fits (status oom, its fastest configuration +30%) is left
+    out of the MAPE and counted apart: with it, (10 + 20 + 30) / 3 = 20%. An
+    uncertain oom row does not enter the ok rows' figures."""
+    rows = [_result("a", "A", 1.0, 1.1), _result("b", "B", 1.0, 0.8), _result("c", "C", 1.0, 1.3),
+            _result("d", "D", 1.0, 5.0)]
+    rows[2].status = "oom"
+    rows[3].status, rows[3].quality = "oom", "uncertain"
+    ok = validate.summary(rows)["ok"]
+    assert ok["n"] == 2 and ok["mape"] == pytest.approx(0.15, rel=1e-12)
+    assert ok["oom"] == 1 and ok["mape_with_oom"] == pytest.approx(0.20, rel=1e-12)
+
+
 def test_measured_memory_from_notes_and_its_error_by_hand():
     """GiB is binary, GB decimal. Predicted 10% over one measured peak and 20% under
     the other: MAPE 15%, mean signed -5%."""
