@@ -41,6 +41,8 @@ TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv
 #: the quantities a training row may publish (``metric``; shared/validation/README.md): each is
 #: converted to ``step_time_s`` by the source's own formula, and the step time is what is predicted
 TRAINING_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
+#: the columns every comm and inference row is read by: what it is and what was measured
+MEASUREMENT_REQUIRED = ("id", "source", "quality", "metric", "value")
 #: values searched where a source left a field EMPTY
 UNKNOWN_SEARCH: dict[str, list[Any]] = {
     "micro_batch": [1, 2, 4, 8],
@@ -236,10 +238,12 @@ def read(path: str | Path) -> pl.DataFrame:
     for required in ("id",):
         if required not in df.columns:
             raise CatalogError(path, "header", ",".join(df.columns[:6]), "the validation schema's columns, 'id' among them")
-    if kind_of(df) == "training":
-        missing = [c for c in TRAINING_REQUIRED if c not in df.columns]
-        if missing:
-            raise CatalogError(path, "header", missing[0], f"the training.csv columns {list(TRAINING_REQUIRED)}")
+    kind = kind_of(df)
+    required = {"training": TRAINING_REQUIRED, "comm": MEASUREMENT_REQUIRED,
+                "inference": MEASUREMENT_REQUIRED + INFERENCE_REQUIRED}[kind]
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise CatalogError(path, "header", missing[0], f"the {kind}.csv columns {list(required)}")
     return df
 
 

@@ -187,6 +187,26 @@ def test_a_bad_header_is_an_error_for_the_file(tmp_path):
     assert "header" in result.output and "training.csv columns" in result.output
 
 
+@pytest.mark.parametrize(("header", "kind", "missing"), [
+    ("id,source,quality,ep,tokens_per_rank,metric", "comm", "value"),
+    ("id,source,quality,layers,hidden,heads,kv_heads,ffn,vocab,glu,n_gpus,tp,pp,input_len,output_len,value",
+     "inference", "metric"),
+    ("id,source,quality,metric,value,layers,hidden,heads,kv_heads,ffn,vocab,glu,n_gpus,tp,input_len,output_len",
+     "inference", "pp"),
+])
+def test_a_comm_or_inference_file_without_a_needed_column_is_refused(tmp_path, header, kind, missing):
+    """Without its measured value (or the metric, or a model column) a comm or inference
+    file used to validate as "2 ok" rows with nothing compared: now one error naming the
+    file, the first missing column and the columns expected."""
+    path = tmp_path / "f.csv"
+    path.write_text(header + "\n" + ",".join("1" for _ in header.split(",")) + "\n")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert str(path) in result.output and f"header = '{missing}'" in result.output
+    assert f"{kind}.csv columns" in result.output
+
+
 @pytest.mark.parametrize(("change", "needles"), [
     ({"gpu": "b200"}, ["row t-1", "gpu", "'b200'", "a100-sxm4-80gb"]),
     ({"tp": "two"}, ["row t-1", "tp", "'two'", "number"]),
