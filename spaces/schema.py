@@ -333,6 +333,10 @@ class Hardware(Record):
     def _tiers_nest(self) -> Hardware:
         if not self.links:
             raise ValueError("links: at least one link tier")
+        names = [t.name for t in self.links]
+        for i, name in enumerate(names):
+            if name in names[:i]:  # calibrate and the messages name a tier by it
+                raise ValueError(f"links.{i}.name: a name no other tier of the profile has ({name!r} is repeated)")
         sizes = [t.domain_devices for t in self.links]
         if sizes[-1] is not None:
             raise ValueError(f"links.{len(sizes) - 1}.domain_devices: no value on the outermost tier (it spans the cluster)")

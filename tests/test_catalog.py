@@ -408,6 +408,13 @@ def test_link_tiers_not_growing(tmp_path):
     assert_message(err, path, "links.1.domain_devices = 8", "whole multiple (> 1) of the inner tier's 8")
 
 
+def test_link_tiers_with_one_name(tmp_path):
+    """calibrate and the messages name a tier: two called "nvlink" were accepted and
+    ``calibrate comm --tier nvlink`` fitted the first without a word."""
+    err, path = hardware_error(tmp_path, _links(_tier("nvlink", 8), _tier("nvlink")))
+    assert_message(err, path, "links.1.name = 'nvlink'", "a name no other tier of the profile has")
+
+
 def test_outermost_tier_with_domain_devices(tmp_path):
     err, path = hardware_error(tmp_path, _links(_tier("a", 8), _tier("b", 64)))
     assert_message(err, path, "links.1.domain_devices = 64", "no value on the outermost tier")
