@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import json
 import math
 import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import polars as pl
 
 from paraspace.explorer import display
 from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, analytic, pack, pin, row_id_in
+from paraspace.explorer.signals import Terminated, sigterm_interrupts
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
     DEFAULT_SIMULATE_TOP,
@@ -105,41 +103,14 @@ def _guard(fn):  # noqa: ANN001, ANN202 - decorator
     return wrapper
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a Slurm time limit, ``timeout``, Kubernetes stopping a pod), raised in the main
-    thread. A ``KeyboardInterrupt``, so that it unwinds exactly as Ctrl-C does: a staged
-    ``NAME.partial`` is removed, an earlier complete output stays as it was (``results.writer``),
-    a study gives its batch back."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    # further SIGTERMs are ignored while the run cleans up: ``timeout`` signals the command, then its
-    # process group, and a second Terminated would cut the cleanup short (SIGKILL still ends it)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``Terminated`` (where a handler can be set: the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 class _Commands(click.Group):
-    """The command group; a command stopped by SIGTERM or Ctrl-C (after its cleanup, see
-    ``Terminated``) prints one line and exits 128 + the signal's number, as a shell reports a
+    """The command group; a command stopped by SIGTERM or Ctrl-C (after its cleanup:
+    ``explorer.signals``) prints one line and exits 128 + the signal's number, as a shell reports a
     process the signal ended: 143 for SIGTERM, 130 for Ctrl-C."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with _sigterm_interrupts():
+            with sigterm_interrupts():
                 return super().invoke(ctx)
         except KeyboardInterrupt as err:
             number = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
@@ -401,7 +372,7 @@ def _say_removed(removed: list[Path], folder: Path, count: int) -> None:
     if removed:
         counts = sorted({int(SHARD_FILE.fullmatch(p.name)[2]) for p in removed})
         click.echo(f"removed {len(removed)} part(s) of an earlier run of {' and of '.join(map(str, counts))} shards "
-                   f"from {folder}/: its shard array is now this run's {count}", err=True)
+                   f"from {folder}/ (replaced by this run's {count})", err=True)
 
 
 def _parts_folder(out: Path | None, loaded: LoadedSpace, flag: str) -> Path:

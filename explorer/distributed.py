@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from paraspace.explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_range
-from paraspace.results.writer import ensure_folder
+from paraspace.explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_path, shard_range
+from paraspace.results.writer import ensure_folder, partial_path
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.errors import CatalogError
 
@@ -33,7 +33,7 @@ def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows:
 
     n = Encoder(space).n_combinations
     start, stop = shard_range(n, index, count)
-    summary = run_sweep(space, Path(out) / f"part-{index}-of-{count}.parquet", chunk_rows=chunk_rows, progress=False,
+    summary = run_sweep(space, shard_path(Path(out), index, count), chunk_rows=chunk_rows, progress=False,
                         start=start, stop=stop, keep_empty=True, **options)
     return {"path": str(summary.path), "n_combinations": summary.n_combinations, "n_rows": summary.n_rows,
             "n_feasible": summary.n_feasible, "n_simulated": summary.n_simulated, "seconds": summary.seconds,
@@ -59,20 +59,34 @@ def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
                 chunk_rows: int = DEFAULT_CHUNK, connect_timeout_s: float | None = None,
                 options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Submit every shard to the cluster at ``address`` ("local": a LocalCluster) and wait;
-    ``options`` go to every shard's ``run_sweep`` (simulate, max_tasks, simulate_top)."""
+    ``options`` go to every shard's ``run_sweep`` (simulate, max_tasks, simulate_top).
+
+    A run that fails or is stopped (Ctrl-C, SIGTERM) ends the local cluster's workers in the middle
+    of their shards: their staging files (``part-I-of-N.parquet.partial``) are removed then, as a
+    shard's own writer removes its file after an error (``results.writer``)."""
     from dask.distributed import LocalCluster
 
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
         if address == "local" else None
+    started = done = False
     try:
-        with connect(address, cluster, CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s) as client:
-            ensure_folder(out_dir)
-            futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, options or {}, pure=False)
-                       for i in range(shards)]
-            return client.gather(futures)
+        try:
+            with connect(address, cluster, CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s) \
+                    as client:
+                ensure_folder(out_dir)
+                started = True
+                futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, options or {},
+                                         pure=False) for i in range(shards)]
+                parts = client.gather(futures)
+                done = True
+                return parts
+        finally:
+            if cluster is not None:
+                cluster.close()
     finally:
-        if cluster is not None:
-            cluster.close()
+        if started and not done:  # after the workers are gone: nothing writes them any more
+            for i in range(shards):
+                partial_path(shard_path(out_dir, i, shards)).unlink(missing_ok=True)
 
 
 __all__ = ["run_on_dask"]

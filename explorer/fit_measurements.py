@@ -695,26 +695,24 @@ def _written(out: Path, text: str, measurements: Path, lines_of: Callable[[str],
     check_replaceable(out, starts_with=PROFILE_START.encode(), kind="profile written by paraspace calibrate")
     staged = out.with_name(f"{out.stem}.partial{out.suffix or '.toml'}")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staged.write_text(text, encoding="utf-8")
-    except OSError as err:
-        raise _unwritable(out, err) from None
-    try:
-        loaded = catalog.load_hardware(str(staged.resolve()))
-    except CatalogError as err:
-        staged.unlink(missing_ok=True)
-        kept = f"{out} left as it was" if out.exists() else f"{out} not written"
-        raise CatalogError(measurements, f"{_lines_text(lines_of(err.field))} (fitted {err.field})", err.value,
-                           f"{err.expected}; these measurements give no valid profile ({kept})") from None
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
-    try:
-        publish(staged, out)
-    except OSError as err:  # the rename refused (a folder, or an immutable file, at --out)
-        raise _unwritable(out, err) from None
-    finally:
-        staged.unlink(missing_ok=True)  # gone once renamed
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise _unwritable(out, err) from None
+        try:
+            loaded = catalog.load_hardware(str(staged.resolve()))
+        except CatalogError as err:
+            kept = f"{out} left as it was" if out.exists() else f"{out} not written"
+            raise CatalogError(measurements, f"{_lines_text(lines_of(err.field))} (fitted {err.field})", err.value,
+                               f"{err.expected}; these measurements give no valid profile ({kept})") from None
+        try:
+            publish(staged, out)
+        except OSError as err:  # the rename refused (a folder, or an immutable file, at --out)
+            raise _unwritable(out, err) from None
+    finally:  # gone once renamed; else (an error, Ctrl-C or SIGTERM at any point) removed, never a folder there
+        if staged.is_file():
+            staged.unlink(missing_ok=True)
     return loaded
 
 

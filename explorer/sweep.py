@@ -9,18 +9,24 @@ import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
 from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, Packed, analytic, evaluate, pack, simulable
+from paraspace.explorer.signals import raise_if_terminated
 from paraspace.results import schema
-from paraspace.results.writer import ResultWriter, arrow_schema, to_arrow
+from paraspace.results.rank import SHARD_FILE, ResultsError, written_for
+from paraspace.results.writer import ResultWriter, arrow_schema, to_arrow, writing
 from paraspace.spaces.catalog import LoadedSpace, catalog_hash
 from paraspace.spaces.encode import DIMENSIONS, Encoded, Encoder
 from paraspace.spaces.enums import Feasibility, Reason, labels
 from paraspace.spaces.errors import CatalogError
+
+if TYPE_CHECKING:
+    from paraspace.spaces.serving import LoadedServing
 
 #: combinations encoded and evaluated per chunk: bounds memory whatever the space size
 DEFAULT_CHUNK = 1 << 20
@@ -41,6 +47,58 @@ def check_shard_count(count: int, n_combinations: int, field: str, value: object
     if count > n_combinations:
         raise CatalogError("command line", field, value, f"at most {n_combinations:,} shards (the space has "
                            f"{n_combinations:,} combinations; every shard needs at least one)")
+
+
+def shard_path(folder: Path, index: int, count: int) -> Path:
+    """The file shard ``index`` of ``count`` is written to: ``FOLDER/part-I-of-N.parquet``."""
+    return Path(folder) / f"part-{index}-of-{count}.parquet"
+
+
+def other_shard_parts(folder: Path, count: int, space_name: str) -> list[Path]:
+    """The parts of another shard count in ``folder`` that a run of ``count`` shards replaces.
+
+    A sharded sweep (``--shard I/N``, ``--dask``) replaces the dataset in its folder: its own
+    parts are overwritten one by one, as any earlier result is, and the parts of another shard
+    count (``part-I-of-M.parquet``, which ``top`` would read as a second shard array) are
+    removed once this run has written its part(s) (``remove_shard_parts``). Only a paraspace
+    result of the same space is ever removed: any other file named as such a part (another
+    space's, or not a paraspace result) is a ``ResultsError`` here, called before the run's
+    work, and nothing is written or removed."""
+    folder = Path(folder)
+    with writing(folder, what="a folder"):
+        files = sorted(folder.iterdir()) if folder.is_dir() else []
+    why = (f"; a part of another shard count, which a sweep of {count} shards into {folder} removes only where it "
+           f"is a paraspace result of its own space ({space_name}): refusing to, nothing written (give another --out "
+           "or move the file)")
+    others = []
+    for file in files:
+        match = SHARD_FILE.fullmatch(file.name)
+        if match is None or int(match[2]) == count:
+            continue
+        try:
+            name = written_for(file)
+        except ResultsError as err:
+            raise ResultsError(f"{err}{why}") from None
+        if name != space_name:
+            raise ResultsError(f"{file}: space = {name!r}: expected {space_name!r}{why}")
+        others.append(file)
+    return others
+
+
+def remove_shard_parts(parts: list[Path], space_name: str) -> list[Path]:
+    """Remove the ``parts`` of ``other_shard_parts`` that are still there and still results of
+    ``space_name`` (another task of a shard array may have removed them first); the ones removed."""
+    removed = []
+    for part in parts:
+        try:
+            if written_for(part) != space_name:
+                continue
+        except ResultsError:  # gone, or replaced meanwhile by something else: left as it is
+            continue
+        with writing(part):
+            part.unlink(missing_ok=True)
+        removed.append(part)
+    return removed
 
 
 #: the longest output name: leaves room for ".parquet.partial" within a file system's 255 bytes
@@ -77,8 +135,9 @@ def named_for_output(space: LoadedSpace, overridden: bool) -> LoadedSpace:
     return dataclasses.replace(space, spec=spec.model_copy(update={"name": name}), raw={**space.raw, "name": name})
 
 
-def space_digest(space: LoadedSpace) -> str:
-    """SHA-256 of what defines a space's results: its TOML (overrides applied), model and hardware."""
+def space_digest(space: LoadedSpace | LoadedServing) -> str:
+    """SHA-256 of what defines a space's results (training or serving): its TOML (overrides applied),
+    model and hardware."""
     definition = {"space": space.raw, "model": space.model.model_dump(mode="json"),
                   "hardware": space.hardware.model_dump(mode="json")}
     return hashlib.sha256(json.dumps(definition, sort_keys=True, default=str).encode()).hexdigest()
@@ -139,6 +198,7 @@ def best_analytic(encoder: Encoder, packed: Packed, n: int, *, chunk_rows: int, 
     best_id = np.empty(0, dtype=np.int64)
     total = 0
     for enc in encoder.chunks(chunk_rows, start, stop):
+        raise_if_terminated()
         if bar is not None:
             bar.update(enc.n_combinations)
         metrics = analytic(packed, enc.columns)
@@ -196,7 +256,10 @@ class SweepSummary:
         }
 
 
-def provenance(space: LoadedSpace) -> dict[str, object]:
+def provenance(space: LoadedSpace | LoadedServing) -> dict[str, object]:
+    """The footer keys that say where a result file came from, training or serving alike: the
+    version, the space (its TOML as ``{"toml": ...}``, model, hardware), the catalog and the
+    space's digest, by which ``results.rank`` refuses to rank two spaces' files together."""
     return {
         schema.META_VERSION: paraspace_version(),
         schema.META_SPACE: {
@@ -245,6 +308,7 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
         leave=False, mininterval=0.5,
     ) as bar:
         for enc in encoder.chunks(chunk_rows, start, stop):
+            raise_if_terminated()
             cols = evaluate_encoded(packed, enc, simulate=simulate, max_tasks=max_tasks, only=only)
             writer.write(to_arrow(cols, table_schema, labels_))
             summary.n_combinations += enc.n_combinations
@@ -256,6 +320,7 @@ def run_sweep(space: LoadedSpace, out: Path, *, chunk_rows: int = DEFAULT_CHUNK,
             bar.update(int(np.count_nonzero(cols["simulated"])) if sims is not None else enc.n_combinations)
             bar.set_postfix(rows=summary.n_rows, feasible=summary.n_feasible, refresh=False)
         summary.seconds = time.perf_counter() - began
+        raise_if_terminated()  # a SIGTERM whose exception was lost: never publish after it (explorer.signals)
         if summary.n_rows or keep_empty:
             writer.close({schema.META_ENCODING: summary.encoding()})
             summary.written = True

@@ -86,6 +86,12 @@ def _footer(file: Path) -> dict[bytes, bytes]:
     return meta
 
 
+def written_for(file: str | Path) -> str:
+    """The name of the space a result file records; a ``ResultsError`` naming ``file`` when it is not a
+    Parquet file written by paraspace (or is gone)."""
+    return _space_name(_footer(Path(file)))
+
+
 def _space_name(meta: dict[bytes, bytes]) -> str:
     try:
         return str(json.loads(meta[META_SPACE.encode()])["toml"]["name"])

@@ -8,7 +8,9 @@ with an exception (Ctrl-C included), or leaves the with-block without
 valid candidate), the partial file is removed and any earlier complete file at
 the target is left byte-identical. The finished file is fsynced before the
 rename, and the folder after it, so a crash never leaves a renamed file whose
-bytes are not on disk.
+bytes are not on disk. The command line makes SIGTERM an interrupt
+(``explorer.signals``), so a run a scheduler stops cleans up as one
+stopped by Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class ResultWriter:
     def __init__(self, path: str | Path, schema: pa.Schema, metadata: dict[str, Any],
                  column_docs: dict[str, dict[str, str]]) -> None:
         self.path = Path(path)
-        self.partial = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
+        self.partial = partial_path(self.path)
         self.schema = schema.with_metadata({k: _text(v) for k, v in metadata.items()}
                                            | {META_COLUMNS: json.dumps(column_docs)})
         self.rows = 0
@@ -74,8 +76,13 @@ class ResultWriter:
 
     def __enter__(self) -> ResultWriter:
         ensure_folder(self.path.parent)
-        with writing(self.path):
-            self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
+        try:
+            with writing(self.path):
+                self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
+        except BaseException:  # an interrupt just after the file was made: __exit__ will not run
+            if self._writer is None and self.partial.is_file():
+                self.partial.unlink(missing_ok=True)
+            raise
         return self
 
     def write(self, table: pa.Table) -> None:
@@ -87,20 +94,17 @@ class ResultWriter:
     def close(self, final_metadata: dict[str, Any] | None = None) -> Path:
         """Finish the file and rename it onto the target; returns the target."""
         assert self._writer is not None
-        if final_metadata:
-            self._writer.add_key_value_metadata({k: _text(v) for k, v in final_metadata.items()})
-        self._writer.close()
-        self._writer = None
         try:
+            if final_metadata:
+                self._writer.add_key_value_metadata({k: _text(v) for k, v in final_metadata.items()})
+            self._writer.close()
+            self._writer = None
             check_replaceable(self.path)  # again: something else may have been written there meanwhile
-        except ResultsError:
-            self.partial.unlink(missing_ok=True)
-            raise
-        try:
             with writing(self.path):
                 publish(self.partial, self.path)
-        finally:
-            self.partial.unlink(missing_ok=True)  # gone once renamed; else nothing that looks half done stays
+        finally:  # gone once renamed; else (an error, an interrupt at any point) nothing that looks half done stays
+            self._writer = None
+            self.partial.unlink(missing_ok=True)
         return self.path
 
     def discard(self) -> None:
@@ -149,7 +153,7 @@ def check_writable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC, kind
     check_replaceable(path, starts_with=starts_with, kind=kind)
     path = Path(path)
     ensure_folder(path.parent)
-    staged = path.with_name(path.name + PARTIAL_SUFFIX)
+    staged = partial_path(path)
     with writing(path):
         try:
             fd, made = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), True
@@ -158,6 +162,12 @@ def check_writable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC, kind
         os.close(fd)
         if made:
             staged.unlink()
+
+
+def partial_path(path: str | Path) -> Path:
+    """The staging file of an output: ``NAME.partial`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
 @contextlib.contextmanager
