@@ -16,14 +16,13 @@ import numpy as np
 import polars as pl
 
 from paraspace.explorer.evaluate import pack_model, pack_space_hardware
-from paraspace.explorer.sweep import paraspace_version
+from paraspace.explorer.sweep import provenance
 from paraspace.kernels import inference, params, serving_sim
 from paraspace.kernels import serving as ks
 from paraspace.results import serving_schema as schema
-from paraspace.results.schema import META_CATALOG, META_ENCODING, META_SPACE, META_VERSION
+from paraspace.results.schema import META_ENCODING
 from paraspace.results.writer import ResultWriter, to_arrow
 from paraspace.spaces import expert_balance
-from paraspace.spaces.catalog import catalog_hash
 from paraspace.spaces.enums import Dtype, labels, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.serving import (
@@ -446,8 +445,7 @@ def run_serve(space: LoadedServing, out: Path, *, simulate_top: int | None = Non
     if summary.n_rows == 0:
         return summary
     table_schema = schema.arrow_schema()
-    meta = {META_VERSION: paraspace_version(), META_SPACE: space.raw, META_CATALOG: catalog_hash()}
-    with ResultWriter(out, table_schema, meta, schema.column_docs()) as writer:
+    with ResultWriter(out, table_schema, provenance(space), schema.column_docs()) as writer:
         table = to_arrow(ranked, table_schema, enum_columns())
         writer.write(table)
         encoding = {"n_combinations": summary.n_combinations,

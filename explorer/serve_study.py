@@ -43,13 +43,11 @@ import numpy as np
 import optuna
 
 from paraspace.explorer import serve
-from paraspace.explorer.sweep import paraspace_version
+from paraspace.explorer.sweep import provenance, space_digest
 from paraspace.explorer.study import GRACE_S, HEARTBEAT_S, Outcome, Problem, StudySummary, optimise
 from paraspace.results import serving_schema as schema
-from paraspace.results.schema import META_CATALOG, META_SPACE, META_VERSION
 from paraspace.results.writer import ResultWriter, to_arrow
 from paraspace.spaces import serving as sp
-from paraspace.spaces.catalog import catalog_hash
 
 OBJECTIVES = ("throughput", "throughput-user")
 #: the columns of each objective, maximised
@@ -92,6 +90,7 @@ class ServingProblem(Problem):
         self.directions = ["maximize"] * len(self.objective)
         self.metric_names = list(self.objective)
         self.cap = max_mem_gib * 1024**3 if max_mem_gib is not None else None
+        self.question = {"space_sha256": space_digest(space), "mem_cap_bytes": self.cap, "simulate": simulate}
         self.shape = tuple(len(getattr(space.spec.dimensions, n)) for n in sp.DIMENSIONS)
         self.packed = serve.pack_serving(space)
         self.schema = schema.arrow_schema()
@@ -139,8 +138,7 @@ class ServingProblem(Problem):
         return sp.ServingReason(int(np.flatnonzero(first[1:])[0]) + 1).name.lower()
 
     def write_part(self, path: Path, cols: dict[str, np.ndarray], footer: dict[str, Any]) -> None:
-        meta = {META_VERSION: paraspace_version(), META_SPACE: self.loaded.raw, META_CATALOG: catalog_hash()}
-        with ResultWriter(path, self.schema, meta, schema.column_docs()) as writer:
+        with ResultWriter(path, self.schema, provenance(self.loaded), schema.column_docs()) as writer:
             writer.write(to_arrow(cols, self.schema, self.labels))
             writer.close(footer)
 

@@ -16,7 +16,11 @@ finished trial without it:
 
 * over the memory cap: COMPLETE with its real step time and memory, and the
   constraint ``fits`` = (peak - cap) / cap > 0; optuna-dashboard draws it as an
-  infeasible point on the same axes as the feasible ones.
+  infeasible point on the same axes as the feasible ones. Its Parquet row says the same
+  (``feasible`` false, ``infeasible_reason`` out_of_memory; the cap is in every part's
+  footer), so ``paraspace top`` on the study's folder ranks its trials as the study does;
+  a row under the cap that does not fit otherwise (offloaded tensors over the host
+  memory) is told with the smallest positive ``fits``.
 * breaking a validity rule (tp not dividing the heads, ...): the combination
   has no prediction at all, so it is told PRUNED, with no values, the
   constraint ``fits`` = 1 and the rule's name in the user attribute ``rule``.
@@ -27,7 +31,10 @@ finished trial without it:
 
 Storage defaults to a journal file in the results folder, so a study resumes
 after a crash or Ctrl-C; any Optuna storage URL (an RDB such as PostgreSQL)
-lets many processes share one study. Every trial's metrics row is
+lets many processes share one study. A study resumes only for the question it was
+created with: its objective, dimensions, space definition (``paraspace.space_sha256``),
+memory cap and, serving, simulation setting (the last three as its user attributes);
+any other is refused before a trial is asked. Every trial's metrics row is
 written to Parquet with the sweep's schema, one part file per batch, so
 studies and sweeps are analysed the same way.
 
@@ -90,11 +97,12 @@ from paraspace.explorer.sweep import (
     evaluate_encoded,
     provenance,
     result_schema,
+    space_digest,
 )
 from paraspace.results.writer import ResultWriter, ensure_folder, read_metadata, to_arrow, writing
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSIONS, Encoder
-from paraspace.spaces.enums import Reason, labels
+from paraspace.spaces.enums import Feasibility, Reason, labels
 from paraspace.spaces.errors import MISSING, CatalogError
 
 try:
@@ -247,6 +255,10 @@ class Problem(abc.ABC):
 
     name: str  # the space's name: the default study name
     space: dict[str, list[Any]]  # Optuna's search space
+    #: what besides the objective and the dimensions makes the study's question (``QUESTION``): the
+    #: space definition's digest, the memory cap, ...; stored as the study's user attributes by its
+    #: first run, compared on every resume, and written in every Parquet part's ``paraspace.study`` footer
+    question: dict[str, Any]
     directions: list[str]
     metric_names: list[str]  # the objectives' column names, as optuna-dashboard shows them
 
@@ -288,6 +300,7 @@ class TrainingProblem(Problem):
         self.directions = ["minimize", "minimize"] if objective == "time-memory" else ["minimize"]
         self.metric_names = ["step_time_s", "mem_peak_bytes"][:len(self.directions)]
         self.cap = max_mem_gib * 1024**3 if max_mem_gib is not None else loaded.hardware.device.hbm_capacity_bytes
+        self.question = {"space_sha256": space_digest(loaded), "mem_cap_bytes": float(self.cap)}
         self._packed = packed
         self.schema, self.labels = result_schema(), enum_labels()
 
@@ -303,11 +316,20 @@ class TrainingProblem(Problem):
     def evaluate(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray] | None, np.ndarray]:
         enc = self.encoder.encode_ids(ids)
         cols = evaluate_encoded(self.packed, enc) if enc.n_rows else None
+        if cols is not None:  # the Parquet's feasible column is the study's: a row over the cap does not fit
+            over = (cols["feasible"] != 0) & (cols["mem_peak_bytes"] > self.cap)
+            cols["feasible"] = np.where(over, 0, cols["feasible"]).astype(cols["feasible"].dtype)
+            cols["infeasible_reason"] = np.where(over, int(Feasibility.OUT_OF_MEMORY),
+                                                 cols["infeasible_reason"]).astype(cols["infeasible_reason"].dtype)
         return cols, enc.columns["row_id"]
 
     def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:
         step, mem = float(cols["step_time_s"][row]), float(cols["mem_peak_bytes"][row])
-        return Outcome([step, mem][:len(self.directions)], (mem - self.cap) / self.cap, {"feasible": mem <= self.cap})
+        feasible = bool(cols["feasible"][row])
+        fits = (mem - self.cap) / self.cap
+        if not feasible and fits <= 0.0:  # under the cap, yet out of host memory (or of HBM under a larger cap)
+            fits = float(np.nextafter(0.0, 1.0))
+        return Outcome([step, mem][:len(self.directions)], fits, {"feasible": feasible})
 
     def broken_rule(self, row_id: int) -> str:
         first = self.encoder.encode_ids(np.array([row_id], dtype=np.int64)).first_reason
@@ -375,6 +397,7 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
             where = "--storage" if storage else out_dir / f"{name}.journal"
             _check_objective(study, problem, where)
             _check_space(study, problem, where)
+            _check_question(study, problem, where)
             if study.metric_names is None:  # objective names, as optuna-dashboard shows them
                 study.set_metric_names(problem.metric_names)
             dead.reclaim(study, part_dir, retry, journal=storage is None)
@@ -408,7 +431,10 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
     feasible = [t for t in study.trials if t.state == TrialState.COMPLETE
                 and max(_constraint(t), default=1.0) <= 0]
     sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    best = sorted(feasible, key=lambda t: sign * t.values[0])[:5]
+    best: list[optuna.trial.FrozenTrial] = []
+    for trial in sorted(feasible, key=lambda t: sign * t.values[0]):  # each configuration once: its first trial
+        if len(best) < 5 and all(b.user_attrs["row_id"] != trial.user_attrs["row_id"] for b in best):
+            best.append(trial)
     if retry.count:
         _log.warning("study %s: %d trials left RUNNING by dead workers were failed and queued again",
                      name, retry.count)
@@ -454,7 +480,7 @@ def _evaluate_and_tell(study: optuna.Study, trials: list[optuna.Trial], problem:
         rows = np.array([row_of[number] for number in told], dtype=np.int64)
         part = cols if len(told) == len(row_of) else {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
         staged = pending / f"part-{int(time.time() * 1e6)}-{trials[0].number}.parquet{PENDING}"
-        problem.write_part(staged, part, {"paraspace.study": {"name": name, "trials": told}})
+        problem.write_part(staged, part, {"paraspace.study": {"name": name, "trials": told, **problem.question}})
     for trial, rid in zip(trials, ids):
         trial.set_user_attr("row_id", int(rid))
         outcome = outcomes.get(trial.number)
@@ -778,7 +804,8 @@ def _check_space(study: optuna.Study, problem: Problem, where: str | Path) -> No
     it behind, and its Parquet parts would mix two spaces. A ``CatalogError`` naming the study,
     the first dimension that differs and both lists, before any trial is asked."""
     stored: dict[str, list[Any]] = {}
-    for trial in study.get_trials(deepcopy=False):
+    # finished trials only: a RUNNING one (a worker killed, or still busy, while suggesting) may hold some params
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         for key, dist in trial.distributions.items():
             if key not in stored and isinstance(dist, optuna.distributions.CategoricalDistribution):
                 stored[key] = list(dist.choices)
@@ -793,6 +820,38 @@ def _check_space(study: optuna.Study, problem: Problem, where: str | Path) -> No
                                MISSING if mine is None else mine,
                                f"{asked} (the space {problem.name} changed, or is not the one this study searched: "
                                "give another --study-name, or restore the space)")
+
+
+#: each entry of ``Problem.question``: the option that sets it, what it is, and its value as a refusal shows it
+#: (from the entry and the space's name)
+QUESTION: dict[str, tuple[str, str, Callable[[Any, str], str]]] = {
+    "space_sha256": ("SPACE", "the space definition",
+                     lambda digest, name: f"{name} (sha256 {str(digest)[:12]})"),
+    "mem_cap_bytes": ("--max-mem", "the memory cap",
+                      lambda cap, _: "none" if cap is None else f"{cap / 1024**3:g} GiB"),
+    "simulate": ("--simulate/--no-simulate", "the simulation setting",
+                 lambda simulate, _: "--simulate" if simulate else "--no-simulate"),
+}
+
+
+def _check_question(study: optuna.Study, problem: Problem, where: str | Path) -> None:
+    """Refuse to resume ``study`` for another question than the one it was created with
+    (``Problem.question``: another space definition with the same dimensions, such as another
+    model; another --max-mem; another --simulate): its trials and Parquet parts would mix two
+    problems, and its best be either's. A ``CatalogError`` naming the study, what differs and
+    both values, before any trial is asked. A study without them (a first run, or one made by
+    an older paraspace) records them as its user attributes, with the space's name."""
+    stored = study.user_attrs
+    for key, mine in problem.question.items():
+        if key in stored and stored[key] != mine:
+            option, what, shown = QUESTION[key]
+            theirs = shown(stored[key], stored.get("space", "another space"))
+            raise CatalogError(where, f"study {study.study_name!r}: {option}", shown(mine, problem.name),
+                               f"{what} the study was created with, {theirs} (resume it with that {option}, or "
+                               "give another --study-name)")
+    for key, value in {"space": problem.name, **problem.question}.items():
+        if key not in stored:
+            study.set_user_attr(key, value)
 
 
 def _objective_text(directions: list[str], metrics: list[str] | None) -> str:

@@ -80,7 +80,7 @@ METRICS: tuple[Column, ...] = (
     Column("mem_overhead_bytes", pa.float64(), "bytes", "memory beside the tensors at the peak stage: the profile's fixed overhead, communication buffers per process group, allocator fragmentation (a fraction of the tensors)", kernel="kernels.memory.fixed_overhead_bytes"),
     Column("mem_peak_bytes", pa.float64(), "bytes", "peak memory of the most loaded device", kernel="kernels.training.evaluate_one"),
     Column("mem_peak_stage", pa.int32(), "index", "pipeline stage of the most loaded device"),
-    Column("feasible", pa.bool_(), "bool", "mem_peak_bytes fits in HBM and every device's offloaded tensors in its host memory"),
+    Column("feasible", pa.bool_(), "bool", "mem_peak_bytes fits in HBM (and, in a study with --max-mem, under that cap: the 'mem_cap_bytes' of the paraspace.study footer) and every device's offloaded tensors in its host memory"),
     Column("infeasible_reason", pa.dictionary(pa.int8(), pa.string()), "enum", "why not feasible ('ok' when feasible)"),
 )
 METRIC_NAMES = tuple(c.name for c in METRICS)

@@ -140,7 +140,7 @@ class Feasibility(IntEnum):
     """Whether an evaluated candidate can run, and if not why."""
 
     OK = 0
-    OUT_OF_MEMORY = 1  #: peak device memory exceeds HBM capacity
+    OUT_OF_MEMORY = 1  #: peak device memory exceeds HBM capacity (or a study's --max-mem cap)
     OUT_OF_HOST_MEMORY = 2  #: offloaded tensors exceed the host memory available per device
 
 
