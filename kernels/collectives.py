@@ -7,7 +7,12 @@ k_i = clamp(floor(domain_i / stride), 1, size) members inside one tier-i domain:
 the fewest any run of domain_i devices holds, i.e. the worst-aligned domain,
 which bounds the collective when the stride does not divide the domain
 (tp = 3 on 8-GPU nodes: nodes hold 3, 3, 2, ... members; 2 counts). A group
-whose size is not a multiple of k_i is treated as if every domain were full.
+whose size is not a multiple of k_i is treated as if every domain were full,
+and groups whose span (stride x size) does not tile the domains as if they were
+aligned to them: a group cut by a domain boundary (EP 64 on NVL72 racks of 72:
+ranks 64-127 are 8 in one rack and 56 in the next) is not priced at its smallest
+piece. Doing so needs the job's device count here (a group cut by no boundary
+when the whole job fits one domain); until then the README says so.
 A collective runs hierarchically: at tier i, r_i = k_i / k_(i-1) sub-groups
 combine, each rank carrying 1/k_(i-1) of the data (two-level NCCL algorithms:
 intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather). The
