@@ -230,6 +230,16 @@ def _top_table(frame: pl.DataFrame, columns: str | None = None, wide: bool = Fal
         raise InputError(str(err)) from None
 
 
+def _check_columns(columns: str | None) -> None:
+    """``--columns`` checked against a sweep's result columns before the sweep runs, so that a
+    mistyped name fails at once, with nothing evaluated or written (the table comes after both)."""
+    if columns is not None:
+        try:
+            display.resolve_columns(pl.from_arrow(result_schema().empty_table()), display.parse_columns(columns))
+        except display.ColumnError as err:
+            raise InputError(str(err)) from None
+
+
 def table_options(fn):  # noqa: ANN001, ANN201 - decorator
     """--columns and --wide of the commands that print ranked rows."""
     options = [
@@ -288,6 +298,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     With no arguments, sweeps the shipped default space (Llama 3 70B on 1024 H100)."""
     if space and space_opt and space != space_opt:
         raise InputError(f"command line: space given twice ({space!r} and {space_opt!r}): expected one")
+    _check_columns(columns)  # before the sweep writes its file, not after
     overrides = _overrides(model, hardware, devices)
     loaded = named_for_output(catalog.load_space(space or space_opt or DEFAULT_SPACE, overrides), bool(overrides))
     encoder = Encoder(loaded)
@@ -662,15 +673,17 @@ def trace_cmd(space: str | None, model: str | None, hardware: str | None, device
                                "--global-batch": global_batch, "--seq-len": seq_len, "--dtype": dtype}, sets, prefix)
         return
     from paraspace.explorer.timeline import capture
-    from paraspace.results.trace import write_chrome_trace, write_gantt_png
+    from paraspace.results.trace import check_trace_files, write_chrome_trace, write_gantt_png, written_together
 
     json_out, png_out = _trace_files(prefix)
     loaded, enc, _ = _one_row(space, model, hardware, devices, global_batch, seq_len, dtype, sets)
+    check_trace_files(json_out, png_out)  # both, before the simulation and before either is written
     row = {k: int(v[0]) for k, v in enc.columns.items()}
     packed = pack(loaded)
     tl = capture(loaded, packed, row)
-    json_path = write_chrome_trace(tl, json_out)
-    png_path = write_gantt_png(tl, png_out)
+    with written_together():  # the pair replaced together or not at all
+        json_path = write_chrome_trace(tl, json_out)
+        png_path = write_gantt_png(tl, png_out)
     click.echo(f"{tl.title}\n{tl.start_s.size:,} tasks; wrote {json_path} and {png_path}")
     fit = analytic(packed, enc.columns)  # the memory model: the timeline has no verdict of its own
     if not fit["feasible"][0]:
@@ -705,6 +718,7 @@ def _trace_files(prefix: Path) -> tuple[Path, Path]:
 def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], prefix: Path) -> None:
     from paraspace.explorer.serve_timeline import capture
     from paraspace.results.serving_trace import TRANSFER, write_chrome_trace, write_gantt_png
+    from paraspace.results.trace import check_trace_files, written_together
     from paraspace.spaces.serving import load_serving
 
     for flag, value in unused.items():
@@ -717,12 +731,14 @@ def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], pr
         if not eq or not key.strip():
             raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY a serving dimension")
         strategy[key.strip()] = _parse_value(value)
+    json_out, png_out = _trace_files(prefix)
     loaded = load_serving(space)
+    check_trace_files(json_out, png_out)  # both, before the simulation and before either is written
     _announce_compile()
     tl = capture(loaded, strategy)
-    json_out, png_out = _trace_files(prefix)
-    path = write_chrome_trace(tl, json_out)
-    png_path = write_gantt_png(tl, png_out)
+    with written_together():  # the pair replaced together or not at all
+        path = write_chrome_trace(tl, json_out)
+        png_path = write_gantt_png(tl, png_out)
     click.echo(f"{tl.title}\n{int((tl.kind != TRANSFER).sum()):,} iterations on {len(tl.engine_names)} engine(s); "
                f"wrote {path} and {png_path}")
 

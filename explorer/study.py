@@ -91,6 +91,7 @@ import pyarrow.parquet as pq
 from optuna.trial import TrialState
 
 from paraspace.explorer.evaluate import pack
+from paraspace.explorer.signals import raise_if_terminated
 from paraspace.explorer.sweep import (
     column_docs,
     enum_labels,
@@ -231,11 +232,109 @@ def check_options(name: str, space: dict[str, list[Any]], *, sampler: str, stora
 
 
 def default_storage(out_dir: Path, study_name: str) -> optuna.storages.BaseStorage:
+    """The study's journal file ``OUT/NAME.journal`` as an Optuna storage. A damaged journal (cut
+    mid-write, or not one) is refused with a ``CatalogError`` naming the file and its first bad line
+    before Optuna appends to it (``check_journal``); the file is never changed."""
     from optuna.storages.journal import JournalFileBackend
 
     ensure_folder(out_dir)
+    journal = out_dir / f"{study_name}.journal"
+    check_journal(journal)
     with writing(out_dir, what="a folder"):
-        return optuna.storages.JournalStorage(JournalFileBackend(str(out_dir / f"{study_name}.journal")))
+        try:
+            return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as err:
+            raise _damaged(journal, str(err) or type(err).__name__) from None  # its replay of a bad line
+
+
+#: bytes of a journal's end read at a time to find its last line
+_TAIL_BYTES = 1 << 16
+
+
+def check_journal(journal: Path) -> None:
+    """Refuse a journal that Optuna would extend into a worse one: one whose last entry is cut off
+    (no newline: a study killed while writing it, or a partial copy) or is not a journal entry.
+    Optuna's reader skips such a last line, then appends its next entry to it, and the journal no
+    longer loads (a damaged line before the last one fails Optuna's own replay, caught by
+    ``default_storage``). Cheap: only the end of the file is read. A worker appending right now
+    can show a last line in the making, so a bad end is read again under Optuna's journal lock
+    before it is refused. A ``CatalogError`` naming the file, the line and what to do."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    with writing(journal):
+        if not os.path.lexists(journal):
+            return
+        if not journal.is_file():
+            raise CatalogError(journal, "journal", str(journal), "an Optuna journal file (this is a folder or "
+                               "another non-file; move it aside or give another --study-name)")
+        if _last_entry_complete(journal):
+            return
+        lock = JournalFileSymlinkLock(str(journal))
+        lock.acquire()
+        try:
+            complete = _last_entry_complete(journal)
+        finally:
+            with contextlib.suppress(RuntimeError):  # released by someone else after its grace period
+                lock.release()
+    if not complete:
+        raise _damaged(journal)
+
+
+def _last_entry_complete(journal: Path) -> bool:
+    """Whether ``journal`` is empty or ends with a newline after a journal entry (a JSON object
+    with an ``op_code``)."""
+    with open(journal, "rb") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        if end == 0:
+            return True
+        tail = b""
+        while end > 0 and b"\n" not in tail[:-1]:  # back to the newline before the last line
+            start = max(0, end - _TAIL_BYTES)
+            handle.seek(start)
+            tail = handle.read(end - start) + tail
+            end = start
+    if not tail.endswith(b"\n"):
+        return False
+    return _is_entry(tail[:-1].rsplit(b"\n", 1)[-1])
+
+
+def _is_entry(line: bytes) -> bool:
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+        return False
+    return isinstance(entry, dict) and "op_code" in entry
+
+
+def _damaged(journal: Path, reason: str | None = None) -> CatalogError:
+    """The error of a journal that cannot be resumed: its first bad line (the whole file is read,
+    on this error path only), what is wrong with it and what to do; ``reason``: Optuna's, where it
+    failed on a line that looks whole."""
+    aside = "The journal is left as it was: move it aside"
+    with writing(journal):
+        found = _first_bad_line(journal)
+    if found is None:
+        return CatalogError(journal, "entries", reason or "(unreadable)",
+                            f"an Optuna journal that loads (Optuna cannot replay it). {aside} or give another "
+                            "--study-name")
+    number, line, what = found
+    text = line.rstrip(b"\n").decode("utf-8", errors="replace")
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    kept = f"its first {number - 1} lines hold the study up to there" if number > 1 else "it holds no entry"
+    return CatalogError(journal, f"line {number}", shown,
+                        f"a whole Optuna journal entry ({what}; a study killed while writing it, or a file cut "
+                        f"short or edited). {aside} ({kept}) or give another --study-name")
+
+
+def _first_bad_line(journal: Path) -> tuple[int, bytes, str] | None:
+    """(number, text, what is wrong) of the first line of ``journal`` that is not a whole entry."""
+    with open(journal, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                return number, line, "this line is cut off, with no newline at its end"
+            if not _is_entry(line):
+                return number, line, "this line is not one: not a JSON object with an op_code"
+    return None
 
 
 @dataclass
@@ -404,6 +503,7 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
         optuna.storages.fail_stale_trials(study)
         with _Heartbeat(rdb[0] if rdb else None, heartbeat_s) as heart:
             while done < n_trials and (timeout_s is None or time.perf_counter() - began < timeout_s):
+                raise_if_terminated()  # a SIGTERM whose exception was lost: no new batch after it (explorer.signals)
                 left = _grid_left(study.sampler, space, study)
                 if left == 0:  # every grid point has a trial
                     break
@@ -706,8 +806,10 @@ def _give_back(study: optuna.Study, worker: _Worker, part_dir: Path, retry: _Ret
     try:
         _fail_and_retry(study, worker.numbers, retry)
         _settle(study, worker.pending, part_dir)
-    except Exception as exc:  # noqa: BLE001 - the next start reclaims what is left; keep the first error
+    except BaseException as exc:  # the next start reclaims what is left (its claim stays on disk)
         worker.clean = False
+        if not isinstance(exc, Exception):  # a second Ctrl-C or SIGTERM cut the give-back short: stop now
+            raise
         _log.warning("could not give back the interrupted batch (the next start will): %s", exc)
 
 
@@ -757,8 +859,11 @@ def _settle(study: optuna.Study, pending: Path, part_dir: Path) -> None:
                 part_dir.mkdir(parents=True, exist_ok=True)
                 final = part_dir / path.name.removesuffix(PENDING)
                 tmp = final.with_name(final.name + ".partial")
-                pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
-                os.replace(tmp, final)
+                try:
+                    pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+                    os.replace(tmp, final)
+                finally:  # gone once renamed; else (an error, Ctrl-C or SIGTERM) no staged part stays
+                    tmp.unlink(missing_ok=True)
         path.unlink()
 
 

@@ -5,18 +5,45 @@ one process per pipeline stage's device, one thread per stream (compute, and
 one per link tier), complete events (``"ph": "X"``, ``ts``/``dur`` in
 microseconds) named by kind and micro-batch, with kind, micro-batch and chunk
 in ``args``. And a static Gantt picture (PNG) of the same tasks.
+
+Both files follow the output rules of ``results.writer``: each is staged as
+``NAME.partial`` and renamed into place (an interrupt never leaves a truncated
+trace), and an existing file is replaced only when it is an earlier trace of
+ours. Ours are marked: the JSON begins with ``TRACE_START`` (a first key that
+Perfetto and chrome://tracing ignore, as they ignore the other top-level keys
+profilers add), the PNG has the text chunk ``Software: paraspace trace``. The
+command line checks both targets before it simulates (``check_trace_files``)
+and writes them together (``written_together``): a run that fails replaces
+neither. The serving exports (``results.serving_trace``) write through
+``write_text`` and ``save_png`` too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import struct
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from paraspace.results.writer import ensure_folder, writing
+from paraspace.results.rank import ResultsError
+from paraspace.results.writer import check_replaceable, check_writable, partial_path, publish, writing
+
+#: what every trace JSON of ours begins with (``write_text`` puts it there): its first key and value
+TRACE_START = '{"generator": "paraspace trace"'
+JSON_KIND = "trace JSON written by paraspace trace"
+#: the first eight bytes of every PNG file
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: the PNG text chunk (keyword, value) that marks a Gantt picture of ours (``save_png`` writes it)
+PNG_MARK = ("Software", "paraspace trace")
+PNG_KIND = "Gantt PNG written by paraspace trace"
+#: bytes of a PNG searched for the mark: the text chunks matplotlib writes come right after the header
+PNG_HEAD_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -76,12 +103,110 @@ def write_chrome_trace(tl: Timeline, path: str | Path) -> Path:
 
 
 def write_text(text: str, path: str | Path) -> Path:
-    """``text`` written to ``path`` (its folder made); a ``ResultsError`` naming the path when
-    it cannot be (``results.writer.writing``)."""
+    """A Chrome trace's JSON ``text`` (one object) written to ``path`` atomically, marked as ours
+    (``TRACE_START``); an existing ``path`` is replaced only where it is an earlier trace JSON of
+    ours. A ``ResultsError`` naming the path when it cannot be (``results.writer.writing``)."""
+    body = text.lstrip()
+    if not body.startswith("{"):
+        raise ValueError("write_text: expected the JSON text of one object (a Chrome trace)")
+    rest = body[1:].lstrip()
+    marked = TRACE_START + ("" if rest.startswith("}") else ", ") + rest
+    return _staged(Path(path), check_trace_json, lambda staged: staged.write_text(marked, encoding="utf-8"))
+
+
+def check_trace_json(path: str | Path) -> None:
+    """Refuse, with a ``ResultsError`` naming ``path``, to write a trace JSON over anything but a new
+    file, an empty one or an earlier trace JSON of ours (``results.writer.check_writable``)."""
+    check_writable(path, starts_with=TRACE_START.encode(), kind=JSON_KIND)
+
+
+def check_trace_png(path: str | Path) -> None:
+    """Refuse, with a ``ResultsError`` naming ``path``, to write a Gantt PNG over anything but a new
+    file, an empty one or an earlier Gantt PNG of ours (a PNG with the text chunk ``PNG_MARK``)."""
     path = Path(path)
-    ensure_folder(path.parent)
-    with writing(path):
-        path.write_text(text)
+    check_replaceable(path, starts_with=PNG_SIGNATURE, kind=PNG_KIND)  # a folder, unreadable, not a PNG
+    if path.is_file() and path.stat().st_size and not png_is_ours(path):
+        key, value = PNG_MARK
+        raise ResultsError(f"{path}: output file = {str(path)!r}: expected a new file or an earlier {PNG_KIND} to "
+                           f"replace (it is a PNG without the text '{key}: {value}' that marks ours; refusing to "
+                           "overwrite it, nothing written: give another --out or remove the file)")
+    check_writable(path, starts_with=PNG_SIGNATURE, kind=PNG_KIND)
+
+
+def check_trace_files(json_path: str | Path, png_path: str | Path) -> None:
+    """Both files of a trace checked (``check_trace_json``, ``check_trace_png``) before anything is
+    simulated or written: an unusable or foreign target fails the run in a second, replacing nothing."""
+    check_trace_json(json_path)
+    check_trace_png(png_path)
+
+
+def png_is_ours(path: str | Path) -> bool:
+    """Whether the PNG at ``path`` has the text chunk ``PNG_MARK`` (its value followed by anything,
+    such as the matplotlib version) among the chunks before its image data, in its first
+    ``PNG_HEAD_BYTES`` bytes."""
+    with open(path, "rb") as handle:
+        head = handle.read(PNG_HEAD_BYTES)
+    wanted = "\0".join(PNG_MARK).encode("latin-1")
+    pos = len(PNG_SIGNATURE)
+    while pos + 8 <= len(head):
+        length, kind = struct.unpack(">I4s", head[pos:pos + 8])
+        if kind in (b"IDAT", b"IEND"):
+            break
+        if kind == b"tEXt" and head[pos + 8:pos + 8 + length].startswith(wanted):
+            return True
+        pos += 12 + length  # length, type, data, CRC
+    return False
+
+
+#: the files staged within ``written_together``: (staged, target, check); None outside it
+_together: ContextVar[list[tuple[Path, Path, Callable[[Path], None]]] | None] = ContextVar("paraspace_trace_files",
+                                                                                         default=None)
+
+
+@contextlib.contextmanager
+def written_together() -> Iterator[None]:
+    """Within the block, ``write_text`` and ``save_png`` stage their files and rename none into
+    place; when the block ends normally every target is checked again, then all are renamed, back
+    to back. An error or an interrupt within the block (or in a check) replaces none of them, and
+    every staged file is removed: a failed trace never leaves a new JSON beside an old PNG."""
+    staged: list[tuple[Path, Path, Callable[[Path], None]]] = []
+    try:
+        token = _together.set(staged)
+        try:
+            yield
+        finally:
+            _together.reset(token)
+        for _, target, check in staged:
+            check(target)  # again: something else may have been written there meanwhile
+        for part, target, _ in staged:
+            with writing(target):
+                publish(part, target)
+    finally:  # gone once renamed; else (an error, an interrupt at any point) nothing half done stays
+        for part, _, _ in staged:
+            part.unlink(missing_ok=True)
+
+
+def _staged(path: Path, check: Callable[[Path], None], write: Callable[[Path], object]) -> Path:
+    """``path`` written by ``write`` into its staging file ``NAME.partial``, then renamed onto it
+    (``results.writer.publish``) after ``check`` passes, or handed to ``written_together``. The staged
+    file is removed on any error or interrupt; ``path`` keeps what it held."""
+    check(path)
+    part = partial_path(path)
+    batch = _together.get()
+    handed = False
+    try:
+        with writing(path):
+            write(part)
+        if batch is not None:
+            batch.append((part, path, check))
+            handed = True
+        else:
+            check(path)  # again: something else may have been written there meanwhile
+            with writing(path):
+                publish(part, path)
+    finally:
+        if not handed:  # renamed, or an error or interrupt: no staged file stays behind
+            part.unlink(missing_ok=True)
     return path
 
 
@@ -122,16 +247,16 @@ def write_gantt_png(tl: Timeline, path: str | Path, *, label_micro: bool = True)
 
 
 def save_png(fig: Any, path: str | Path) -> Path:
-    """Lay out a matplotlib figure, write it to ``path`` (its folder made) at the
-    Gantt charts' resolution and close it."""
+    """Lay out a matplotlib figure, write it to ``path`` (its folder made) at the Gantt charts'
+    resolution, marked as ours (``PNG_MARK``) and atomically as ``write_text`` writes, and close it."""
+    import matplotlib
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    path = Path(path)
     try:
-        ensure_folder(path.parent)
-        with writing(path):
-            fig.savefig(path, dpi=110)
+        fig.tight_layout()
+        key, value = PNG_MARK
+        mark = {key: f"{value} (matplotlib {matplotlib.__version__})"}
+        return _staged(Path(path), check_trace_png,
+                       lambda staged: fig.savefig(staged, format="png", dpi=110, metadata=mark))
     finally:
         plt.close(fig)
-    return path

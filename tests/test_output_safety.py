@@ -103,6 +103,33 @@ def test_more_shards_than_combinations_is_refused_before_anything_is_written(tin
     assert out.read_bytes() == b"an earlier part"
 
 
+@pytest.mark.parametrize("extra", [(), ("--shard", "0/2"), ("--dask", "local")])
+def test_a_columns_typo_is_refused_before_the_sweep_writes(tiny_space, tmp_path, monkeypatch, extra):
+    """--columns is checked against the result's columns first: an earlier file at --out stays as it
+    was, nothing is evaluated (the table it names is printed only after the sweep)."""
+    out = tmp_path / ("k4.parquet" if not extra else "parts")
+    out.mkdir() if extra else out.write_bytes(b"PAR1 an earlier result")
+    before = sorted(p.name for p in tmp_path.rglob("*")), (out.read_bytes() if not extra else b"")
+
+    def never(*args, **kwargs):
+        raise AssertionError("evaluated, though --columns was wrong")
+
+    monkeypatch.setattr("paraspace.explorer.cli.run_sweep", never)
+    monkeypatch.setattr("paraspace.explorer.distributed.run_on_dask", never)
+    result = run("sweep", str(tiny_space), "--out", str(out), "--columns", "row_id,foo", "--no-progress", *extra)
+    one_line_error(result, "command line: --columns 'foo': expected a column of the results, e.g. row_id, tp, "
+                           "step_time_s, mem_peak_GiB (paraspace top --wide lists them all)")
+    assert (sorted(p.name for p in tmp_path.rglob("*")), out.read_bytes() if not extra else b"") == before
+
+
+def test_columns_of_the_results_pass_the_early_check(tiny_space, tmp_path):
+    result = run("sweep", str(tiny_space), "--out", str(tmp_path / "t.parquet"), "--no-progress",
+                 "--columns", "rank,row_id,tp,mbs,mem_peak_GiB,fits")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert ["#", "row_id", "tp", "micro_batch", "mem_peak_GiB", "feasible"] in [line.split() for line in lines]
+
+
 def test_more_dask_shards_than_combinations_is_refused(tiny_space, tmp_path):
     result = run("sweep", str(tiny_space), "--dask", "local", "--shards", "3", "--out", str(tmp_path / "d"))
     one_line_error(result, "command line: --shards = 3: expected at most 2 shards (the space has 2 combinations; "
