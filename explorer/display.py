@@ -109,23 +109,35 @@ def held_note(held: dict[str, object], serving: bool = False) -> str:
     return "same in every row: " + "; ".join(parts)
 
 
+#: a cell whose value does not exist (null)
+MISSING = "-"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _cell(frame: pl.DataFrame, column: str, i: int) -> str:
+    """One cell as text: null as ``MISSING``; the step time, MFU and byte columns in their units
+    where they hold numbers (any other value, as a hand-made frame may hold, as it is)."""
     value = frame[column][i]
     if value is None:
-        return "-"
-    if column == "step_time_s":
-        return f"{value:.3f}"
+        return MISSING
     if column == "feasible":
         if value:
             return "yes"
         reason = frame["infeasible_reason"][i] if "infeasible_reason" in frame.columns else None
         return f"no: {reason}" if reason not in (None, "ok") else "no"
+    if isinstance(value, bool):
+        return _value_text(value)
+    if not _is_number(value):
+        return str(value)
+    if column == "step_time_s":
+        return f"{value:.3f}"
     if column == "mfu":
         return f"{100 * value:.1f}%"
     if column.endswith("_bytes"):
         return f"{value / GIB:.1f}"
-    if isinstance(value, bool):
-        return _value_text(value)
     if isinstance(value, float):
         return _number(value)
     return str(value)
@@ -145,7 +157,7 @@ def _number(value: float) -> str:
 
 def _band_cell(frame: pl.DataFrame, i: int) -> str:
     lo, hi = frame[BAND[0]][i], frame[BAND[1]][i]
-    return "-" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}"
+    return f"{lo:.2f}-{hi:.2f}" if _is_number(lo) and _is_number(hi) else MISSING
 
 
 #: headers shortened to keep the compact table narrow (the note spells out those shown)

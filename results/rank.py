@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from paraspace.results import serving_schema
-from paraspace.results.schema import META_DIGEST, META_SPACE, META_VERSION, METRICS, RANK_BY
+from paraspace.results.schema import (META_DIGEST, META_SPACE, META_VERSION, METRIC_NAMES, METRICS, N_MICROBATCHES,
+                                      RANK_BY, ROW_ID, Column)
 
 
 class ResultsError(ValueError):
@@ -39,6 +40,11 @@ SERVING_NUMERIC = tuple(c.name for c in serving_schema.METRICS
                         if pa.types.is_integer(c.type) or pa.types.is_floating(c.type))
 #: a serving result's front: the most output tokens per second per GPU against per user (both maximised)
 SERVING_FRONT = ("output_tokens_per_s_per_gpu", "output_tokens_per_s_per_user")
+#: the columns every training result holds, with their types (results.schema); its strategy columns come
+#: from the space's dimension table and are checked where a condition uses them (``_where``)
+TRAINING_COLUMNS: tuple[Column, ...] = (ROW_ID, N_MICROBATCHES, *METRICS)
+#: the metric columns only a serving result holds: a file with any of them is read as one
+SERVING_ONLY = frozenset(c.name for c in serving_schema.METRICS) - set(METRIC_NAMES)
 _LISTED = 4  # files named per group in an error before "and N more"
 
 
@@ -76,13 +82,97 @@ def _names(files: list[Path], root: Path) -> str:
     return _listed([str(f.relative_to(root)) if root.is_dir() else f.name for f in files])
 
 
-def _footer(file: Path) -> dict[bytes, bytes]:
+def _read_footer(file: Path) -> tuple[dict[bytes, bytes], pa.Schema]:
+    """A paraspace file's key-value metadata and Arrow schema; a ``ResultsError`` naming ``file`` when
+    it is not a Parquet file written by paraspace (or is gone)."""
     try:
-        meta = pq.ParquetFile(file).metadata.metadata or {}
+        with pq.ParquetFile(file) as parquet:
+            meta, schema = parquet.metadata.metadata or {}, parquet.schema_arrow
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for non-Parquet files
         raise ResultsError(f"{file}: file: expected a Parquet file ({' '.join(str(err).split())[:200]})") from None
     if META_VERSION.encode() not in meta:
         raise ResultsError(f"{file}: metadata: expected a file written by paraspace (no {META_VERSION} key)")
+    return meta, schema
+
+
+def _footer(file: Path) -> dict[bytes, bytes]:
+    return _read_footer(file)[0]
+
+
+def _check_text(file: Path, meta: dict[bytes, bytes]) -> None:
+    """Every footer key and value UTF-8 text, as paraspace writes them (polars refuses the file otherwise)."""
+    for key, value in meta.items():
+        for raw in (key, value):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                near = raw[max(err.start - 16, 0):err.start + 8]
+                raise ResultsError(f"{file}: metadata {key.decode('utf-8', 'backslashreplace')!r} = {near!r} (byte "
+                                   f"{err.start}: 0x{raw[err.start]:02x}): expected UTF-8 text, as paraspace writes "
+                                   "it (the file's footer was damaged or edited; write it again with "
+                                   "paraspace or restore it)") from None
+
+
+def _type_text(expected: pa.DataType) -> str:
+    """What a column of Arrow type ``expected`` holds, in words."""
+    if pa.types.is_dictionary(expected):
+        return "an enum (text labels, Arrow dictionary<string>)"
+    if pa.types.is_boolean(expected):
+        return "true/false (Arrow bool)"
+    if pa.types.is_integer(expected):
+        return f"integers (Arrow {expected})"
+    if pa.types.is_floating(expected):
+        return f"numbers (Arrow {expected})"
+    return f"Arrow {expected}"
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    return pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)
+
+
+def _type_fits(expected: pa.DataType, found: pa.DataType) -> bool:
+    """Whether a column stored as ``found`` reads as the schema's ``expected`` does: an enum as a
+    dictionary of text or text, an integer as any integer, a float as any number."""
+    if pa.types.is_dictionary(expected):
+        return _is_text(found) or (pa.types.is_dictionary(found) and _is_text(found.value_type))
+    if pa.types.is_boolean(expected):
+        return pa.types.is_boolean(found)
+    if pa.types.is_integer(expected):
+        return pa.types.is_integer(found)
+    if pa.types.is_floating(expected):
+        return pa.types.is_floating(found) or pa.types.is_integer(found)
+    return found == expected
+
+
+def _check_schema(file: Path, schema: pa.Schema) -> None:
+    """The columns a result of ``file``'s kind holds (``TRAINING_COLUMNS``; a serving result's
+    ``serving_schema.COLUMNS``), each once and of its type; a ``ResultsError`` naming the file,
+    the column and what was expected (a file edited after paraspace wrote it)."""
+    names = schema.names
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ResultsError(f"{file}: column {_listed([repr(n) for n in twice])} = more than one column of that name: "
+                           "expected each column once, as paraspace writes it")
+    serving = not SERVING_ONLY.isdisjoint(names)
+    kind, required = ("serving", serving_schema.COLUMNS) if serving else ("training", TRAINING_COLUMNS)
+    missing = [c.name for c in required if c.name not in names]
+    if missing:
+        raise ResultsError(f"{file}: column {_listed([repr(n) for n in missing])} = missing: expected every column "
+                           f"of a paraspace {kind} result; the file was edited after paraspace wrote it (write it "
+                           "again with paraspace or restore it)")
+    for column in required:
+        found = schema.field(column.name).type
+        if not _type_fits(column.type, found):
+            raise ResultsError(f"{file}: column {column.name!r} = Arrow {found}: expected {_type_text(column.type)}, "
+                               f"as a paraspace {kind} result holds it; the file was edited after paraspace wrote "
+                               "it (write it again with paraspace or restore it)")
+
+
+def _checked_footer(file: Path) -> dict[bytes, bytes]:
+    """``_footer``, with the footer's text and the file's columns checked (``_check_text``, ``_check_schema``)."""
+    meta, schema = _read_footer(file)
+    _check_text(file, meta)
+    _check_schema(file, schema)
     return meta
 
 
@@ -156,14 +246,16 @@ def _keyed(path: Path, files: list[Path]) -> tuple[pl.LazyFrame, int]:
 
 def open_results(path: str | Path | Results) -> Results:
     """A result file or a folder of them, checked: paraspace files of one space definition
-    (one ``paraspace.space_sha256``), every shard of a shard array present, one result per row_id."""
+    (one ``paraspace.space_sha256``), each with the columns and types of its kind of result
+    (``results.schema``, ``results.serving_schema``), every shard of a shard array present,
+    one result per row_id."""
     if isinstance(path, Results):
         return path
     path = Path(path)
     files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
         raise ResultsError(f"{path}: RESULTS = {str(path)!r}: expected a paraspace Parquet file or a folder of them")
-    footers = {f: _footer(f) for f in files}
+    footers = {f: _checked_footer(f) for f in files}
     digest, space = _one_space(path, footers)
     if path.is_dir():  # one part given on its own is a file to read, not a dataset to complete
         _complete_shards(path, files)
@@ -216,10 +308,12 @@ _WHERE_TOKEN = re.compile(r"""\s+|(?P<string>'(?:[^']|'')*')|(?P<number>(?:\d+\.
                           r"""|"(?P<quoted>[^"]+)"|(?P<word>[A-Za-z_][A-Za-z0-9_]*)|(?P<op><=|>=|<>|!=|==|[=<>+\-*/%(),])""")
 
 
-def _where_words(where: str, columns: list[str], path: Path) -> None:
+def _where_words(where: str, columns: list[str], path: Path) -> list[str]:
     """Refuse anything in ``where`` but the file's columns, literals, operators and ``WHERE_FUNCTIONS``:
-    no query, no table function (``read_csv(...)``), so a condition can read nothing but the results."""
+    no query, no table function (``read_csv(...)``), so a condition can read nothing but the results.
+    The columns it names, in order."""
     expected = f"a column of the file or one of {', '.join(WHERE_KEYWORDS)} (a condition such as \"{WHERE_EXAMPLE}\")"
+    used: list[str] = []
     pos = 0
     while pos < len(where):
         token = _WHERE_TOKEN.match(where, pos)
@@ -227,7 +321,11 @@ def _where_words(where: str, columns: list[str], path: Path) -> None:
             raise ResultsError(f"{path}: --where character {pos + 1} = {where[pos]!r}: expected {expected}")
         pos = token.end()
         name = token["word"] or token["quoted"]
-        if name is None or name in columns or (token["word"] and name.upper() in WHERE_KEYWORDS):
+        if name in columns:
+            if name not in used:
+                used.append(name)
+            continue
+        if name is None or (token["word"] and name.upper() in WHERE_KEYWORDS):
             continue
         if token["word"] and where[pos:].lstrip().startswith("("):
             if name.upper() in WHERE_FUNCTIONS:
@@ -237,21 +335,77 @@ def _where_words(where: str, columns: list[str], path: Path) -> None:
         close = difflib.get_close_matches(name, columns, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ResultsError(f"{path}: --where name = {name!r}: expected {expected}{hint}")
+    return used
 
 
-def _where(frame: pl.LazyFrame, where: str, path: Path) -> pl.Expr:
-    """``where`` as a filter over ``frame``'s columns, checked now rather than at print time; errors in words,
-    never polars' query plan."""
-    _where_words(where, frame.collect_schema().names(), path)
+_SHOWN_LABELS = 8  # labels of an enum column named in a --where error
+
+
+def _column_values(frame: pl.LazyFrame, column: str, dtype: pl.DataType) -> str:
+    """What a condition may compare ``column`` with, in words: an enum's labels (those present), text, a number."""
+    if dtype == pl.Boolean:
+        return f"{column} is TRUE or FALSE"
+    if dtype.is_integer():
+        return f"{column} is an integer"
+    if dtype.is_numeric():
+        return f"{column} is a number"
+    if isinstance(dtype, pl.Categorical | pl.Enum) or dtype == pl.String:
+        try:
+            labels = (frame.select(pl.col(column).drop_nulls().unique().cast(pl.String).sort())
+                      .collect()[column].to_list())
+        except pl.exceptions.PolarsError:
+            labels = []
+        more = f" and {len(labels) - _SHOWN_LABELS} more" if len(labels) > _SHOWN_LABELS else ""
+        quoted = ", ".join("'" + label.replace("'", "''") + "'" for label in labels[:_SHOWN_LABELS])
+        return f"{column} is text in single quotes" + (f" ({quoted}{more} in these results)" if labels else "")
+    return f"{column} is {dtype}"
+
+
+def _reason(err: Exception) -> str:
+    """The first line of a polars error, in one line of at most 160 characters."""
+    return " ".join(str(err).split("\n", 1)[0].split())[:160]
+
+
+def _where(frame: pl.LazyFrame, where: str, path: Path, used: list[str]) -> pl.Expr:
+    """``where`` (naming the columns ``used``) as a filter over ``frame``'s columns, checked now rather
+    than at print time: parsed, then evaluated on no rows of the frame's schema, which type-checks every
+    comparison (an enum with a number, a number with text) as the query does; errors in words, never
+    polars' query plan."""
+    schema = frame.collect_schema()
     try:
         expr = pl.sql_expr(where)
-        frame.filter(expr).head(0).collect()
-    except Exception as err:  # noqa: BLE001 - polars reports SQL and type errors with several types
-        parse = isinstance(err, pl.exceptions.SQLInterfaceError | pl.exceptions.SQLSyntaxError)
-        reason = "it does not parse" if parse else " ".join(str(err).split("\n", 1)[0].split())[:160]
+    except Exception:  # noqa: BLE001 - polars reports SQL errors with several types
         raise ResultsError(f"{path}: --where = {where!r}: expected a SQL condition over the columns such as "
-                           f"\"{WHERE_EXAMPLE}\" ({reason})") from None
+                           f"\"{WHERE_EXAMPLE}\" (it does not parse)") from None
+    empty = pl.DataFrame(schema=schema)
+    try:
+        empty.filter(expr)
+    except Exception as err:  # noqa: BLE001 - polars reports type errors with several types
+        try:
+            dtype = empty.select(expr).to_series().dtype
+        except Exception:  # noqa: BLE001 - the same type error: described below
+            dtype = None
+        if dtype is not None and dtype not in (pl.Boolean, pl.Null):
+            expected = f"a condition, true or false for each row, such as \"{WHERE_EXAMPLE}\""
+        elif used:
+            expected = ("each column compared with a value of its type: "
+                        + "; ".join(_column_values(frame, c, schema[c]) for c in used))
+        else:
+            expected = f"a SQL condition over the columns such as \"{WHERE_EXAMPLE}\""
+        raise ResultsError(f"{path}: --where = {where!r}: expected {expected} ({_reason(err)})") from None
     return expr
+
+
+def _collected(frame: pl.LazyFrame, path: Path, where: str | None) -> pl.DataFrame:
+    """``frame`` collected; an error of polars while a ``--where`` condition applies (one ``_where``
+    could not foresee) is a ``ResultsError`` naming it."""
+    try:
+        return frame.collect()
+    except pl.exceptions.PolarsError as err:
+        if not where:
+            raise
+        raise ResultsError(f"{path}: --where = {where!r}: expected a SQL condition over the columns such as "
+                           f"\"{WHERE_EXAMPLE}\" ({_reason(err)})") from None
 
 
 def filtered(path: str | Path | Results, *, where: str | None = None, max_mem_gib: float | None = None,
@@ -269,8 +423,19 @@ def filtered(path: str | Path | Results, *, where: str | None = None, max_mem_gi
                                "this file has no latency columns")
         frame = frame.filter(pl.col(column) <= limit)
     if where:
-        frame = frame.filter(_where(frame, where, results.path))
+        frame = _where_filtered(frame, where, results.path)
     return frame
+
+
+def _where_filtered(frame: pl.LazyFrame, where: str, path: Path) -> pl.LazyFrame:
+    """The rows of ``frame`` that ``where`` holds for. The enum columns it names are compared as text
+    (so that LIKE, LOWER and the comparisons of text apply to them), then given back their type."""
+    schema = frame.collect_schema()
+    used = _where_words(where, schema.names(), path)
+    enums = {c: schema[c] for c in used if isinstance(schema[c], pl.Categorical | pl.Enum)}
+    text = frame.with_columns(pl.col(c).cast(pl.String) for c in enums) if enums else frame
+    kept = text.filter(_where(text, where, path, used))
+    return kept.with_columns(pl.col(c).cast(dtype) for c, dtype in enums.items()) if enums else kept
 
 
 def top(path: str | Path | Results, n: int = 10, by: tuple[str, ...] = RANK_BY, *, where: str | None = None,
@@ -280,7 +445,7 @@ def top(path: str | Path | Results, n: int = 10, by: tuple[str, ...] = RANK_BY, 
     frame = filtered(results, where=where, max_mem_gib=max_mem_gib, max_ttft_s=max_ttft_s, max_tpot_s=max_tpot_s)
     if not (by == RANK_BY and is_serving(frame)):  # the default order of a serving result is its own
         _check_columns(frame, list(by), results.path)
-    return ranked(frame, by).head(n).collect()
+    return _collected(ranked(frame, by).head(n), results.path, where)
 
 
 def front_axes(frame: pl.LazyFrame, x: str = "step_time_s", y: str = "mem_peak_bytes") -> tuple[str, str, bool]:
@@ -304,8 +469,8 @@ def pareto(path: str | Path | Results, x: str = "step_time_s", y: str = "mem_pea
             frame = frame.filter(pl.col("feasible"))
         gpu, user = SERVING_FRONT
         best_before = pl.col(user).cum_max().shift(1, fill_value=float("-inf"))
-        return (frame.sort([gpu, user, "row_id"], descending=[True, True, False], nulls_last=True)
-                .filter(pl.col(gpu).is_not_null() & (pl.col(user) > best_before)).collect())
+        return _collected(frame.sort([gpu, user, "row_id"], descending=[True, True, False], nulls_last=True)
+                          .filter(pl.col(gpu).is_not_null() & (pl.col(user) > best_before)), results.path, where)
     numeric = SERVING_NUMERIC if serving else NUMERIC_METRICS
     for axis, name in (("x", x), ("y", y)):
         if name not in numeric:
@@ -315,7 +480,7 @@ def pareto(path: str | Path | Results, x: str = "step_time_s", y: str = "mem_pea
     if feasible_only:
         frame = frame.filter(pl.col("feasible"))
     best_before = pl.col(y).cum_min().shift(1, fill_value=float("inf"))
-    return frame.sort([x, y, "row_id"]).filter(pl.col(y) < best_before).collect()
+    return _collected(frame.sort([x, y, "row_id"]).filter(pl.col(y) < best_before), results.path, where)
 
 
 def compare(path: str | Path | Results, ids: list[int]) -> pl.DataFrame:

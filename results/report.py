@@ -45,12 +45,23 @@ TABLE_METRICS = ("step_time_s", "step_time_lo_s", "step_time_hi_s", "tokens_per_
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
+#: what a table cell or a hover shows for a value that does not exist (null or NaN), as the terminal tables do
+MISSING = "-"
+
+
 def _cell(value: Any) -> str:
     if value is None:
-        return ""
+        return MISSING
     if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.4g}"
+        return MISSING if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+def _number(value: Any) -> str:
+    """A metric in a hover: four significant digits, ``MISSING`` for null or NaN."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return MISSING if isinstance(value, float) and math.isnan(value) else f"{value:.4g}"
+    return _cell(value)
 
 
 def _table(frame: pl.DataFrame, table_id: str) -> str:
@@ -89,7 +100,8 @@ def _figure_html(fig: Any, div_id: str) -> str:
 
 
 def _hover(frame: pl.DataFrame, dims: list[str], x: str, y: str) -> list[str]:
-    return ["<br>".join([f"row {r['row_id']}: {x} {r[x]:.4g}, {y} {r[y]:.4g}", *(f"{d} = {r[d]}" for d in dims)])
+    return ["<br>".join([f"row {r['row_id']}: {x} {_number(r[x])}, {y} {_number(r[y])}",
+                         *(f"{d} = {_cell(r[d])}" for d in dims)])
             for r in frame.iter_rows(named=True)]
 
 
@@ -194,7 +206,7 @@ function show(id) {
   const row = ROWS[id]; if (!row) return;
   picked.push(id); if (picked.length > 2) picked.shift();
   const esc = s => String(s).replace(/[&<>]/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;'}[c]));
-  const fmt = v => typeof v === 'number' ? (Number.isInteger(v) ? v : v.toPrecision(4)) : v;
+  const fmt = v => v === null ? '-' : typeof v === 'number' ? (Number.isInteger(v) ? v : v.toPrecision(4)) : v;
   let out = '<h3>row ' + esc(id) + '</h3><table>' + Object.entries(row).map(([k, v]) =>
     '<tr><th>' + esc(k) + '</th><td>' + esc(fmt(v)) + '</td></tr>').join('') + '</table>';
   if (picked.length === 2 && picked[0] !== picked[1]) {
