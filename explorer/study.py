@@ -100,7 +100,7 @@ from paraspace.explorer.sweep import (
     result_schema,
     space_digest,
 )
-from paraspace.results.writer import ResultWriter, ensure_folder, read_metadata, to_arrow, writing
+from paraspace.results.writer import ResultWriter, ensure_folder, partial_path, read_metadata, to_arrow, writing
 from paraspace.spaces.catalog import LoadedSpace
 from paraspace.spaces.encode import DIMENSIONS, Encoder
 from paraspace.spaces.enums import Feasibility, Reason, labels
@@ -858,7 +858,7 @@ def _settle(study: optuna.Study, pending: Path, part_dir: Path) -> None:
                 meta[b"paraspace.study"] = json.dumps({**info, "trials": told}, sort_keys=True).encode()
                 part_dir.mkdir(parents=True, exist_ok=True)
                 final = part_dir / path.name.removesuffix(PENDING)
-                tmp = final.with_name(final.name + ".partial")
+                tmp = partial_path(final)
                 try:
                     pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
                     os.replace(tmp, final)

@@ -30,7 +30,7 @@ import polars as pl
 from paraspace.results import serving_schema
 from paraspace.results.rank import SERVING_FRONT, is_serving, pareto, ranked, scan
 from paraspace.results.schema import STEP_PARTS
-from paraspace.results.writer import PARTIAL_SUFFIX, check_replaceable, check_writable, publish, writing
+from paraspace.results.writer import check_replaceable, check_writable, partial_path, publish, writing
 
 GIB = 1024**3
 #: how every report page begins (``_head``), and so how ``write`` knows a file it may replace
@@ -347,7 +347,7 @@ def write(path: str | Path, out: str | Path, strategy: list[str], n_top: int = 1
     check_writable(out, **kind)
     page = build(path, strategy, n_top)
     check_replaceable(out, **kind)  # again: something else may have been written there meanwhile
-    staged = out.with_name(out.name + PARTIAL_SUFFIX)
+    staged = partial_path(out)
     try:
         with writing(out):
             staged.write_bytes(page.encode())
