@@ -35,8 +35,11 @@ needs_data = pytest.mark.skipif(not INFERENCE.is_file(), reason=f"{INFERENCE} no
 #: latencies instead of the ring's 14 on 8 GPUs) took 6 ms off a Llama-70B TP8
 #: decode step and the closed-loop TPOT error from 13.9% to 10.9%, but it sped up
 #: the Llama-3.1-405B TP8 max-throughput rows too, four of five already
-#: over-predicted (128/4096 tokens: +10.5% -> +27.9%): 5.6% -> 6.0% here.
-INFERENCE_MAPE_OK_THRESHOLD = 0.061
+#: over-predicted (128/4096 tokens: +10.5% -> +27.9%): 5.6% -> 6.0% here. A second,
+#: said here too: the H200's HBM read as the 141 GiB torch measures (150.1e9 B) instead
+#: of 141e9 B (stop 35) lets the TensorRT-LLM H200 max-throughput rows' KV-bound
+#: batches grow, and those rows run slightly over (4.6% -> 4.7%): 6.0% -> 6.16%.
+INFERENCE_MAPE_OK_THRESHOLD = 0.062
 #: the `uncertain` rows (Qwen3-235B-A22B MoE, EP not printed) measured 70.4%,
 #: all over-predicted: the MoE path (uniform routing, grouped-GEMM efficiency as
 #: dense) is optimistic. Committed so that it only moves down, with one
@@ -44,8 +47,9 @@ INFERENCE_MAPE_OK_THRESHOLD = 0.061
 #: rows, every H100/H200 prediction faster) moved these already over-predicted
 #: rows to 72.5%, and the threshold from 0.71 to 0.73; the second, 0.575 -> 0.625 once
 #: fused attention ran at its measured rates (docs/measurements/), to 74.5%; 73.0% with
-#: the Hopper GEMMs' reduction fill.
-INFERENCE_MAPE_UNCERTAIN_THRESHOLD = 0.731
+#: the Hopper GEMMs' reduction fill; 73.14% once the H200's HBM is read as the 141 GiB
+#: torch measures (stop 35: these H200 rows' KV-bound batches grow).
+INFERENCE_MAPE_UNCERTAIN_THRESHOLD = 0.732
 
 # -------------------------------------------------------------------- toy records
 

@@ -244,8 +244,10 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: vLLM and SGLang keep the model's 16-bit type under FP8 weights); 13.36% once the serving
 #: tiers charge the fused attention kernel's fill on each prompt row (``kernels.serving``
 #: ``ROW_FILL_KEYS``, the measured law the prefill kernels already ran at); 13.40% with MLA
-#: attention at the FlashAttention-3 class's rate (the SGLang phase rows below)
-INFERENCE_LOSO_OK_THRESHOLD = 0.134
+#: attention at the FlashAttention-3 class's rate (the SGLang phase rows below); one
+#: exception to "only down", said here: 13.42% once the H200's HBM is read as the
+#: 141 GiB torch measures, not 141e9 B (stop 35; the TensorRT-LLM H200 rows' batches grow)
+INFERENCE_LOSO_OK_THRESHOLD = 0.1343
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
 #: TTFT 23.9% (target 20%; TensorRT-LLM -19% signed, vLLM -6%). The same exception as
