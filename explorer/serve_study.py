@@ -21,8 +21,10 @@ The training study's loop, storage, workers and crash recovery
   the largest relative excess over the SLA targets (value / target - 1 over
   the mean and p90 TTFT and TPOT targets the space sets; a p90 only where
   simulated) and, with ``--max-mem``, over the memory cap ((peak - cap) /
-  cap); at most 0 when feasible. A row the engines cannot sustain (Poisson
-  overload) is told with its values and ``fits`` = 1. A row without a
+  cap); at most 0 when feasible. A row over the cap is written infeasible
+  (``Feasible.MEMORY_CAP``), so ``paraspace top`` agrees with the study's
+  best. A row the engines cannot sustain (Poisson overload) is told with its
+  values and ``fits`` = 1. A row without a
   throughput (weights or a request do not fit the memory; a simulation that
   got stuck) has no objective value: it is told PRUNED with ``fits`` = 1 and
   its reason in the user attribute ``reason``, like a combination breaking a
@@ -114,6 +116,11 @@ class ServingProblem(Problem):
             return None, enc.columns["row_id"]
         cols = enc.columns
         metrics = serve.evaluate_columns(self.loaded, cols, self.packed, simulate_top=enc.n_rows if self.simulate else 0)
+        if self.cap is not None:  # the Parquet's feasible column is the study's: a row over the cap does not fit
+            over = (metrics["reason"] == sp.Feasible.OK) & (metrics["mem_peak_bytes"] > self.cap)
+            metrics["reason"] = np.where(over, int(sp.Feasible.MEMORY_CAP), metrics["reason"]).astype(
+                metrics["reason"].dtype)
+            metrics["feasible"] = np.where(over, 0, metrics["feasible"]).astype(metrics["feasible"].dtype)
         return {**cols, **metrics, "infeasible_reason": metrics["reason"].astype(np.int8)}, cols["row_id"]
 
     def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:

@@ -137,9 +137,12 @@ def named_for_output(space: LoadedSpace, overridden: bool) -> LoadedSpace:
 
 def space_digest(space: LoadedSpace | LoadedServing) -> str:
     """SHA-256 of what defines a space's results (training or serving): its TOML (overrides applied),
-    model and hardware."""
+    model and hardware, and a serving space's empirical request lengths (the CSV's numbers, not its
+    path: an edited file is another workload under the same TOML)."""
     definition = {"space": space.raw, "model": space.model.model_dump(mode="json"),
                   "hardware": space.hardware.model_dump(mode="json")}
+    for key, lengths in sorted(getattr(space, "empirical", {}).items()):
+        definition[f"empirical.{key}"] = hashlib.sha256(np.ascontiguousarray(lengths, dtype=np.float64)).hexdigest()
     return hashlib.sha256(json.dumps(definition, sort_keys=True, default=str).encode()).hexdigest()
 
 

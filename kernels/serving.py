@@ -164,6 +164,7 @@ SLA_TTFT_P90 = 5
 SLA_TPOT = 6
 SLA_TPOT_P90 = 7
 PROMPT_TOO_LONG = 8
+MEMORY_CAP = 9  # set by a study's --max-mem (explorer.serve_study), never by the kernels
 
 #: The workload and engine scalars every row shares.
 SERVING_WORKLOAD = np.dtype(

@@ -196,6 +196,7 @@ class Feasible(IntEnum):
     SLA_TPOT = 6
     SLA_TPOT_P90 = 7
     PROMPT_TOO_LONG = 8  #: continuous-unchunked: the longest prompt exceeds max_tokens (it is never scheduled)
+    MEMORY_CAP = 9  #: a study's --max-mem: the peak memory per device exceeds the cap the user set
 
 
 FEASIBLE_TEXT: dict[Feasible, str] = {
@@ -204,6 +205,7 @@ FEASIBLE_TEXT: dict[Feasible, str] = {
     Feasible.KV_TOO_SMALL: "a request does not fit the replica's KV cache",
     Feasible.OVERLOADED: "the request rate exceeds what the engines sustain (the queue grows without bound)",
     Feasible.PROMPT_TOO_LONG: "continuous-unchunked: the longest prompt exceeds max_tokens",
+    Feasible.MEMORY_CAP: "the peak memory per device exceeds the study's cap (--max-mem)",
     Feasible.SLA_TTFT: "misses the mean TTFT target (sla.ttft_s)",
     Feasible.SLA_TTFT_P90: "misses the 90th-percentile TTFT target (sla.ttft_p90_s)",
     Feasible.SLA_TPOT: "misses the mean TPOT target (sla.tpot_s)",

@@ -181,6 +181,57 @@ def test_cli_study_refuses_a_training_objective_on_a_serving_space(tmp_path):
     assert "--objective = time: expected one of throughput, throughput-user for a serving space" in result.output
 
 
+def test_max_mem_makes_the_parquet_rows_over_the_cap_infeasible(tmp_path):
+    """With --max-mem the Parquet's feasible column is the study's constraint: a row the SLA
+    admits but whose peak memory exceeds the cap is written infeasible (memory-cap), so
+    ``paraspace top`` on the folder names the study's best (before, those rows stayed
+    feasible in the file and top ranked a deployment the study had refused)."""
+    path = toy_space(tmp_path)
+    loaded = sp.load_serving(str(path))
+    ranked, _ = evaluate_space(loaded, simulate_top=10**6)
+    peaks = np.sort(ranked["mem_peak_bytes"][ranked["feasible"] > 0])
+    assert peaks[0] < peaks[-1]  # the cap below must split the feasible rows
+    cap_gib = float(peaks[0] + peaks[-1]) / 2 / 1024**3
+    n = int(np.prod([len(v) for v in search_space(loaded).values()]))
+    summary = run_serving_study(loaded, n_trials=n, out_dir=tmp_path / "out", sampler="grid", batch=8,
+                                max_mem_gib=cap_gib)
+    df = pl.read_parquet(tmp_path / "out" / "toy-serve" / "*.parquet")
+    over = df.filter(pl.col("mem_peak_bytes") > cap_gib * 1024**3)
+    assert over.height > 0 and not over["feasible"].any()
+    under_sla = over.filter((pl.col("ttft_s") <= TTFT_SLA) & (pl.col("tpot_s") <= TPOT_SLA))
+    assert under_sla.height > 0  # rows only the cap rules out
+    assert set(under_sla["infeasible_reason"].cast(pl.String)) == {"memory-cap"}
+    kept = df.filter(pl.col("feasible"))
+    assert kept.height > 0 and (kept["mem_peak_bytes"] <= cap_gib * 1024**3).all()
+    best = summary.best[0]["output_tokens_per_s_per_gpu"]
+    assert best == kept["output_tokens_per_s_per_gpu"].max()
+    result = CliRunner().invoke(main, ["top", str(tmp_path / "out" / "toy-serve"), "-n", "1", "--columns", "row_id"],
+                                env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    shown = [int(w[0]) for w in (line.split() for line in result.output.splitlines()) if w[:1] and w[0].isdigit()]
+    assert shown == [summary.best[0]["row_id"]]
+
+
+def test_an_edited_empirical_length_file_is_another_space(tmp_path):
+    """The space digest a study's resume checks covers an empirical length CSV's numbers:
+    the same TOML over an edited file is another workload (its trials must not mix), over
+    an identical copy the same one."""
+    from paraspace.explorer.sweep import space_digest
+
+    def digest(lengths: str) -> str:
+        (tmp_path / "lengths.csv").write_text("input_tokens\n" + lengths)
+        path = toy_space(tmp_path)
+        text = path.read_text().replace(
+            "input_len = 1024", 'input_len = { distribution = "empirical", path = "lengths.csv", '
+                                'column = "input_tokens" }')
+        path.write_text(text)
+        return space_digest(sp.load_serving(str(path)))
+
+    first = digest("512\n1024\n")
+    assert digest("512\n1024\n") == first
+    assert digest("512\n2048\n") != first
+
+
 def test_serving_spaces_are_told_apart_from_training_ones(tmp_path):
     assert is_serving_space(LLAMA) and is_serving_space(str(toy_space(tmp_path)))
     assert not is_serving_space("llama3-8b-h100-64") and not is_serving_space(None)
