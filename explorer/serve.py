@@ -126,6 +126,7 @@ def serving_records(space: LoadedServing, cols: dict[str, np.ndarray], *, prefil
     rec["n_gpus"] = space.spec.devices
     rec["weight_bytes"] = nbytes[cols["dtype"]]
     rec["act_bytes"] = ACT_BYTES
+    rec["dispatch_bytes"] = params.DISPATCH_BYTES[space.spec.dispatch_dtype]
     rec["kv_bytes"] = nbytes[cols["kv_dtype"]]
     rec["kv_fraction"] = space.spec.kv_fraction
     rec["batch_cap"] = cols["max_batch"]

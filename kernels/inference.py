@@ -139,6 +139,9 @@ SERVING = np.dtype(
         # busiest EP rank's expected expert load over the mean from expert popularity after
         # the placement of the slots (spaces.expert_balance; 1: equally popular experts)
         ("placement_imbalance", np.float64),
+        # bytes per element of an MoE dispatch under attention DP (kernels.params.DISPATCH_BYTES);
+        # combines move act_bytes
+        ("dispatch_bytes", np.float64),
     ]
 )
 
@@ -173,12 +176,14 @@ N_OUT = len(OUTPUTS)
 
 def serving(**values: float) -> np.ndarray:
     """A SERVING record; ``kv_fraction``, ``batch_cap``, ``moe_imbalance``,
-    ``attention_dp``, ``ep``, ``draft_tokens``, ``expert_slots``, ``dispatch``, ``tbo``
-    and ``placement_imbalance`` default to 0.95, 4096, derived
-    (``params.DERIVED_IMBALANCE``), 0, 1, 0, 0 (one slot per expert), all-to-all, 0 and 1."""
+    ``attention_dp``, ``ep``, ``draft_tokens``, ``expert_slots``, ``dispatch``, ``tbo``,
+    ``placement_imbalance`` and ``dispatch_bytes`` default to 0.95, 4096, derived
+    (``params.DERIVED_IMBALANCE``), 0, 1, 0, 0 (one slot per expert), all-to-all, 0, 1
+    and ``act_bytes``."""
     defaults = {"kv_fraction": KV_CACHE_FRACTION, "batch_cap": BATCH_CAP, "moe_imbalance": params.DERIVED_IMBALANCE,
                 "attention_dp": 0.0, "ep": 1.0, "draft_tokens": 0.0, "expert_slots": 0.0,
-                "dispatch": float(DISPATCH_ALLTOALL), "tbo": 0.0, "placement_imbalance": 1.0}
+                "dispatch": float(DISPATCH_ALLTOALL), "tbo": 0.0, "placement_imbalance": 1.0,
+                "dispatch_bytes": values.get("act_bytes", 0.0)}
     return params.record(SERVING, **{**defaults, **values})
 
 
@@ -469,14 +474,13 @@ def moe_mlp_parts(model, dev, tiers, tiles, srv, tokens: float):
         if not fused:
             shared += memory_bound_s(3.0 * tokens * width * ab, 1.0, dev)
     comm = 0.0
-    if dp:
-        tok_bytes = tokens * h * ab
-        comm = dispatch_s(algorithm, tok_bytes, e, etp, n_exp, k, model.max_nodes, tiers)[0]
-        comm += combine_s(algorithm, tok_bytes, e, etp, n_exp, k, model.max_nodes, tiers)
+    if dp:  # the dispatch at dispatch_bytes an element, the combine at the activations'
+        comm = dispatch_s(algorithm, tokens * h * srv.dispatch_bytes, e, etp, n_exp, k, model.max_nodes, tiers)[0]
+        comm += combine_s(algorithm, tokens * h * ab, e, etp, n_exp, k, model.max_nodes, tiers)
         if etp > 1.0:  # expert TP: the dispatched rows gathered among its ranks, outputs scattered back
-            rows_bytes = etp * tokens * k * imb * h * ab
-            comm += collective_time_s(ALL_GATHER, etp, 1.0, rows_bytes, tiers)
-            comm += collective_time_s(REDUCE_SCATTER, etp, 1.0, rows_bytes, tiers)
+            rows = etp * tokens * k * imb * h
+            comm += collective_time_s(ALL_GATHER, etp, 1.0, rows * srv.dispatch_bytes, tiers)
+            comm += collective_time_s(REDUCE_SCATTER, etp, 1.0, rows * ab, tiers)
     else:  # every rank holds every token: one all-reduce sums the partial expert outputs
         comm = engine_all_reduce_s(t, 1.0, tokens * h * ab, tiers)
     return router + experts + local + shared, comm

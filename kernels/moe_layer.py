@@ -67,21 +67,26 @@ def shared_experts_s(sh, model, dev, tiles):
 
 
 @jit(inline=True)
-def ep_traffic_s(sh, ep_stride: float, dispatch: int, model, dev, tiers, imb: float):
+def ep_traffic_s(sh, ep_stride: float, dispatch: int, model, dev, tiers, imb: float, dispatch_bytes: float):
     """(local permute pass, dispatch, combine) seconds of one MoE layer's
     micro-batch; with expert TP the dispatched rows are gathered among its ranks
     and the outputs scattered back. ``imb``: the busiest rank's rows over the
-    mean (its permute and expert-TP passes move that many)."""
+    mean (its permute and expert-TP passes move that many). A dispatch moves
+    ``dispatch_bytes`` per element (``kernels.params.DISPATCH_BYTES``), a combine
+    the activations' width: the backward's dispatch-shaped transfer (the
+    gradients before the down projections) and combine-shaped one are the
+    forward's, so the two sums match."""
     k = model.top_k
     t_rank = sh.tokens / sh.t
     tok_bytes = t_rank * sh.h * sh.ab
+    sent_bytes = t_rank * sh.h * dispatch_bytes
     local = local_pass_s(dispatch, tok_bytes, sh.e, k, imb, dev)  # permute before, unpermute after
-    disp, _, _ = dispatch_s(dispatch, tok_bytes, sh.e, ep_stride, model.experts, k, model.max_nodes, tiers)
+    disp, _, _ = dispatch_s(dispatch, sent_bytes, sh.e, ep_stride, model.experts, k, model.max_nodes, tiers)
     comb = combine_s(dispatch, tok_bytes, sh.e, ep_stride, model.experts, k, model.max_nodes, tiers)
     if sh.et > 1.0:  # expert TP: the dispatched rows gathered among its ranks, the outputs scattered back
-        rows_bytes = sh.et * t_rank * k * imb * sh.h * sh.ab
-        disp += collective_time_s(ALL_GATHER, sh.et, 1.0, rows_bytes, tiers)
-        comb += collective_time_s(REDUCE_SCATTER, sh.et, 1.0, rows_bytes, tiers)
+        rows = sh.et * t_rank * k * imb * sh.h
+        disp += collective_time_s(ALL_GATHER, sh.et, 1.0, rows * dispatch_bytes, tiers)
+        comb += collective_time_s(REDUCE_SCATTER, sh.et, 1.0, rows * sh.ab, tiers)
     return local, disp, comb
 
 
@@ -121,7 +126,7 @@ def moe_layer_s(sh, att, ep_stride: float, recompute: int, rc_dense: float, disp
     imb = layer_imbalance(sh, model, work)  # busiest EP rank's routed rows over the mean
     rf, rb, rw, router, m_e, g1w, g2w, expert_f, expert_b = routed_experts_s(sh, model, dev, tiles, imb)
     sh_f, sh_b, sh_w = shared_experts_s(sh, model, dev, tiles)
-    local, disp, comb = ep_traffic_s(sh, ep_stride, dispatch, model, dev, tiers, imb)
+    local, disp, comb = ep_traffic_s(sh, ep_stride, dispatch, model, dev, tiers, imb, work.dispatch_bytes)
     ep_f, ep_b = ep_exposed_s(disp, comb, expert_f + sh_f, expert_b + sh_b, tbo, schedule)
     moe_f = att.part_f + rf + router + 2.0 * local + expert_f + sh_f
     moe_b = att.part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b

@@ -124,6 +124,10 @@ WORKLOAD = np.dtype(
         # (PyTorch's non-reentrant checkpoint; SpaceSpec.checkpoint = "early-stop"): a
         # dense layer's down projection is not rerun; 0: the whole forward again
         ("checkpoint_early_stop", np.float64),
+        # bytes per element of an MoE dispatch (the forward's tokens to their experts and
+        # the backward's gradients before the down projections; DISPATCH_BYTES); combines
+        # move act_bytes
+        ("dispatch_bytes", np.float64),
     ]
 )
 
@@ -142,6 +146,17 @@ def _has_default(dtype: np.dtype, name: str) -> bool:
 #: arriving from the loss and the fp32 gradient it returns: 3 x 4 = 12
 LOSS_BYTES = {"fused": 4.0, "unfused": 12.0}
 
+#: Bytes per element an MoE dispatch moves, per ``dispatch_dtype`` of a training or
+#: serving space: bf16 2; fp8 one byte plus a float32 scale per 128 elements, the
+#: 1 x 128 tiles DeepSeek-V3 quantizes activations in (arXiv 2412.19437, section
+#: 3.3.2) and DeepEP's FP8 dispatch sends (deepseek-ai/DeepEP README: "dispatch FP8,
+#: combine BF16"). DeepSeek-V3 dispatches in FP8 in training (section 3.3.3: the
+#: activations before the up projections and the gradients before the down
+#: projections; both combines stay BF16) and in serving (open-infra-index, the
+#: V3/R1 inference system overview: FP8 dispatch, BF16 combine). Combines move
+#: the activations' bytes.
+DISPATCH_BYTES = {"bf16": 2.0, "fp8": 1.0 + 4.0 / 128.0}
+
 #: ``moe_imbalance`` value that asks the kernels to derive the busiest expert
 #: rank's load from the routing statistics (``kernels.routing.moe_imbalance``)
 DERIVED_IMBALANCE = 0.0
@@ -158,6 +173,7 @@ DEFAULTS = {
     "loss_bytes": LOSS_BYTES["fused"],
     "eager_activations": 0.0,
     "checkpoint_early_stop": 0.0,
+    "dispatch_bytes": DISPATCH_BYTES["bf16"],
     "peak_16bit_flops_per_s": 0.0,
 }
 

@@ -571,6 +571,11 @@ class SpaceSpec(Record):
     #: down projection: measured 0.68-0.94 of a forward on MPT-7B blocks on an H100 and
     #: an H200 (``docs/measurements``, ``layer.csv``)
     checkpoint: Literal["reentrant", "early-stop"] = "reentrant"
+    #: the precision of an MoE dispatch (``kernels.params.DISPATCH_BYTES``): "bf16", or
+    #: "fp8" (one byte an element plus a scale per 128, as DeepSeek-V3 trains and DeepEP
+    #: sends): the forward's tokens and the backward's gradients before the down
+    #: projections; combines stay 16-bit
+    dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     dimensions: Dimensions = Dimensions()
 
     @property

@@ -410,6 +410,10 @@ class ServingSpec(Record):
     #: how the FP8 GEMMs of an "fp8" dtype candidate are scaled (``schema.Fp8Scaling``): the
     #: recipe the checkpoint was quantized with (block-quantized checkpoints load "block")
     fp8_scaling: Fp8Scaling = "tensor"
+    #: the precision of an MoE dispatch under attention DP (``kernels.params.DISPATCH_BYTES``):
+    #: "bf16", or "fp8" (a byte an element plus a scale per 128: DeepEP's FP8 dispatch, as
+    #: DeepSeek's V3/R1 deployment sends it); combines stay 16-bit
+    dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     dimensions: ServingDimensions = ServingDimensions()
 
 

@@ -382,3 +382,44 @@ def test_dualpipe_row_runs_its_ep_traffic_as_tasks(h800, mixtral, make_workload,
     compute = [int(g[0][(g[2] < K_FIRST_COMM) & (g[2] != K_OPTIMIZER)].sum()) for g in (one, dual)]
     assert abs(compute[0] - compute[1]) <= 2 * 8 * 2 * 2  # ns rounding of each pass
     assert sims[SCHEDULE_DUALPIPE]["ep_exposed_sim_s"] < sims[SCHEDULE_1F1B]["ep_exposed_sim_s"]
+
+
+def test_fp8_dispatch_moves_a_byte_and_a_scale_per_element(toy_dev, toy_tiles, make_tiers, make_workload):
+    """``dispatch_dtype = "fp8"`` (DeepSeek-V3's recipe, DeepEP's FP8 dispatch): a dispatch
+    moves 1 + 4/128 = 1.03125 bytes an element against bf16's 2, the combine stays 2. On
+    one latency-free tier the all-to-all's time is its bytes over the bandwidth, and a
+    dispatch and a combine move the same elements, so the EP time (dispatch + combine,
+    forward and backward) is (1.03125 + 2) / (2 + 2) = 0.7578125 of bf16's; nothing else
+    changes (the local permute passes read the 16-bit tokens either way)."""
+    assert params.DISPATCH_BYTES["fp8"] == 1.03125
+    hw = (toy_dev, make_tiers((0.0, 100e9, 0.0)), toy_tiles)
+    kw = dict(dp=2, ep=2, n_micro=8)
+    bf16 = run(toy_moe(), hw, make_workload(global_batch=16.0, seq_len=128.0), **kw)
+    fp8 = run(toy_moe(), hw, make_workload(global_batch=16.0, seq_len=128.0,
+                                            dispatch_bytes=params.DISPATCH_BYTES["fp8"]), **kw)
+    assert bf16["ep_comm_s"] > 0
+    assert fp8["ep_comm_s"] == pytest.approx(0.7578125 * bf16["ep_comm_s"], rel=1e-12)
+    assert fp8["compute_s"] == pytest.approx(bf16["compute_s"], rel=1e-12)
+    assert fp8["mem_peak_bytes"] == bf16["mem_peak_bytes"]
+
+
+def test_a_space_dispatching_in_fp8_is_faster_only_through_its_ep_traffic():
+    """The space setting reaches the kernels: DeepSeek-V3 on H800 with EP groups over
+    nodes: every row's dispatch and combine take less time with dispatch_dtype fp8, and
+    no row's step is slower."""
+    from pathlib import Path
+
+    from paraspace.explorer.evaluate import evaluate, pack
+    from paraspace.spaces.catalog import load_space, space_from_raw
+    from paraspace.spaces.encode import Encoder
+
+    loaded = load_space("deepseek-v3-h800")
+    raw = {**loaded.raw, "dispatch_dtype": "bf16"}
+    spaces = {d: space_from_raw({**raw, "dispatch_dtype": d}, "test", Path(".")) for d in ("bf16", "fp8")}
+    enc = Encoder(spaces["bf16"]).encode_all()
+    pick = np.flatnonzero(enc.columns["ep"] > 8)[:64]
+    assert pick.size > 0
+    cols = {k: v[pick] for k, v in enc.columns.items()}
+    out = {d: evaluate(pack(s), cols) for d, s in spaces.items()}
+    assert (out["fp8"]["moe_dispatch_s"] < out["bf16"]["moe_dispatch_s"]).all()
+    assert (out["fp8"]["step_time_analytic_s"] <= out["bf16"]["step_time_analytic_s"] * (1 + 1e-12)).all()
