@@ -92,8 +92,12 @@ FLAGS = ("glu", "mla", "sequence_parallel")
 JOB_COLUMNS = ("model", "gpu", "n_gpus", "seq", "global_batch", "dtype")
 #: a row's ``quality`` (shared/validation/README.md): the error targets hold on ok rows
 QUALITIES = ("ok", "uncertain")
-#: measured peak memory in a row's notes (README: "peak memory X GiB", "memory/GPU X GB")
-_MEMORY = re.compile(r"\b(?:peak memory|memory/GPU) ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
+#: measured peak memory in a row's notes (README: "peak memory X GiB", "memory/GPU X GB"; and
+#: torchtitan's training log as the community H200 rows quote it, "memory X GiB at step N":
+#: the caching allocator's peak reserved memory up to that step, what torchtitan's metrics
+#: print, as its other rows' "peak memory")
+_MEMORY = re.compile(r"\b(?:peak memory|memory/GPU) ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b"
+                     r"|\bmemory ([0-9]+(?:\.[0-9]+)?) (GiB|GB) at step [0-9]+\b")
 #: pairs of one job whose measured step times differ by less than this are not ranked
 RANK_MIN_GAP = 0.05
 
@@ -103,7 +107,8 @@ def noted_memory_bytes(notes: str) -> float | None:
     found = _MEMORY.search(notes)
     if not found:
         return None
-    return float(found.group(1)) * (2.0**30 if found.group(2) == "GiB" else 1e9)
+    value, unit = (found.group(1), found.group(2)) if found.group(1) else (found.group(3), found.group(4))
+    return float(value) * (2.0**30 if unit == "GiB" else 1e9)
 
 
 def ranking(results: list[RowResult]) -> dict[str, Any]:
