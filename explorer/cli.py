@@ -475,7 +475,9 @@ def compare_cmd(results: Path, ids: tuple[int, ...]) -> None:
 @main.command("study")
 @click.argument("space", required=False, default=None)
 @click.option("--trials", "n_trials", type=COUNT, default=200, show_default=True)
-@click.option("--timeout", "timeout_s", type=FiniteFloatRange(0, MAX_TIMEOUT_S), default=None, help="Stop after this many seconds.")
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(0, MAX_TIMEOUT_S), default=None,
+              help="Stop after about this many seconds: the first batch is one trial and later batches shrink to "
+                   "the time left, so it is overrun by about one trial's time.")
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random", "grid"]), default="tpe", show_default=True)
 @click.option("--objective", type=click.Choice(["time-memory", "time", "throughput", "throughput-user"]), default=None,
               help="Training: minimise step time and peak memory (time-memory, the default), or step time alone "

@@ -4,7 +4,8 @@ The Optuna search space is the TOML space's own dimensions (a categorical
 distribution over each dimension's values; an omitted dp stays derived, as in
 a sweep). Trials are asked in batches so the kernels see arrays: each batch is
 encoded with the sweep's validity rules and evaluated by the same analytic and
-event tiers, then told back. Objectives: step time and peak memory
+event tiers, then told back. Under a timeout the batches are sized to the time
+left (``batch_under_deadline``). Objectives: step time and peak memory
 (multi-objective), or step time alone. Infeasibility is only ever a constraint,
 never a made-up objective value: one constraint value per trial, ``fits``,
 stored where ``constraints_func`` stores it (the trial's system attribute
@@ -488,6 +489,7 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
     parts: list[Path] = []
     began = time.perf_counter()
     done = 0
+    per_trial_s: float | None = None  # the last batch's seconds a trial
     with _optuna_quiet(), _Worker(out_dir / f".{name}.workers") as worker:
         with _DeadWorkers(worker) as dead:
             if storage is None and not dead.live:
@@ -508,9 +510,13 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
                 if left == 0:  # every grid point has a trial
                     break
                 worker.begin()
+                size = min(batch, n_trials - done, left if left is not None else batch)
+                if timeout_s is not None:  # a batch sized to the time left (batch_under_deadline)
+                    size = batch_under_deadline(size, timeout_s - (time.perf_counter() - began), per_trial_s)
+                batch_began = time.perf_counter()
                 try:
                     trials = []
-                    for _ in range(min(batch, n_trials - done, left if left is not None else batch)):
+                    for _ in range(size):
                         trial = study.ask()  # claimed before its parameters are written, then suggested
                         worker.own(trial.number)  # as study.ask(distributions) would
                         heart.beat(trial)
@@ -522,6 +528,7 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
                     _give_back(study, worker, part_dir, retry)
                     raise
                 heart.clear()
+                per_trial_s = (time.perf_counter() - batch_began) / max(1, len(trials))
                 if part is not None:
                     parts.append(part)
                 done += len(trials)
@@ -543,6 +550,18 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
         best=[problem.best_entry(t) for t in best],
         parts=parts, seconds=time.perf_counter() - began, n_recovered=retry.count,
     )
+
+
+def batch_under_deadline(size: int, left_s: float, per_trial_s: float | None) -> int:
+    """The trials of the next batch under ``--timeout``: the first batch is one trial
+    (its time, compilation included, is the first estimate); later ones as many as
+    the time left holds at the last batch's seconds a trial, at least one and at most
+    ``size``. A batch is evaluated whole, so the deadline can be overrun by about one
+    trial's time, not a whole batch's (64 simulated serving trials can take minutes)."""
+    if per_trial_s is None:
+        return min(size, 1)
+    fits = int(left_s / per_trial_s) if per_trial_s > 0.0 else size
+    return max(1, min(size, fits))
 
 
 def best_feasible_value(study: optuna.Study) -> float | None:

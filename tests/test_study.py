@@ -193,3 +193,33 @@ def test_each_batch_reports_trials_done_and_the_best_feasible_step(tmp_path):
     bests = [b for _, b in heard if b is not None]
     assert bests == sorted(bests, reverse=True)
     assert bests[-1] == summary.best[0]["step_time_s"]
+
+
+def test_batch_under_deadline_by_hand():
+    """The first batch is one trial; then as many as the time left holds at the last
+    batch's rate: 10 s left at 0.3 s a trial is 33, capped by the batch size; never 0."""
+    assert study_mod.batch_under_deadline(64, 10.0, None) == 1
+    assert study_mod.batch_under_deadline(64, 10.0, 0.3) == 33
+    assert study_mod.batch_under_deadline(16, 10.0, 0.3) == 16
+    assert study_mod.batch_under_deadline(64, 0.1, 0.3) == 1
+    assert study_mod.batch_under_deadline(64, -1.0, 0.3) == 1
+    assert study_mod.batch_under_deadline(64, 10.0, 0.0) == 64
+
+
+def test_timeout_is_overrun_by_about_a_trial_not_a_batch(tmp_path):
+    """A problem whose trials take 0.4 s each under --timeout 1 with batches of 64: the
+    study stops after about 3 trials (0.4 s alone, then the 0.6 s left hold one more at 0.4 s,
+    then 0.2 s left: one more, then none left), not after a whole batch of 64 (25 s)."""
+    import time
+
+    loaded = load_space("llama3-8b-h100-64")
+
+    class Slow(study_mod.TrainingProblem):
+        def evaluate(self, ids):
+            time.sleep(0.4 * len(ids))
+            return super().evaluate(ids)
+
+    problem = Slow(loaded, packed=pack(loaded))
+    problem.evaluate(np.array([0], dtype=np.int64))  # compile before the clock starts
+    summary = study_mod.optimise(problem, n_trials=64, out_dir=tmp_path, batch=64, timeout_s=1.0, sampler="random")
+    assert 1 <= summary.n_new <= 4  # a slow machine's overhead can leave no time after the first
