@@ -13,9 +13,13 @@ workers, so they need the package, not the caller's files.
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
+from paraspace.explorer.signals import deferred_interrupts
 from paraspace.explorer.sweep import DEFAULT_CHUNK, run_sweep, shard_path, shard_range
 from paraspace.results.writer import ensure_folder, partial_path
 from paraspace.spaces.catalog import LoadedSpace
@@ -38,6 +42,23 @@ def _run_shard(space: LoadedSpace, out: str, index: int, count: int, chunk_rows:
     return {"path": str(summary.path), "n_combinations": summary.n_combinations, "n_rows": summary.n_rows,
             "n_feasible": summary.n_feasible, "n_simulated": summary.n_simulated, "seconds": summary.seconds,
             "first_reason": summary.first_reason.tolist(), "breaks": summary.breaks.tolist()}
+
+
+def dask_setup(worker: Any) -> None:
+    """Run in each worker process of the local cluster (its ``preload``): ignore SIGINT. A
+    terminal's Ctrl-C reaches the whole process group, and workers that took it died
+    mid-shard with a traceback each; the caller alone takes it and closes the cluster
+    (the nannies end the workers with SIGTERM)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _quiet_shutdown() -> None:
+    """A stopped or failed run closes the cluster mid-task: the client's gather tasks end
+    with AllExit ("Task exception was never retrieved") and distributed warns of
+    cancelled tasks and lost workers. The run says once what happened; this noise goes."""
+    for name in ("distributed", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def connect(address: str, cluster: Any, timeout_s: float) -> Any:
@@ -66,22 +87,33 @@ def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
     shard's own writer removes its file after an error (``results.writer``)."""
     from dask.distributed import LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
-        if address == "local" else None
+    # a local cluster's workers log errors only (a shard's error reaches the caller through gather)
+    # and ignore SIGINT (dask_setup below)
+    cluster = None
     started = done = False
     try:
         try:
+            if address == "local":  # started whole: a Ctrl-C meanwhile is raised once it is up, then it is closed
+                with deferred_interrupts():
+                    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, silence_logs=logging.ERROR, preload=[__name__])
             with connect(address, cluster, CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s) \
                     as client:
                 ensure_folder(out_dir)
                 started = True
-                futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows, options or {},
-                                         pure=False) for i in range(shards)]
-                parts = client.gather(futures)
+                try:
+                    futures = [client.submit(_run_shard, space, str(out_dir), i, shards, chunk_rows,
+                                             options or {}, pure=False) for i in range(shards)]
+                    parts = client.gather(futures)
+                except BaseException:  # before the client closes: closing it is what ends its gather tasks
+                    _quiet_shutdown()
+                    raise
                 done = True
                 return parts
         finally:
             if cluster is not None:
+                if not done:
+                    _quiet_shutdown()
                 cluster.close()
     finally:
         if started and not done:  # after the workers are gone: nothing writes them any more

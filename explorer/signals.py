@@ -62,4 +62,36 @@ def sigterm_interrupts() -> Iterator[None]:
         _received = False
 
 
-__all__ = ["Terminated", "raise_if_terminated", "sigterm_interrupts"]
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT) and SIGTERM are held and raised when it ends
+    (``KeyboardInterrupt``, ``Terminated``): for a step that an exception must not cut in
+    two, such as starting a local Dask cluster, which left half started cannot be closed
+    (distributed's exit hook then fails on it with a traceback). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    hold = lambda signum, frame: held.append(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def release() -> None:
+        """Put the handlers back; raise what was held (the interrupt, not an error it caused:
+        the workers a Ctrl-C reached mid-start make the cluster's start fail)."""
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if signal.SIGTERM in held and previous[signal.SIGTERM] is _on_sigterm:
+            _on_sigterm(signal.SIGTERM, None)
+        if held:
+            raise KeyboardInterrupt
+
+    try:
+        yield
+    except BaseException:
+        release()
+        raise
+    release()
+
+
+__all__ = ["Terminated", "deferred_interrupts", "raise_if_terminated", "sigterm_interrupts"]

@@ -147,3 +147,55 @@ def test_a_stopped_dask_run_removes_its_shards_partial_files(tmp_path, monkeypat
         distributed.run_on_dask(load_space(SMALL), folder, "tcp://scheduler:8786", 2)
     assert sorted(p.name for p in folder.iterdir()) == ["part-0-of-2.parquet"]
     assert (folder / "part-0-of-2.parquet").read_bytes() == EARLIER
+
+
+def test_deferred_interrupts_hold_a_signal_until_the_block_ends():
+    """A Ctrl-C inside ``deferred_interrupts`` lets the block finish, then raises; one that
+    arrives before the block fails raises the interrupt, not the failure it caused; a SIGTERM
+    held inside ``sigterm_interrupts`` comes out as ``Terminated``. Handlers are put back."""
+    before = signal.getsignal(signal.SIGINT)
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals.deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            reached.append(True)
+    assert reached == [True] and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with signals.deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            raise RuntimeError("Nanny failed to start worker process")
+    assert type(caught.value) is KeyboardInterrupt
+    with signals.sigterm_interrupts():
+        with pytest.raises(signals.Terminated):
+            with signals.deferred_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+    with signals.deferred_interrupts():  # nothing held: nothing raised
+        pass
+
+
+def test_ctrl_c_to_a_local_dask_run_is_one_line(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: the driver and the local
+    cluster's workers. Signalled once a worker is writing its part, the run exits 130 with
+    the one Ctrl-C line: the workers ignore SIGINT (the driver closes them), the client's
+    cancelled gathers and distributed's shutdown warnings are not printed (before: a
+    traceback per worker and per shard, then warnings)."""
+    pytest.importorskip("dask.distributed", reason="dask[distributed] (the test extra) is not installed")
+    folder = tmp_path / "d"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "paraspace.explorer.cli", "sweep", SMALL, "--out", str(folder),
+                             "--no-progress", "-n", "0", "--chunk-rows", "64", "--dask", "local", "--shards", "4"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300  # the workers compile the kernels on a first run
+    while not (folder.is_dir() and any(p.name.endswith(PARTIAL_SUFFIX) for p in folder.iterdir())):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no partial part in 300 s"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["Ctrl-C: " + STOPPED.format(130)], stderr
+    assert not any(p.name.endswith(PARTIAL_SUFFIX) for p in folder.iterdir())
