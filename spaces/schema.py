@@ -89,6 +89,9 @@ AttentionKernel = Literal["flash2", "flash1", "flash3"]
 #: checkpoints of DeepSeek-V3 and Qwen3 load so). Priced by ``Device.gemm_scaling_overhead``
 Fp8Scaling = Literal["tensor", "row", "block"]
 FP8_SCALINGS = get_args(Fp8Scaling)
+#: the precision of an MoE dispatch (training and serving spaces' ``dispatch_dtype``;
+#: bytes per element: ``kernels.params.DISPATCH_BYTES``)
+DispatchDtype = Literal["bf16", "fp8"]
 #: the precision whose GEMMs a scaling recipe applies to
 SCALED_DTYPE = "fp8"
 #: the kernels with one head width for Q, K and V: FlashAttention-2 refuses MLA's 192 / 128
@@ -575,7 +578,7 @@ class SpaceSpec(Record):
     #: "fp8" (one byte an element plus a scale per 128, as DeepSeek-V3 trains and DeepEP
     #: sends): the forward's tokens and the backward's gradients before the down
     #: projections; combines stay 16-bit
-    dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
+    dispatch_dtype: DispatchDtype = "bf16"
     dimensions: Dimensions = Dimensions()
 
     @property

@@ -92,7 +92,8 @@ from paraspace.spaces.encode import Encoded
 from paraspace.spaces import enums
 from paraspace.spaces.enums import Dispatch, Dtype, label, parse
 from paraspace.spaces.errors import MISSING, CatalogError
-from paraspace.spaces.schema import MAX_COUNT, AttentionKernel, Fp8Scaling, Hardware, Model, Record, validate
+from paraspace.spaces.schema import (MAX_COUNT, AttentionKernel, DispatchDtype, Fp8Scaling, Hardware, Model, Record,
+                                     validate)
 
 #: value types of serving records: lengths, rates and latencies share the catalog's bound on
 #: counts (spaces.schema.MAX_COUNT, 2**24: far past any prompt, rate or SLA in seconds)
@@ -413,7 +414,7 @@ class ServingSpec(Record):
     #: the precision of an MoE dispatch under attention DP (``kernels.params.DISPATCH_BYTES``):
     #: "bf16", or "fp8" (a byte an element plus a scale per 128: DeepEP's FP8 dispatch, as
     #: DeepSeek's V3/R1 deployment sends it); combines stay 16-bit
-    dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
+    dispatch_dtype: DispatchDtype = "bf16"
     dimensions: ServingDimensions = ServingDimensions()
 
 

@@ -423,3 +423,12 @@ def test_a_space_dispatching_in_fp8_is_faster_only_through_its_ep_traffic():
     out = {d: evaluate(pack(s), cols) for d, s in spaces.items()}
     assert (out["fp8"]["moe_dispatch_s"] < out["bf16"]["moe_dispatch_s"]).all()
     assert (out["fp8"]["step_time_analytic_s"] <= out["bf16"]["step_time_analytic_s"] * (1 + 1e-12)).all()
+
+
+def test_every_dispatch_dtype_a_space_accepts_has_its_bytes():
+    """One list of dispatch precisions (``spaces.schema.DispatchDtype``), each priced."""
+    from typing import get_args
+
+    from paraspace.spaces.schema import DispatchDtype
+
+    assert set(get_args(DispatchDtype)) == set(params.DISPATCH_BYTES)
