@@ -88,7 +88,7 @@ def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
     from dask.distributed import LocalCluster
 
     # a local cluster's workers log errors only (a shard's error reaches the caller through gather)
-    # and ignore SIGINT (dask_setup below)
+    # and ignore SIGINT (its preload: this module's dask_setup)
     cluster = None
     started = done = False
     try:
