@@ -96,8 +96,8 @@ QUALITIES = ("ok", "uncertain")
 #: torchtitan's training log as the community H200 rows quote it, "memory X GiB at step N":
 #: the caching allocator's peak reserved memory up to that step, what torchtitan's metrics
 #: print, as its other rows' "peak memory")
-_MEMORY = re.compile(r"\b(?:peak memory|memory/GPU) ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b"
-                     r"|\bmemory ([0-9]+(?:\.[0-9]+)?) (GiB|GB) at step [0-9]+\b")
+_MEMORY = re.compile(r"\b(?:peak memory|memory/GPU|memory(?= \S+ Gi?B at step [0-9]))"
+                     r" ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
 #: pairs of one job whose measured step times differ by less than this are not ranked
 RANK_MIN_GAP = 0.05
 
@@ -107,8 +107,7 @@ def noted_memory_bytes(notes: str) -> float | None:
     found = _MEMORY.search(notes)
     if not found:
         return None
-    value, unit = (found.group(1), found.group(2)) if found.group(1) else (found.group(3), found.group(4))
-    return float(value) * (2.0**30 if unit == "GiB" else 1e9)
+    return float(found.group(1)) * (2.0**30 if found.group(2) == "GiB" else 1e9)
 
 
 def ranking(results: list[RowResult]) -> dict[str, Any]:
