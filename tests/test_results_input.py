@@ -82,26 +82,26 @@ def refused(result: Result, *fragments: str) -> str:
     return last
 
 
+def written(tmp_path_factory, command: str, toml: str, *options: str) -> Path:
+    """``paraspace COMMAND`` on the space ``toml`` in a fresh folder: the Parquet it wrote."""
+    folder = tmp_path_factory.mktemp(command)
+    (folder / "space.toml").write_text(textwrap.dedent(toml))
+    out = folder / "space.parquet"
+    result = run(command, folder / "space.toml", "--out", out, *options)
+    assert result.exit_code == 0, result.output
+    return out
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> Path:
     """A training sweep of eight combinations: tp 4 or 8, pp 1 or 2, recompute none or full."""
-    folder = tmp_path_factory.mktemp("swept")
-    (folder / "tiny.toml").write_text(textwrap.dedent(TINY))
-    out = folder / "tiny.parquet"
-    result = run("sweep", folder / "tiny.toml", "--out", out, "--no-progress", "-n", "0")
-    assert result.exit_code == 0, result.output
-    return out
+    return written(tmp_path_factory, "sweep", TINY, "--no-progress", "-n", "0")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Path:
     """A paraspace serve result of two deployments."""
-    folder = tmp_path_factory.mktemp("served")
-    (folder / "small.toml").write_text(textwrap.dedent(SERVING))
-    out = folder / "small.parquet"
-    result = run("serve", folder / "small.toml", "--out", out)
-    assert result.exit_code == 0, result.output
-    return out
+    return written(tmp_path_factory, "serve", SERVING)
 
 
 def tampered(source: Path, out: Path, edit: Callable[[pa.Table], pa.Table],
