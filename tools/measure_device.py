@@ -57,6 +57,16 @@ paraspace itself never imports). Writes into OUT_DIR:
 ``decode_step_fp8.csv``
     The same with FP8 weights (``torch._scaled_mm``, one static scale a tensor) at
     16-128 sequences: the FP8 checkpoints' decode the TensorRT-LLM rows measure.
+``ring_attention.csv``
+    Context-parallel ring attention as one rank of a CP group runs it: PyTorch's own ring
+    (``_templated_ring_attention`` and its backward, round-robin load balance, the
+    fp32 merge of each step's output and the fp32 gradient accumulation, as torchtitan's
+    CP rows ran it) made to run alone on one GPU (``ring_rank``: its process-group
+    queries answer the rank and CP size, its rotater hands back the buffer it is given,
+    bytes a peer would have sent), for Llama 3.1 8B and a TP8 rank of 405B at 32K tokens
+    a rank, CP 1-8, the first and the last rank; beside it the same SDPA calls alone
+    (``kernels``) and one causal call over the whole sequence with few heads
+    (``global``): what a ring step costs beyond its FLOPs.
 ``env.json``
     The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
     the date: the provenance a committed table carries.
@@ -151,9 +161,17 @@ DECODE_STEP_BATCH = (1, 8, 32, 128)
 DECODE_STEP_CONTEXT = (1024, 4096)
 #: batches of the FP8 decode-step runs (torch._scaled_mm wants rows in multiples of 16)
 DECODE_STEP_BATCH_FP8 = (16, 32, 64, 128)
+#: context-parallel ring attention: (label, query heads a rank computes (torchtitan repeats
+#: the KV heads to the query heads before SDPA, so K and V have as many), head dim, tokens
+#: a rank holds) of the torchtitan CP rows (Llama 3.1 8B; 405B at TP8), CP sizes, and the
+#: whole-sequence causal calls (few heads: the rate needs only enough blocks for the SMs)
+RING_MODELS = (("llama31-8b", 32, 128, 32768), ("llama31-405b/tp8", 16, 128, 32768))
+RING_CP = (1, 2, 4, 8)
+RING_GLOBAL_SEQ = (32768, 65536, 131072, 262144)
+RING_GLOBAL_HEADS = 4
 TARGET_S = 0.02
 PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
-         "fp8_scaling", "layer", "decode_step", "decode_step_fp8")
+         "fp8_scaling", "layer", "decode_step", "decode_step_fp8", "ring_attention")
 
 
 def linear_layers():
@@ -364,6 +382,134 @@ def decode_step(torch, hidden, heads, kv_heads, head_dim, ffn, layers, batch, co
                                                             + 3 * ffn * hidden)
     kv_bytes = layers * 2 * size * batch * kv_heads * context * head_dim
     return step, weight_bytes, kv_bytes
+
+
+def ring_schedule(cp: int, rank: int) -> list[tuple[str, str, bool]]:
+    """The SDPA calls one rank of a load-balanced causal ring makes, step by step:
+    (query part, key/value part, causal). Each rank holds chunks ``rank`` and
+    ``2 cp - 1 - rank`` of 2 cp equal chunks of the sequence. Step 0 is its own two
+    chunks, causal; a step bringing the KV of an earlier rank (``i <= rank``) needs that
+    rank's first chunk against both query chunks; one from a later rank needs both its
+    chunks against the second query chunk only ("all", "first" or "second" half).
+    PyTorch's ring (``torch.distributed.tensor.experimental``, ``_templated_ring_attention``)
+    schedules it so."""
+    calls = [("all", "all", True)]
+    for i in range(1, cp):
+        calls.append(("all", "first", False) if i <= rank else ("second", "all", False))
+    return calls
+
+
+def ring_pairs(cp: int, rank: int, tokens: int) -> int:
+    """Query-key pairs one rank's ring computes (``tokens`` a rank, causal step counted
+    as its lower triangle, diagonal included)."""
+    half = tokens // 2
+    total = 0
+    for q_part, kv_part, causal in ring_schedule(cp, rank):
+        nq = tokens if q_part == "all" else half
+        nk = tokens if kv_part == "all" else half
+        total += nq * (nq + 1) // 2 if causal else nq * nk
+    return total
+
+
+class RingRank:
+    """PyTorch's own ring attention (forward and backward), run as rank ``rank`` of a
+    CP group of ``cp`` on one GPU: the module's process-group queries answer
+    (rank, cp), and its rotater hands back the buffer it was given, the same bytes a
+    peer would have sent, so every kernel, merge, cast and concatenation of a rank's
+    ring runs and only the transfers are left out."""
+
+    MODULES = ("torch.distributed.tensor.experimental._context_parallel._attention",
+               "torch.distributed.tensor.experimental._attention")
+
+    def __init__(self, torch):
+        import importlib
+        import types
+        self.torch = torch
+        for name in self.MODULES:
+            try:
+                self.mod = importlib.import_module(name)
+                break
+            except ImportError:
+                continue
+        else:
+            raise ImportError(f"none of {self.MODULES}")
+
+        class Group:
+            pass
+
+        class Echo:
+            def __init__(self, *args, **kwargs):
+                self.buf = None
+
+            def exchange_buffers(self, buf):
+                self.buf = buf
+
+            def next_buffer(self):
+                return self.buf
+
+        self.group = Group()
+        self.echo = Echo
+        self.shim = types.SimpleNamespace(ProcessGroup=Group, get_rank=lambda g=None: self.rank,
+                                          get_world_size=lambda g=None: self.cp)
+        self.rank, self.cp = 0, 1
+
+    def _patched(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            saved = self.mod.dist, self.mod._create_rotater
+            self.mod.dist, self.mod._create_rotater = self.shim, self.echo
+            try:
+                yield
+            finally:
+                self.mod.dist, self.mod._create_rotater = saved
+        return ctx()
+
+    def forward(self, q, k, v, cp, rank):
+        """(out, logsumexp, *the last call's rest) of one rank's forward."""
+        self.cp, self.rank = cp, rank
+        aten = self.torch.ops.aten
+        with self._patched():
+            return self.mod._templated_ring_attention(self.group, 2, aten._scaled_dot_product_flash_attention,
+                                                      q, k, v, is_causal=True, dropout_p=0.0, scale=None)
+
+    def backward(self, go, q, k, v, fwd, cp, rank):
+        """(dq, dk, dv) of one rank's backward, from ``forward``'s result."""
+        self.cp, self.rank = cp, rank
+        aten = self.torch.ops.aten
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset = fwd[:8]
+        with self._patched():
+            return self.mod._templated_ring_attention_backward(
+                self.group, 2, aten._scaled_dot_product_flash_attention_backward.default, grad_out=go,
+                grad_out_name="grad_out", query=q, key=k, value=v, out=out, logsumexp=lse, is_causal=True,
+                cum_seq_q=cum_q, cum_seq_k=cum_k, max_q=max_q, max_k=max_k, dropout_p=0.0, philox_seed=seed,
+                philox_offset=offset, scale=None)[:3]
+
+
+def ring_kernel_calls(torch, q, k, v, cp, rank):
+    """The flash calls of one rank's ring alone (no merge, cast or concatenation), as
+    (forward callable, backward callable)."""
+    aten = torch.ops.aten
+    half = q.shape[2] // 2
+    parts = {"all": slice(None), "first": slice(0, half), "second": slice(half, None)}
+    calls = []
+    for q_part, kv_part, causal in ring_schedule(cp, rank):
+        qq = q[:, :, parts[q_part]]
+        kk, vv = k[:, :, parts[kv_part]].contiguous(), v[:, :, parts[kv_part]].contiguous()
+        res = aten._scaled_dot_product_flash_attention(qq, kk, vv, 0.0, causal)
+        calls.append((qq, kk, vv, causal, res))
+
+    def fwd():
+        for qq, kk, vv, causal, _ in calls:
+            aten._scaled_dot_product_flash_attention(qq, kk, vv, 0.0, causal)
+
+    def bwd():
+        for qq, kk, vv, causal, res in calls:
+            out, lse, cq, ck, mq, mk, seed, off = res[:8]
+            aten._scaled_dot_product_flash_attention_backward(out, qq, kk, vv, out, lse, cq, ck, mq, mk, 0.0,
+                                                               causal, seed, off)
+    return fwd, bwd
 
 
 def attention_plan():
@@ -871,6 +1017,66 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                     torch.cuda.empty_cache()
         print(f"{part} done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
+    # ---- context-parallel ring attention, one rank of the ring alone on the GPU
+    if "ring_attention" in parts:
+        rw = Writer(out / "ring_attention.csv", ["label", "impl", "cp", "rank", "tokens_per_rank", "seq", "heads",
+                                                 "head_dim", "pairs", "fwd_s", "bwd_s", "fwd_tflops", "bwd_tflops",
+                                                 "error"])
+        try:
+            ring = RingRank(torch)
+            ring_error = ""
+        except Exception as err:  # noqa: BLE001 - recorded: the kernels-alone rows still run
+            ring, ring_error = None, f"{type(err).__name__}: {str(err)[:120]}"
+        for label, h, d, n in RING_MODELS:
+            q, k_, v = (torch.randn(1, h, n, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+            go = torch.randn_like(q)
+            for cp in RING_CP:
+                for rank in sorted({0, cp - 1}):
+                    if left() < 0.05 * budget_s:
+                        break
+                    pairs = ring_pairs(cp, rank, n) * h
+                    flop = 4.0 * pairs * d  # QK^T and PV, 2 FLOP a multiply-add
+                    head = [label, "", cp, rank, n, n * cp, h, d, pairs]
+                    for impl in ("torch", "kernels"):
+                        head[1] = impl
+                        try:
+                            if impl == "torch":
+                                if ring is None:
+                                    raise RuntimeError(ring_error)
+                                fwd_out = ring.forward(q, k_, v, cp, rank)
+                                fwd = timer(lambda cp=cp, rank=rank: ring.forward(q, k_, v, cp, rank))
+                                bwd = timer(lambda cp=cp, rank=rank, f=fwd_out: ring.backward(go, q, k_, v, f, cp,
+                                                                                                rank))
+                                del fwd_out
+                            else:
+                                f_call, b_call = ring_kernel_calls(torch, q, k_, v, cp, rank)
+                                fwd, bwd = timer(f_call), timer(b_call)
+                                del f_call, b_call
+                            rw.row([*head, f"{fwd:.6e}", f"{bwd:.6e}", f"{flop / fwd / 1e12:.2f}",
+                                    f"{2.5 * flop / bwd / 1e12:.2f}", ""])
+                        except Exception as err:  # noqa: BLE001
+                            rw.row([*head, "", "", "", "", f"{type(err).__name__}: {str(err)[:120]}"])
+                        torch.cuda.empty_cache()
+            del q, k_, v, go
+            torch.cuda.empty_cache()
+        for s_len in RING_GLOBAL_SEQ:
+            if left() < 0.05 * budget_s:
+                break
+            h = RING_GLOBAL_HEADS
+            q, k_, v = (torch.randn(1, h, s_len, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                        for _ in range(3))
+            flop = attention_flops(1, s_len, h, 128, True)
+            try:
+                fwd, bwd = timer.sdpa_fwd_bwd(q, k_, v, sdpa_backends()["flash"], is_causal=True)
+                rw.row(["global", "sdpa-flash", 1, 0, s_len, s_len, h, 128, s_len * s_len // 2 * h, f"{fwd:.6e}",
+                        f"{bwd:.6e}", f"{flop / fwd / 1e12:.2f}", f"{2.5 * flop / bwd / 1e12:.2f}", ""])
+            except Exception as err:  # noqa: BLE001
+                rw.row(["global", "sdpa-flash", 1, 0, s_len, s_len, h, 128, "", "", "", "", "",
+                        f"{type(err).__name__}: {str(err)[:120]}"])
+            del q, k_, v
+            torch.cuda.empty_cache()
+        print(f"ring attention done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
     env["smi_after"] = smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")
     env["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "env.json").write_text(json.dumps(env, indent=1))
@@ -919,7 +1125,7 @@ def summary(out: Path) -> None:
             if name.startswith("attention"):
                 for r in rows:
                     print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
-    for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv"):
+    for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv", "ring_attention.csv"):
         p = out / name
         if p.exists():
             print(p.read_text())
