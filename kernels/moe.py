@@ -191,14 +191,19 @@ def permute_bytes(algorithm: int, token_bytes: float, e: float, top_k: float, im
 
 
 @jit
-def staging_bytes(algorithm: int, token_bytes: float, e: float, top_k: float, imbalance: float) -> float:
-    """Device bytes of the dispatch buffers of one MoE layer in flight: the
-    gathered e * B buffer (gather-based) or the per-destination send rows and
-    the received expert rows (all-to-all based)."""
-    rows = top_k * imbalance * token_bytes
+def staging_bytes(algorithm: int, token_elems: float, act_bytes: float, dispatch_bytes: float, e: float,
+                  top_k: float, imbalance: float) -> float:
+    """Device bytes of the dispatch buffers of one MoE layer in flight, for
+    ``token_elems`` elements of the rank's tokens (tokens x hidden): the gathered
+    e * B buffer (gather-based) or the rank's tokens, the per-destination send rows and
+    the received expert rows (all-to-all based). What the dispatch moves is held at
+    its own width, ``dispatch_bytes`` an element (FP8 rows and their scales under an
+    FP8 dispatch, ``kernels.params.DISPATCH_BYTES``); the rank's own tokens at the
+    activations' ``act_bytes``."""
+    rows = top_k * imbalance * token_elems * dispatch_bytes
     if gathers(algorithm):
-        return e * token_bytes + rows
-    return token_bytes + 2.0 * rows
+        return e * token_elems * dispatch_bytes + rows
+    return token_elems * act_bytes + 2.0 * rows
 
 
 @jit

@@ -131,7 +131,7 @@ def moe_layer_s(sh, att, ep_stride: float, recompute: int, rc_dense: float, disp
     moe_f = att.part_f + rf + router + 2.0 * local + expert_f + sh_f
     moe_b = att.part_b + rb + 2.0 * router + 2.0 * local + expert_b + sh_b
     moe_w = att.qkv_w + att.out_w + rw + g1w + g2w + sh_w
-    buffers = staging_bytes(dispatch, sh.tokens / sh.t * sh.h * sh.ab, sh.e, model.top_k, imb)
+    buffers = staging_bytes(dispatch, sh.tokens / sh.t * sh.h, sh.ab, work.dispatch_bytes, sh.e, model.top_k, imb)
     e_eff = gemm_efficiency(m_e, 2.0 * model.expert_ffn / sh.et, sh.h, dev, tiles)
     rc_moe = rc_dense
     rc_ep = 0.0

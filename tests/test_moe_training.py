@@ -390,7 +390,11 @@ def test_fp8_dispatch_moves_a_byte_and_a_scale_per_element(toy_dev, toy_tiles, m
     one latency-free tier the all-to-all's time is its bytes over the bandwidth, and a
     dispatch and a combine move the same elements, so the EP time (dispatch + combine,
     forward and backward) is (1.03125 + 2) / (2 + 2) = 0.7578125 of bf16's; nothing else
-    changes (the local permute passes read the 16-bit tokens either way)."""
+    changes in time (the local permute passes read the 16-bit tokens either way). The
+    staging buffers hold what the dispatch moves at its width: an all-to-all rank's send
+    and received rows, 2 x top-2 x imbalance x 128 tokens x 64 elements, at 1.03125 bytes
+    instead of 2, so the peak falls by 2 x 2 x imb x 8,192 x 0.96875 bytes (imb = 1.0341,
+    the busiest of 2 ranks when 256 tokens route top-2 over 8 experts)."""
     assert params.DISPATCH_BYTES["fp8"] == 1.03125
     hw = (toy_dev, make_tiers((0.0, 100e9, 0.0)), toy_tiles)
     kw = dict(dp=2, ep=2, n_micro=8)
@@ -400,7 +404,28 @@ def test_fp8_dispatch_moves_a_byte_and_a_scale_per_element(toy_dev, toy_tiles, m
     assert bf16["ep_comm_s"] > 0
     assert fp8["ep_comm_s"] == pytest.approx(0.7578125 * bf16["ep_comm_s"], rel=1e-12)
     assert fp8["compute_s"] == pytest.approx(bf16["compute_s"], rel=1e-12)
-    assert fp8["mem_peak_bytes"] == bf16["mem_peak_bytes"]
+    imb = routing_imbalance(2 * 128.0, 8.0, 2.0, 2.0)
+    assert imb == pytest.approx(1.0341, abs=1e-4)
+    assert bf16["mem_peak_bytes"] - fp8["mem_peak_bytes"] == pytest.approx(2 * 2 * imb * 8192 * (2 - 1.03125),
+                                                                           rel=1e-9)
+
+
+def test_staging_buffers_by_hand():
+    """``moe.staging_bytes``, DeepSeek-V3's hidden 7,168, 4,096 tokens a rank (29,360,128
+    elements), top-8, no imbalance. All-to-all: the rank's tokens at 2 bytes, 58,720,256,
+    plus its send and received rows, 2 x 8 x 29,360,128 x 2 = 939,524,096 bytes in BF16 and
+    x 1.03125 = 484,442,112 under an FP8 dispatch: 998,244,352 and 543,162,368 bytes.
+    Gather-based over EP 8: the gathered 8 x 29,360,128 elements and the 8 x 29,360,128 of
+    the rows, 16 x 29,360,128 x 2 = 939,524,096 bytes in BF16, x 1.03125 / 2 under FP8."""
+    from paraspace.kernels.codes import DISPATCH_ALLGATHER, DISPATCH_ALLTOALL
+    from paraspace.kernels.moe import staging_bytes
+
+    elems = 4096 * 7168
+    assert elems == 29_360_128
+    assert staging_bytes(DISPATCH_ALLTOALL, elems, 2.0, 2.0, 8.0, 8.0, 1.0) == 998_244_352
+    assert staging_bytes(DISPATCH_ALLTOALL, elems, 2.0, 1.03125, 8.0, 8.0, 1.0) == 543_162_368
+    assert staging_bytes(DISPATCH_ALLGATHER, elems, 2.0, 2.0, 8.0, 8.0, 1.0) == 939_524_096
+    assert staging_bytes(DISPATCH_ALLGATHER, elems, 2.0, 1.03125, 8.0, 8.0, 1.0) == 939_524_096 * 1.03125 / 2
 
 
 def test_a_space_dispatching_in_fp8_is_faster_only_through_its_ep_traffic():
