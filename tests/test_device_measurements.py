@@ -208,6 +208,96 @@ def test_kernels_price_a_ring_rank_from_its_share_of_the_causal_flops():
     assert -0.08 <= min(errors) and max(errors) <= 0.0, np.round(errors, 3)
 
 
+#: attention_heads.csv backend -> the profile field of its kernel class's plateau
+HEADS_BACKENDS = {"flash": "attention_efficiency", "cudnn": "attention_efficiency_flash3"}
+
+
+def heads_share(blocks: float, sms: float) -> float:
+    """The share of the plateau a fused-attention call's ``blocks`` thread blocks reach
+    on ``sms`` SMs, as measured (``attention_heads.csv``): blocks / (blocks + SMs), about
+    one wave idle (``ops.loop_fill`` with the SMs as the fill)."""
+    return ops.loop_fill(blocks, sms)
+
+
+def _heads_errors(backend: str, with_blocks: bool) -> tuple[list, list, list, list]:
+    """Priced / measured - 1 of attention_heads.csv's causal rows of one backend with at
+    least 128 thread blocks (batch x heads x ceil(tokens / 128); a TP8 rank's few heads and
+    more): the forwards, the backwards of up to 8K tokens, those of 16K-32K, and the rows'
+    blocks. Priced by the kernels, and with ``with_blocks`` their compute time over
+    ``heads_share`` as well."""
+    hw = load_hardware("h100-sxm5-80gb").device
+    dev, _ = device("h100-sxm5-80gb", attention_efficiency=getattr(hw, HEADS_BACKENDS[backend]))
+    fwd_e, bwd_short, bwd_long, blocks_of = [], [], [], []
+    for r in rows("h100-sxm5-80gb", "attention_heads.csv"):
+        if r["backend"] != backend or r["causal"] != "1":
+            continue
+        b, s, h = int(r["batch"]), int(r["seq"]), int(r["heads"])
+        blocks = b * h * -(-s // 128)
+        if blocks < 128:
+            continue
+        fwd, bwd, _ = ops.attention_fwd_bwd_s(float(b), float(s), float(s), float(h), float(h), 128.0, True, True,
+                                              dev, 2.0)
+        if with_blocks:
+            share = heads_share(blocks, dev.compute_units)
+            fwd = (fwd - dev.launch_s) / share + dev.launch_s
+            bwd = (bwd - 2 * dev.launch_s) / share + 2 * dev.launch_s
+        fwd_e.append(fwd / float(r["fwd_s"]) - 1)
+        (bwd_short if s <= 8192 else bwd_long).append(bwd / float(r["bwd_s"]) - 1)
+        blocks_of.append(blocks)
+    return fwd_e, bwd_short, bwd_long, blocks_of
+
+
+@pytest.mark.parametrize("backend", sorted(HEADS_BACKENDS))
+def test_fused_attention_rate_follows_its_thread_blocks(backend):
+    """``attention_heads.csv`` (H100, ``env-heads.json``): one sequence of 1K-32K tokens
+    with 1-64 heads of 128, causal. With few heads the rate falls far below the plateau
+    (FlashAttention-2 at 8K: 233 TFLOP/s forward with 8 heads, 327 with 64; cuDNN 496 and
+    566). The key fill the kernels price times blocks / (blocks + SMs), at the profile's
+    plateaus (not refitted), over the 39 rows of 128 or more blocks a backend: forwards
+    within 30% and 8% on average (7.1% and 7.0%), backwards of up to 8K tokens within 36%
+    and 10% on average; the backwards of 16K-32K tokens reach their plateau with fewer
+    blocks than the law says (at 256-512 blocks up to 58% slower than measured, from 2,048
+    within 14%). The kernels, which leave the blocks out, price the same rows 19-22% too
+    fast on average, up to 66% (next test)."""
+    fwd_e, bwd_short, bwd_long, _ = _heads_errors(backend, with_blocks=True)
+    assert len(fwd_e) == 39 and len(bwd_short) == 26 and len(bwd_long) == 13
+    assert max(abs(e) for e in fwd_e) < 0.30 and statistics.mean(abs(e) for e in fwd_e) < 0.08
+    assert max(abs(e) for e in bwd_short) < 0.36 and statistics.mean(abs(e) for e in bwd_short) < 0.10
+    assert -0.06 < min(bwd_long) and max(bwd_long) < 0.60
+    kernels = [e for part in _heads_errors(backend, with_blocks=False)[:3] for e in part]
+    assert statistics.mean(kernels) < -0.15 and min(kernels) < -0.60
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured (attention_heads.csv) but not priced: blocks / (blocks + SMs) in the kernels took "
+    "in-sample MAPE 7.87% -> 7.74% and leave-one-source-out 8.96% -> 9.36% (2026-11-27): the Megatron and "
+    "NeMo H100 rows, filed flash2, run Transformer Engine's cuDNN kernel of the FA3 class and are priced at "
+    "FA2's rate already, so slowing their TP8 ranks' few-head attention moved the GEMM knob the other sources "
+    "are judged by (issue 14)"))
+@pytest.mark.parametrize("backend", sorted(HEADS_BACKENDS))
+def test_kernels_price_few_head_attention(backend):
+    """A TP8 rank's attention (8-16 heads of a 2K-8K sequence, 128-1,024 thread blocks)
+    priced within 12% of the measured calls on average, forward and backward."""
+    fwd_e, bwd_short, _, blocks = _heads_errors(backend, with_blocks=False)
+    few = [e for e, n in zip(fwd_e, blocks) if n <= 1024]
+    assert statistics.mean(abs(e) for e in few + bwd_short) < 0.12
+
+
+def test_batch_and_heads_are_one_dimension_of_thread_blocks():
+    """The rate follows batch x heads, not either: at 2K and 8K tokens, 8 sequences of one
+    head, 4 of 2, 2 of 4 and 1 of 8 run within 7% of each other forward (FlashAttention-2
+    and cuDNN): a call's thread blocks are batch x heads x ceil(tokens / 128)."""
+    table = rows("h100-sxm5-80gb", "attention_heads.csv")
+    assert not [r for r in table if r["error"]]
+    for backend in ("flash", "cudnn"):
+        for s in ("2048", "8192"):
+            rates = [float(r["fwd_tflops"]) for r in table
+                     if r["backend"] == backend and r["seq"] == s and r["causal"] == "1"
+                     and int(r["batch"]) * int(r["heads"]) == 8]
+            assert len(rates) == 4
+            assert max(rates) / min(rates) < 1.07, (backend, s, rates)
+
+
 def _dense(card: str) -> list[dict]:
     return [r for r in rows(card, "gemm_bf16.csv") if r["role"] in ("fwd", "dgrad", "wgrad")]
 

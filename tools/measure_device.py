@@ -67,6 +67,10 @@ paraspace itself never imports). Writes into OUT_DIR:
     a rank, CP 1-8, the first and the last rank; beside it the same SDPA calls alone
     (``kernels``) and one causal call over the whole sequence with few heads
     (``global``): what a ring step costs beyond its FLOPs.
+``attention_heads.csv``
+    Causal fused attention (FlashAttention-2 and cuDNN) of one sequence of 2K, 8K or 32K
+    tokens with 1 to 64 heads of 128: the rate against the thread blocks a call has (a TP8
+    rank of Llama 3 70B computes 8 heads, where ``attention.csv``'s rows have 32 or more).
 ``env.json``
     The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
     the date: the provenance a committed table carries.
@@ -169,9 +173,21 @@ RING_MODELS = (("llama31-8b", 32, 128, 32768), ("llama31-405b/tp8", 16, 128, 327
 RING_CP = (1, 2, 4, 8)
 RING_GLOBAL_SEQ = (32768, 65536, 131072, 262144)
 RING_GLOBAL_HEADS = 4
+#: fused attention against its parallelism: one sequence (batch 1) of these lengths with
+#: 1-64 heads of 128, causal, per backend: a TP8 rank of a 70B model computes 8 heads, of
+#: 405B 16, where attention.csv's rows have 32 or more (batch x heads)
+HEADS_SEQ = (1024, 2048, 4096, 8192, 16384, 32768)
+HEADS_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+HEADS_MAX_TOKENS_HEADS = 32768 * 32
+#: (batch, heads) pairs of equal product, and non-causal calls, at these lengths: whether
+#: the rate follows the thread blocks (batch x heads x query tiles), and how much of the
+#: causal loss is the triangle's uneven blocks
+HEADS_BATCHED = ((2, 4), (4, 2), (8, 1), (2, 8))
+HEADS_BATCHED_SEQ = (2048, 8192)
+HEADS_FULL_SEQ = (2048, 8192)
 TARGET_S = 0.02
 PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
-         "fp8_scaling", "layer", "decode_step", "decode_step_fp8", "ring_attention")
+         "fp8_scaling", "layer", "decode_step", "decode_step_fp8", "ring_attention", "attention_heads")
 
 
 def linear_layers():
@@ -1077,6 +1093,45 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
             torch.cuda.empty_cache()
         print(f"ring attention done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
+    # ---- fused attention against its parallelism (heads x batch)
+    if "attention_heads" in parts:
+        hw_ = Writer(out / "attention_heads.csv", ["backend", "batch", "seq", "heads", "head_dim", "causal",
+                                                  "fwd_s", "bwd_s", "fwd_tflops", "bwd_tflops", "timing", "error"])
+        kinds = sdpa_backends()
+        plan = [(1, h, s_len, True) for s_len in HEADS_SEQ for h in HEADS_COUNTS
+                if s_len * h <= HEADS_MAX_TOKENS_HEADS]
+        plan += [(b, h, s_len, True) for s_len in HEADS_BATCHED_SEQ for b, h in HEADS_BATCHED]
+        plan += [(1, h, s_len, False) for s_len in HEADS_FULL_SEQ for h in HEADS_COUNTS]
+        for b, h, s_len, causal in plan:
+            for backend in ("flash", "cudnn"):
+                if left() < 0.05 * budget_s:
+                    break
+                flop = attention_flops(b, s_len, h, 128, causal)
+                try:
+                    q, k_, v = (torch.randn(b, h, s_len, 128, device=dev, dtype=torch.bfloat16,
+                                            requires_grad=True) for _ in range(3))
+                    # the forward replayed from a CUDA graph: a call of tens of microseconds is
+                    # shorter than eager dispatch, which events would time with the GPU waiting
+                    with sdpa_kernel(kinds[backend]):
+                        def fwd_call(q=q, k_=k_, v=v, causal=causal):
+                            return F.scaled_dot_product_attention(q, k_, v, is_causal=causal)
+                        fwd, how_f, _ = timer.replayed(fwd_call)
+                        o = fwd_call()
+                        go = torch.randn_like(o)
+
+                        def bwd_call(o=o, go=go, q=q, k_=k_, v=v):
+                            return torch.autograd.grad(o, (q, k_, v), go, retain_graph=True)
+                        bwd, how_b = timer(bwd_call), "events"  # autograd's backward is not captured
+                        del o, go
+                    hw_.row([backend, b, s_len, h, 128, int(causal), f"{fwd:.6e}", f"{bwd:.6e}",
+                             f"{flop / fwd / 1e12:.2f}", f"{2.5 * flop / bwd / 1e12:.2f}", f"{how_f}/{how_b}", ""])
+                    del q, k_, v
+                except Exception as err:  # noqa: BLE001
+                    hw_.row([backend, b, s_len, h, 128, int(causal), "", "", "", "", "",
+                             f"{type(err).__name__}: {str(err)[:120]}"])
+                torch.cuda.empty_cache()
+        print(f"attention heads done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
     env["smi_after"] = smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active")
     env["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "env.json").write_text(json.dumps(env, indent=1))
@@ -1125,7 +1180,8 @@ def summary(out: Path) -> None:
             if name.startswith("attention"):
                 for r in rows:
                     print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
-    for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv", "ring_attention.csv"):
+    for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv", "ring_attention.csv",
+                 "attention_heads.csv"):
         p = out / name
         if p.exists():
             print(p.read_text())
