@@ -98,8 +98,18 @@ QUALITIES = ("ok", "uncertain")
 #: print, as its other rows' "peak memory")
 _MEMORY = re.compile(r"\b(?:peak memory|memory/GPU|memory(?= \S+ Gi?B at step [0-9]))"
                      r" ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
+#: a row whose notes say its router was forced to balance (NeMo Automodel's
+#: ``fake_balanced_gate``: every expert gets the same tokens) routes with no imbalance:
+#: ``moe_imbalance`` 1.0, where natural top-k routing's busiest rank is derived otherwise
+#: (``kernels.routing``; issue 14: runs of one model differ by up to 50% between the two)
+_FORCED_BALANCE = re.compile(r"\b(?:fake|forced)[ -]balanced (?:gate|router|routing)\b", re.I)
 #: pairs of one job whose measured step times differ by less than this are not ranked
 RANK_MIN_GAP = 0.05
+
+
+def forced_balance(notes: str) -> bool:
+    """Whether the notes say the run's router was forced to balance (``_FORCED_BALANCE``)."""
+    return _FORCED_BALANCE.search(notes) is not None
 
 
 def noted_memory_bytes(notes: str) -> float | None:
@@ -397,6 +407,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
         "uneven_layers": layers % pp != 0,
         "checkpoint": "early-stop" if fsdp else "reentrant",
+        "moe_imbalance": 1.0 if model.moe is not None and forced_balance(row.get("notes") or "") else None,
         "dimensions": dims,
     }, where)
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=where, raw={}), searched

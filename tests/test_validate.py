@@ -180,6 +180,31 @@ def test_a_moe_row_silent_on_its_dispatcher_may_run_deepep_across_nodes(tmp_path
     assert results[0].predicted < float(np.min(out["step_time_s"][flat]))
 
 
+def test_a_row_whose_router_was_forced_to_balance_routes_with_no_imbalance(tmp_path):
+    """NeMo Automodel's rows say "fake balanced gate" (its ``fake_balanced_gate``: every
+    expert gets the same tokens): such a row is priced with ``moe_imbalance`` 1.0, the
+    others with natural top-k routing's busiest rank (``kernels.routing``). The same MoE
+    row, a micro-batch of 1,024 tokens on each of 16 ranks (EP16, 64 experts, top-8):
+    16,384 x 8 / 16 = 8,192 routed rows on the mean rank, more on the busiest; forced,
+    exactly the mean, so faster. The phrase is read from the row's notes, not its source; a
+    load-balancing loss is natural routing, and a dense row has nothing to balance."""
+    assert validate.forced_balance("mock data; fake balanced gate; no grad clipping")
+    assert validate.forced_balance("Forced-balanced router")
+    assert not validate.forced_balance("load-balanced router, aux loss 1e-3")
+    assert not validate.forced_balance("aux-loss-free balanced gate")
+    moe = {**ROW, "id": "moe16", "n_gpus": "16", "tp": "1", "pp": "1", "dp": "16", "n_experts": "64", "topk": "8",
+           "expert_ffn": "2048", "n_shared_experts": "0", "first_dense_layers": "0", "ep": "16", "micro_batch": "1",
+           "global_batch": "64", "zero": "1", "seq": "1024"}
+    forced = {**moe, "id": "forced", "notes": "fake balanced gate"}
+    natural_space, _ = validate.training_space(dict(moe), "t")
+    forced_space, _ = validate.training_space(dict(forced), "t")
+    assert natural_space.spec.moe_imbalance is None and forced_space.spec.moe_imbalance == 1.0
+    assert validate.training_space({**ROW, "notes": "fake balanced gate"}, "t")[0].spec.moe_imbalance is None
+    kind, results = validate.run(write(tmp_path, [moe, forced]))
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert results[1].predicted < results[0].predicted
+
+
 def test_a_bad_header_is_an_error_for_the_file(tmp_path):
     path = write(tmp_path, [ROW], drop="global_batch")
     result = CliRunner().invoke(main, ["validate", str(path)])
