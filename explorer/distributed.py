@@ -48,9 +48,13 @@ def dask_setup(worker: Any) -> None:
     """Run in each worker process of the local cluster (its ``preload``): ignore SIGINT. A
     terminal's Ctrl-C reaches the whole process group, and workers that took it died
     mid-shard with a traceback each; the caller alone takes it and closes the cluster
-    (the nannies end the workers with SIGTERM)."""
+    (the nannies end the workers with SIGTERM). The worker's own logging is quieted as the
+    caller's is when it stops (``_quiet_shutdown``): a worker whose heartbeat was in flight
+    as the scheduler closed logged its failure with a traceback after the run's one line.
+    A shard's failure still reaches the caller, as the exception its future raises."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _quiet_shutdown()
 
 
 def _quiet_shutdown() -> None:
