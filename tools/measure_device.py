@@ -61,16 +61,18 @@ paraspace itself never imports). Writes into OUT_DIR:
     Context-parallel ring attention as one rank of a CP group runs it: PyTorch's own ring
     (``_templated_ring_attention`` and its backward, round-robin load balance, the
     fp32 merge of each step's output and the fp32 gradient accumulation, as torchtitan's
-    CP rows ran it) made to run alone on one GPU (``ring_rank``: its process-group
+    CP rows ran it) made to run alone on one GPU (``RingRank``: its process-group
     queries answer the rank and CP size, its rotater hands back the buffer it is given,
     bytes a peer would have sent), for Llama 3.1 8B and a TP8 rank of 405B at 32K tokens
     a rank, CP 1-8, the first and the last rank; beside it the same SDPA calls alone
     (``kernels``) and one causal call over the whole sequence with few heads
     (``global``): what a ring step costs beyond its FLOPs.
 ``attention_heads.csv``
-    Causal fused attention (FlashAttention-2 and cuDNN) of one sequence of 2K, 8K or 32K
-    tokens with 1 to 64 heads of 128: the rate against the thread blocks a call has (a TP8
-    rank of Llama 3 70B computes 8 heads, where ``attention.csv``'s rows have 32 or more).
+    Fused attention (FlashAttention-2 and cuDNN) of one sequence of 1K-32K tokens with 1 to
+    64 heads of 128, causal (and not, at 2K and 8K), and of 2-8 sequences with as many
+    heads in all: the rate against the thread blocks a call has (a TP8 rank of Llama 3 70B
+    computes 8 heads, where ``attention.csv``'s rows have 32 or more). The forward is
+    replayed from a CUDA graph, the backward timed by events (``timing``).
 ``env.json``
     The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
     the date: the provenance a committed table carries.
