@@ -114,10 +114,10 @@ def test_fused_attention_rate_follows_the_fill_model(card, backend, field):
 RING = "ring_attention.csv"
 
 
-def _ring_rows() -> dict[tuple[str, int, int, str], dict]:
-    """(label, cp, rank, impl) -> row of the H100's ring table (``tools/measure_device.py``
+def _ring_rows(card: str = "h100-sxm5-80gb") -> dict[tuple[str, int, int, str], dict]:
+    """(label, cp, rank, impl) -> row of a card's ring table (``tools/measure_device.py``
     ``RingRank``: PyTorch's ring run as one rank of a CP group, transfers left out)."""
-    table = rows("h100-sxm5-80gb", RING)
+    table = rows(card, RING)
     assert not [r for r in table if r["error"]], "every ring row measured"
     return {(r["label"], int(r["cp"]), int(r["rank"]), r["impl"]): r for r in table if r["label"] != "global"}
 
@@ -140,19 +140,20 @@ def test_ring_rank_pairs_are_the_causal_pairs_over_cp():
             assert md.ring_pairs(cp, rank, n) * cp == (cp * n) * (cp * n + 1) // 2
     assert md.ring_schedule(4, 1) == [("all", "all", True), ("all", "first", False), ("second", "all", False),
                                       ("second", "all", False)]
-    for (label, cp, rank, _), r in _ring_rows().items():
-        heads = int(r["heads"])
-        assert int(r["pairs"]) == md.ring_pairs(cp, rank, n) * heads, label
+    for card in CARDS:
+        for (label, cp, rank, _), r in _ring_rows(card).items():
+            assert int(r["pairs"]) == md.ring_pairs(cp, rank, n) * int(r["heads"]), label
 
 
-def test_a_ring_rank_costs_its_sdpa_calls_and_a_little_more():
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_a_ring_rank_costs_its_sdpa_calls_and_a_little_more(card):
     """PyTorch's own ring (torchtitan's context parallel: the step's SDPA call, its output
     and log-sum-exp merged in fp32, the KV concatenated for the next rank, the backward's
-    gradients accumulated in fp32) against the same FlashAttention-2 calls alone, H100,
-    Llama 3.1 8B (32 heads of 128 after repeat_kv) and a TP8 rank of 405B (16), 32K tokens
-    a rank, CP 1-8: the ring takes 0-8% longer than its kernels (the merges and copies are
-    memory passes over a rank's output, small next to n^2 attention), never less."""
-    ring = _ring_rows()
+    gradients accumulated in fp32) against the same FlashAttention-2 calls alone, H100 and
+    H200, Llama 3.1 8B (32 heads of 128 after repeat_kv) and a TP8 rank of 405B (16), 32K
+    tokens a rank, CP 1-8: the ring takes 0-8% longer than its kernels (the merges and
+    copies are memory passes over a rank's output, small next to n^2 attention), never less."""
+    ring = _ring_rows(card)
     assert len(ring) == 28
     for (label, cp, rank, impl), r in ring.items():
         if impl != "torch":
@@ -163,15 +164,16 @@ def test_a_ring_rank_costs_its_sdpa_calls_and_a_little_more():
             assert 0.97 <= ratio <= 1.10, (label, cp, rank, field, ratio)
 
 
-def test_a_ring_rank_runs_at_one_causal_calls_rate_whatever_the_cp_size():
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_a_ring_rank_runs_at_one_causal_calls_rate_whatever_the_cp_size(card):
     """A rank's ring time grows with its pairs and nothing else: per pair, CP 8 takes
     0.93-1.07x what CP 1 (one causal call over the rank's 32K tokens) takes, forward and
     backward. So the context-parallel rows of torchtitan (Llama 3.1 8B at 32K tokens a GPU,
     CP 1 to 8 over 32K to 256K tokens) that the model predicts 14-38% fast, the error
     growing with CP, do not lose it in a rank's attention compute: what a GPU adds is
     elsewhere (transfers, their contention with the kernels, the allocator near capacity),
-    which one GPU cannot measure."""
-    ring = _ring_rows()
+    which one GPU cannot measure. The H200 alike."""
+    ring = _ring_rows(card)
     for label in ("llama31-8b", "llama31-405b/tp8"):
         one = ring[(label, 1, 0, "torch")]
         for cp in (2, 4, 8):
@@ -197,15 +199,17 @@ def test_kernels_price_a_ring_rank_from_its_share_of_the_causal_flops():
     assert fwd == pytest.approx(7.0369e13 / (0.36 * 989.4e12 * 32768 / 33218) + 4e-6, rel=1e-4)
     ring = _ring_rows()
     assert fwd / float(ring[("llama31-8b", 8, 7, "torch")]["fwd_s"]) - 1 == pytest.approx(-0.089, abs=0.001)
-    errors = []
-    for (label, cp, rank, impl), r in ring.items():
-        if impl != "torch":
-            continue
-        h = float(r["heads"])
-        f, b, _ = ops.attention_qkv_fwd_bwd_s(1.0, n, cp * n, h, h, 128.0, 128.0, True, True, dev, 2.0, n)
-        errors.append((f + b) / (float(r["fwd_s"]) + float(r["bwd_s"])) - 1)
-    assert len(errors) == 14
-    assert -0.08 <= min(errors) and max(errors) <= 0.0, np.round(errors, 3)
+    for card in CARDS:  # the H200 (its profile inherits the H100's plateau): 1.6-5.3% fast
+        dev, _ = device(card)
+        errors = []
+        for (label, cp, rank, impl), r in _ring_rows(card).items():
+            if impl != "torch":
+                continue
+            h = float(r["heads"])
+            f, b, _ = ops.attention_qkv_fwd_bwd_s(1.0, n, cp * n, h, h, 128.0, 128.0, True, True, dev, 2.0, n)
+            errors.append((f + b) / (float(r["fwd_s"]) + float(r["bwd_s"])) - 1)
+        assert len(errors) == 14
+        assert -0.08 <= min(errors) and max(errors) <= 0.0, (card, np.round(errors, 3))
 
 
 #: attention_heads.csv backend -> the profile field of its kernel class's plateau
@@ -219,16 +223,16 @@ def heads_share(blocks: float, sms: float) -> float:
     return ops.loop_fill(blocks, sms)
 
 
-def _heads_errors(backend: str, with_blocks: bool) -> tuple[list, list, list, list]:
-    """Priced / measured - 1 of attention_heads.csv's causal rows of one backend with at
-    least 128 thread blocks (batch x heads x ceil(tokens / 128); a TP8 rank's few heads and
-    more): the forwards, the backwards of up to 8K tokens, those of 16K-32K, and the rows'
-    blocks. Priced by the kernels, and with ``with_blocks`` their compute time over
-    ``heads_share`` as well."""
-    hw = load_hardware("h100-sxm5-80gb").device
-    dev, _ = device("h100-sxm5-80gb", attention_efficiency=getattr(hw, HEADS_BACKENDS[backend]))
+def _heads_errors(backend: str, with_blocks: bool, card: str = "h100-sxm5-80gb") -> tuple[list, list, list, list]:
+    """Priced / measured - 1 of a card's attention_heads.csv causal rows of one backend
+    with at least 128 thread blocks (batch x heads x ceil(tokens / 128); a TP8 rank's few
+    heads and more): the forwards, the backwards of up to 8K tokens, those of 16K-32K, and
+    the rows' blocks. Priced by the kernels, and with ``with_blocks`` their compute time
+    over ``heads_share`` as well."""
+    hw = load_hardware(card).device
+    dev, _ = device(card, attention_efficiency=getattr(hw, HEADS_BACKENDS[backend]))
     fwd_e, bwd_short, bwd_long, blocks_of = [], [], [], []
-    for r in rows("h100-sxm5-80gb", "attention_heads.csv"):
+    for r in rows(card, "attention_heads.csv"):
         if r["backend"] != backend or r["causal"] != "1":
             continue
         b, s, h = int(r["batch"]), int(r["seq"]), int(r["heads"])
@@ -247,25 +251,27 @@ def _heads_errors(backend: str, with_blocks: bool) -> tuple[list, list, list, li
     return fwd_e, bwd_short, bwd_long, blocks_of
 
 
+@pytest.mark.parametrize("card", sorted(CARDS))
 @pytest.mark.parametrize("backend", sorted(HEADS_BACKENDS))
-def test_fused_attention_rate_follows_its_thread_blocks(backend):
-    """``attention_heads.csv`` (H100, ``env-heads.json``): one sequence of 1K-32K tokens
-    with 1-64 heads of 128, causal. With few heads the rate falls far below the plateau
-    (FlashAttention-2 at 8K: 233 TFLOP/s forward with 8 heads, 327 with 64; cuDNN 496 and
-    566). The key fill the kernels price times blocks / (blocks + SMs), at the profile's
-    plateaus (not refitted), over the 39 rows of 128 or more blocks a backend: forwards
-    within 30% and 8% on average (7.1% and 7.0%), backwards of up to 8K tokens within 36%
-    and 10% on average; the backwards of 16K-32K tokens reach their plateau with fewer
-    blocks than the law says (at 256-512 blocks up to 58% slower than measured, from 2,048
-    within 14%). The kernels, which leave the blocks out, price the same rows 19-22% too
-    fast on average, up to 66% (next test)."""
-    fwd_e, bwd_short, bwd_long, _ = _heads_errors(backend, with_blocks=True)
+def test_fused_attention_rate_follows_its_thread_blocks(backend, card):
+    """``attention_heads.csv`` (H100 ``env-heads.json``, H200 ``env-ring-heads.json``): one
+    sequence of 1K-32K tokens with 1-64 heads of 128, causal. With few heads the rate falls
+    far below the plateau (FlashAttention-2 at 8K on the H100: 233 TFLOP/s forward with 8
+    heads, 327 with 64; cuDNN 496 and 566; the H200 alike, its cuDNN up to 10% faster). The key fill the
+    kernels price times blocks / (blocks + SMs), at the profile's plateaus (not refitted),
+    over the 39 rows of 128 or more blocks a backend: forwards within 30% and 8% on average
+    (H100 7.1% and 7.0%, H200 6.9% and 7.2%), backwards of up to 8K tokens within 37% and
+    13% on average (H100 9.2% and 8.5%, H200 9.8% and 12.6%); the backwards of 16K-32K
+    tokens reach their plateau with fewer blocks than the law says (at 256-512 blocks up to
+    61% slower than measured, from 2,048 within 14%). The kernels, which leave the blocks
+    out, price the same rows 17-22% too fast on average, up to 56-66% (next test)."""
+    fwd_e, bwd_short, bwd_long, _ = _heads_errors(backend, True, card)
     assert len(fwd_e) == 39 and len(bwd_short) == 26 and len(bwd_long) == 13
     assert max(abs(e) for e in fwd_e) < 0.30 and statistics.mean(abs(e) for e in fwd_e) < 0.08
-    assert max(abs(e) for e in bwd_short) < 0.36 and statistics.mean(abs(e) for e in bwd_short) < 0.10
-    assert -0.06 < min(bwd_long) and max(bwd_long) < 0.60
-    kernels = [e for part in _heads_errors(backend, with_blocks=False)[:3] for e in part]
-    assert statistics.mean(kernels) < -0.15 and min(kernels) < -0.60
+    assert max(abs(e) for e in bwd_short) < 0.37 and statistics.mean(abs(e) for e in bwd_short) < 0.13
+    assert -0.06 < min(bwd_long) and max(bwd_long) < 0.65
+    kernels = [e for part in _heads_errors(backend, False, card)[:3] for e in part]
+    assert statistics.mean(kernels) < -0.15 and min(kernels) < -0.55
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -278,7 +284,7 @@ def test_fused_attention_rate_follows_its_thread_blocks(backend):
 def test_kernels_price_few_head_attention(backend):
     """A TP8 rank's attention (8-16 heads of a 2K-8K sequence, 128-1,024 thread blocks)
     priced within 12% of the measured calls on average, forward and backward."""
-    fwd_e, bwd_short, _, blocks = _heads_errors(backend, with_blocks=False)
+    fwd_e, bwd_short, _, blocks = _heads_errors(backend, False)
     few = [e for e, n in zip(fwd_e, blocks) if n <= 1024]
     assert statistics.mean(abs(e) for e in few + bwd_short) < 0.12
 
@@ -286,16 +292,17 @@ def test_kernels_price_few_head_attention(backend):
 def test_batch_and_heads_are_one_dimension_of_thread_blocks():
     """The rate follows batch x heads, not either: at 2K and 8K tokens, 8 sequences of one
     head, 4 of 2, 2 of 4 and 1 of 8 run within 7% of each other forward (FlashAttention-2
-    and cuDNN): a call's thread blocks are batch x heads x ceil(tokens / 128)."""
-    table = rows("h100-sxm5-80gb", "attention_heads.csv")
-    assert not [r for r in table if r["error"]]
-    for backend in ("flash", "cudnn"):
-        for s in ("2048", "8192"):
-            rates = [float(r["fwd_tflops"]) for r in table
-                     if r["backend"] == backend and r["seq"] == s and r["causal"] == "1"
-                     and int(r["batch"]) * int(r["heads"]) == 8]
-            assert len(rates) == 4
-            assert max(rates) / min(rates) < 1.07, (backend, s, rates)
+    and cuDNN, H100 and H200): a call's thread blocks are batch x heads x ceil(tokens / 128)."""
+    for card in CARDS:
+        table = rows(card, "attention_heads.csv")
+        assert not [r for r in table if r["error"]]
+        for backend in ("flash", "cudnn"):
+            for s in ("2048", "8192"):
+                rates = [float(r["fwd_tflops"]) for r in table
+                         if r["backend"] == backend and r["seq"] == s and r["causal"] == "1"
+                         and int(r["batch"]) * int(r["heads"]) == 8]
+                assert len(rates) == 4
+                assert max(rates) / min(rates) < 1.07, (card, backend, s, rates)
 
 
 def _dense(card: str) -> list[dict]:
