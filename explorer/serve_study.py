@@ -46,7 +46,7 @@ import optuna
 
 from paraspace.explorer import serve
 from paraspace.explorer.sweep import provenance, space_digest
-from paraspace.explorer.study import GRACE_S, HEARTBEAT_S, Outcome, Problem, StudySummary, optimise
+from paraspace.explorer.study import GRACE_S, HEARTBEAT_S, Outcome, Problem, StudySummary, mark_over_cap, optimise
 from paraspace.results import serving_schema as schema
 from paraspace.results.writer import ResultWriter, to_arrow
 from paraspace.spaces import serving as sp
@@ -116,11 +116,8 @@ class ServingProblem(Problem):
             return None, enc.columns["row_id"]
         cols = enc.columns
         metrics = serve.evaluate_columns(self.loaded, cols, self.packed, simulate_top=enc.n_rows if self.simulate else 0)
-        if self.cap is not None:  # the Parquet's feasible column is the study's: a row over the cap does not fit
-            over = (metrics["reason"] == sp.Feasible.OK) & (metrics["mem_peak_bytes"] > self.cap)
-            metrics["reason"] = np.where(over, int(sp.Feasible.MEMORY_CAP), metrics["reason"]).astype(
-                metrics["reason"].dtype)
-            metrics["feasible"] = np.where(over, 0, metrics["feasible"]).astype(metrics["feasible"].dtype)
+        if self.cap is not None:  # feasible is reason == OK (explorer.serve)
+            mark_over_cap(metrics, "reason", self.cap, int(sp.Feasible.MEMORY_CAP))
         return {**cols, **metrics, "infeasible_reason": metrics["reason"].astype(np.int8)}, cols["row_id"]
 
     def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:

@@ -416,11 +416,8 @@ class TrainingProblem(Problem):
     def evaluate(self, ids: np.ndarray) -> tuple[dict[str, np.ndarray] | None, np.ndarray]:
         enc = self.encoder.encode_ids(ids)
         cols = evaluate_encoded(self.packed, enc) if enc.n_rows else None
-        if cols is not None:  # the Parquet's feasible column is the study's: a row over the cap does not fit
-            over = (cols["feasible"] != 0) & (cols["mem_peak_bytes"] > self.cap)
-            cols["feasible"] = np.where(over, 0, cols["feasible"]).astype(cols["feasible"].dtype)
-            cols["infeasible_reason"] = np.where(over, int(Feasibility.OUT_OF_MEMORY),
-                                                 cols["infeasible_reason"]).astype(cols["infeasible_reason"].dtype)
+        if cols is not None:
+            mark_over_cap(cols, "infeasible_reason", self.cap, int(Feasibility.OUT_OF_MEMORY))
         return cols, enc.columns["row_id"]
 
     def outcome(self, cols: dict[str, np.ndarray], row: int) -> Outcome:
@@ -550,6 +547,15 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
         best=[problem.best_entry(t) for t in best],
         parts=parts, seconds=time.perf_counter() - began, n_recovered=retry.count,
     )
+
+
+def mark_over_cap(cols: dict[str, np.ndarray], reason_key: str, cap: float, code: int) -> None:
+    """In place: the rows that fit but whose ``mem_peak_bytes`` exceed the study's ``cap``
+    become infeasible, ``code`` in ``cols[reason_key]``. The Parquet's feasible column is the
+    study's, so ``paraspace top`` ranks no row the study refused (training and serving)."""
+    over = (cols["feasible"] != 0) & (cols["mem_peak_bytes"] > cap)
+    cols["feasible"] = np.where(over, 0, cols["feasible"]).astype(cols["feasible"].dtype)
+    cols[reason_key] = np.where(over, code, cols[reason_key]).astype(cols[reason_key].dtype)
 
 
 def batch_under_deadline(size: int, left_s: float, per_trial_s: float | None) -> int:
