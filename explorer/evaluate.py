@@ -128,7 +128,7 @@ def pack(space: LoadedSpace) -> Packed:
         moe_imbalance=params.DERIVED_IMBALANCE if spec.moe_imbalance is None else spec.moe_imbalance,
         quantize_attention=1.0 if spec.quantized_gemms == "all" else 0.0,
         loss_bytes=params.LOSS_BYTES[spec.cross_entropy],
-        eager_activations=1.0 if spec.elementwise == "eager" else 0.0,
+        eager_elementwise=1.0 if spec.elementwise == "eager" else 0.0,
         checkpoint_early_stop=1.0 if spec.checkpoint == "early-stop" else 0.0,
         dispatch_bytes=params.DISPATCH_BYTES[spec.dispatch_dtype],
     )

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from paraspace.kernels.elementwise import (
+    ROTARY_KERNELS,
+    RMS_NORM_KERNELS,
+    eager_attention_copies_bytes,
+    eager_rms_norm_bytes,
+    eager_rotary_bytes,
+)
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
 from paraspace.kernels.ops import attention_qkv_fwd_bwd_s, causal_kv_len, gemm_time_peak_s, memory_bound_s, peak_16bit
@@ -110,6 +117,32 @@ def norms_s(sh, model, rope_width: float, latent_norm_bytes: float, dev) -> floa
 
 
 @jit(inline=True)
+def eager_elementwise_s(sh, model, rope_width: float, v_out: float, dev) -> float:
+    """``norms_s`` as eager PyTorch runs it (``kernels.elementwise``): the norms
+    (the latent ones too) in fp32, the complex rotary on Q and K, the residual
+    adds and dropout, the attention output's transposed copy and, with
+    grouped-query attention, K and V repeated to the query heads."""
+    ab = sh.ab
+    norm = eager_rms_norm_bytes(ab)
+    mem_bytes = sh.norm_tokens * sh.h * (2.0 * norm + 6.0 * ab)  # 2 norms, 2 residual adds (2 reads + write)
+    n_kernels = 2.0 * RMS_NORM_KERNELS + 2.0
+    if model.dropout > 0:
+        mem_bytes += 5.0 * sh.norm_tokens * sh.h * ab
+        n_kernels += 2.0
+    latent = model.kv_lora_rank + model.q_lora_rank  # MLA's latent norms (0 for MHA)
+    if latent > 0:
+        mem_bytes += sh.tokens * latent * norm
+        n_kernels += RMS_NORM_KERNELS * (2.0 if model.q_lora_rank > 0 else 1.0)
+    mem_bytes += sh.tokens * rope_width * eager_rotary_bytes(ab)
+    n_kernels += 2.0 * ROTARY_KERNELS
+    grouped = model.mla <= 0 and model.kv_heads < model.heads
+    dh = model.head_dim
+    mem_bytes += eager_attention_copies_bytes(sh.tokens, ab, v_out, sh.heads * dh, model.kv_heads / sh.t * dh, grouped)
+    n_kernels += 3.0 if grouped else 1.0
+    return memory_bound_s(mem_bytes, n_kernels, dev)
+
+
+@jit(inline=True)
 def attention_s(sh, model, dev, tiles, work):
     """The ``Attention`` of one layer of ``sh``'s shape."""
     if model.mla > 0:
@@ -119,6 +152,9 @@ def attention_s(sh, model, dev, tiles, work):
         f1, b1, w1, attn_f, attn_b, v_out, rope_width, latent, proj_out = mha_projections_s(sh, model, dev, tiles,
                                                                                              work)
     f2, b2, w2 = attention_gemm_s(sh.tokens, sh.h, v_out, dev, tiles, sh.ab, work)
-    common = norms_s(sh, model, rope_width, latent, dev)
+    if sh.eager:
+        common = eager_elementwise_s(sh, model, rope_width, v_out, dev)
+    else:
+        common = norms_s(sh, model, rope_width, latent, dev)
     return Attention(f1, b1, w1, f2, b2, w2, attn_f, attn_b, f1 + f2 + attn_f + common, b1 + b2 + attn_b + 2.0 * common,
                      v_out, rope_width, proj_out)

@@ -169,7 +169,7 @@ def kept_bytes_per_layer(sh, recompute: int, model, work, moe_layer: bool, imbal
     PyTorch ops, ``eager_bytes_per_layer``."""
     b, s, t, c, ab = sh.b, sh.s, sh.t, sh.c, sh.ab
     kept = _layer_activation_bytes(b, s, t, c, sh.sp, recompute, sh.flash, model, ab, moe_layer, imbalance)
-    if work.eager_activations > 0:
+    if work.eager_elementwise > 0:
         kept += eager_bytes_per_layer(b, s, t, c, recompute, model, ab, moe_layer, imbalance)
     return kept
 

@@ -117,9 +117,10 @@ WORKLOAD = np.dtype(
         ("moe_imbalance", np.float64),
         ("quantize_attention", np.float64),  # 1: attention projections in the GEMM precision too; 0: 16-bit
         ("loss_bytes", np.float64),  # bytes per logit element the loss holds at its peak (LOSS_BYTES)
-        # 1: the layers run as eager PyTorch ops and keep what those keep besides
+        # 1: the layers' elementwise work runs as eager PyTorch ops, op by op
+        # (kernels.elementwise), and keeps what those keep besides
         # (kernels.memory.eager_bytes_per_layer); 0: fused kernels (SpaceSpec.elementwise)
-        ("eager_activations", np.float64),
+        ("eager_elementwise", np.float64),
         # 1: full recompute stops once the last tensor the backward reads is rebuilt
         # (PyTorch's non-reentrant checkpoint; SpaceSpec.checkpoint = "early-stop"): a
         # dense layer's down projection is not rerun; 0: the whole forward again
@@ -171,7 +172,7 @@ DEFAULTS = {
     "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
     "loss_bytes": LOSS_BYTES["fused"],
-    "eager_activations": 0.0,
+    "eager_elementwise": 0.0,
     "checkpoint_early_stop": 0.0,
     "dispatch_bytes": DISPATCH_BYTES["bf16"],
     "peak_16bit_flops_per_s": 0.0,

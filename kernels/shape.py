@@ -16,9 +16,10 @@ from paraspace.kernels.jit import jit
 #: activation element; h: hidden size; tokens: b s / c, the tokens of one
 #: micro-batch on one device; heads: attention heads per TP rank; sp: sequence
 #: parallelism in effect; flash: FlashAttention; fused: fused elementwise
-#: kernels; norm_tokens: the tokens a norm runs on (tokens / t with SP)
+#: kernels; eager: elementwise work as eager PyTorch ops (``kernels.elementwise``;
+#: never fused); norm_tokens: the tokens a norm runs on (tokens / t with SP)
 Shape = namedtuple("Shape", ("t", "p", "d", "c", "e", "et", "b", "s", "ab", "h", "tokens", "heads", "sp", "flash",
-                             "fused", "norm_tokens"))
+                             "fused", "eager", "norm_tokens"))
 
 
 @jit(inline=True)
@@ -30,8 +31,10 @@ def shape_of(tp, pp, dp, cp, mb, ep, etp, sp_flag, model, dev, work):
     s = work.seq_len
     sp = sp_flag != 0 and tp > 1
     tokens = b * s / c
+    eager = work.eager_elementwise > 0
     return Shape(t, float(pp), float(dp), c, float(ep), float(etp), b, s, work.act_bytes, model.hidden, tokens,
-                 model.heads / t, sp, work.flash_attention > 0, dev.kernel_fusion > 0, tokens / t if sp else tokens)
+                 model.heads / t, sp, work.flash_attention > 0, dev.kernel_fusion > 0 and not eager, eager,
+                 tokens / t if sp else tokens)
 
 
 #: A row's integer switches the memory model reads: recompute mode, ZeRO stage,

@@ -559,13 +559,15 @@ class SpaceSpec(Record):
     #: most PyTorch-native trainers'), whose backward holds three fp32 copies
     cross_entropy: Literal["fused", "unfused"] = "fused"
     #: how a layer's elementwise work runs, which sets what it keeps for the backward
-    #: (``kernels.memory.eager_bytes_per_layer``): "fused", kernels that keep only
-    #: Korthikanti's tensors (Megatron with Transformer Engine: rotary inside attention,
+    #: (``kernels.memory.eager_bytes_per_layer``) and what it costs
+    #: (``kernels.elementwise``): "fused", kernels that keep only Korthikanti's tensors
+    #: (Megatron with Transformer Engine, or a compiled model: rotary inside attention,
     #: a fused SwiGLU), or "eager", PyTorch ops one at a time (torchtitan and other
     #: PyTorch-native trainers without ``torch.compile``), which also keep the rotated Q
-    #: and K, the attention output's transposed copy and an unfused SwiGLU's SiLU output:
-    #: 34% more for a Llama 3 8B layer, measured to the byte on an H100 and an H200
-    #: (``docs/measurements``, ``layer.csv``)
+    #: and K, the attention output's transposed copy and an unfused SwiGLU's SiLU output
+    #: (34% more for a Llama 3 8B layer, measured to the byte on an H100 and an H200:
+    #: ``docs/measurements``, ``layer.csv``) and move 3.3 times the bytes: fp32 RMSNorms,
+    #: the complex rotary, K and V repeated to the query heads
     elementwise: Literal["fused", "eager"] = "fused"
     #: how full recompute reruns a layer (``kernels.recompute.recompute_s``): "reentrant",
     #: its whole forward again (Megatron's and DeepSpeed's checkpointing), or

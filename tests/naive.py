@@ -422,6 +422,18 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         (2 * tokens * (q_cols + kv_cols) * ab, 1),  # rotary on Q and K
         ((3 if glu else 2) * tokens * f_cols * ab, 1),  # activation function
     ]
+    if work.get("eager_elementwise", 0.0):  # torchtitan's Llama layer, op by op (kernels.elementwise)
+        cast = ab + 4 if ab < 4 else 0  # x.float() / .type_as(x): read one width, write the other
+        rms = cast + 8 + 4 + 8 + cast + 2 * ab  # float, pow, mean, * rsqrt, type_as, * weight
+        elementwise = [
+            (2 * rms * seq_tokens * h, 16),  # two fp32 RMSNorms, eight launches each
+            (2 * 3 * seq_tokens * h * ab, 2),  # two residual adds
+            (tokens * (q_cols + kv_cols) * (cast + 8 + cast), 6),  # complex rotary on Q and on K
+            (2 * tokens * q_cols * ab, 1),  # the attention output's contiguous transpose
+            ((5 if glu else 2) * tokens * f_cols * ab, 2 if glu else 1),  # silu, then the product
+        ]
+        if kv_cols < q_cols:  # repeat_kv: K and V materialised at the query heads
+            elementwise.append((2 * tokens * (kv_cols + q_cols) * ab, 2))
     if dropout:
         elementwise.append((5 * seq_tokens * h * ab, 2))
     layer_mem_f = memory_bound_s(sum(x for x, _ in elementwise), sum(n for _, n in elementwise), dev)
@@ -478,7 +490,7 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     #    layer that keeps its activations and for one fully recomputed (it keeps its input)
     layer_input = ab * tokens * h / (t if sp else 1)
     kept_mode = NONE if recompute == FULL else recompute  # what a layer not recomputed keeps
-    eager = work.get("eager_activations", 0.0)
+    eager = work.get("eager_elementwise", 0.0)
     act_out = activation_bytes_per_layer(b, s, t, c, sp, kept_mode, flash, model, ab, eager) - layer_input \
         if off_act else 0.0
     w_in = layer_params(model, t) * work["weight_bytes"] if off_w else 0.0

@@ -67,7 +67,7 @@ def test_the_schema_names_every_loss_the_kernels_size():
                                                     ("elementwise", "eager", "compiled"),
                                                     ("checkpoint", "early-stop", "selective")])
 def test_a_space_sets_a_framework_setting_and_a_bad_value_is_named(tmp_path, field, good, bad):
-    """The loss, the elementwise ops (``tests/test_eager_activations.py``) and the
+    """The loss, the elementwise ops (``tests/test_eager_elementwise.py``) and the
     checkpoint (``tests/test_checkpoint_early_stop.py``): a space's value is kept, a value
     the schema does not name is refused with the field and value."""
     raw = {"name": "setting", "description": "a memory setting", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",

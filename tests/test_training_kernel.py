@@ -396,7 +396,8 @@ def _assert_outputs_close(got: dict[str, float], ref: dict[str, float], context)
 
 
 def test_evaluate_matches_naive():
-    """30 random models x hardware x workloads, 10 random candidates each."""
+    """30 random models x hardware x workloads (fused or eager elementwise work), 10
+    random candidates each."""
     rng = np.random.default_rng(20240710)
     for _ in range(30):
         model, dev, tiers = _random_model(rng), _random_device(rng), _random_tiers(rng)
@@ -408,6 +409,7 @@ def test_evaluate_matches_naive():
             seq_len=float(rng.choice([512, 1024, 2048, 4096, 8192])), act_bytes=2.0, weight_bytes=2.0,
             grad_bytes=float(rng.choice([2.0, 4.0])), optimizer_bytes=float(rng.choice([12.0, 16.0])),
             flash_attention=float(rng.integers(2)), gemm_cast_bytes=float(rng.choice([0.0, 3.0])),
+            eager_elementwise=float(rng.integers(2)),
         )
         for s, got in zip(strategies, run_rows(strategies, model, dev, tiers, tiles, work)):
             _assert_outputs_close(got, run_naive(s, model, dev, tiers, tiles, work), s)
@@ -535,7 +537,8 @@ def candidates(draw) -> dict[str, int]:
 #: single layer (the corner where memory invariants are easiest to break)
 MODELS = st.sampled_from(["llama3_8b", "gpt3_175b", "llama3_8b_8_layers"])
 WORKLOADS = st.fixed_dictionaries({"seq_len": st.sampled_from([2048.0, 4096.0]),
-                                   "flash_attention": st.sampled_from([0.0, 1.0])})
+                                   "flash_attention": st.sampled_from([0.0, 1.0]),
+                                   "eager_elementwise": st.sampled_from([0.0, 1.0])})
 
 
 @pytest.fixture(scope="module")
