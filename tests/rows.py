@@ -17,6 +17,20 @@ DEFAULTS = dict(tp=1, pp=1, dp=1, cp=1, vpp=1, mb=1, recompute=0, sp=0, tpo=0, z
                 placement=0, dispatch=1, tbo=0, rc_layers=0, off_act=0, off_w=0, n_micro=1)
 
 
+#: ``kernels.training.row_costs``'s strategy arguments, in order
+COST_ARGS = ("tp", "pp", "dp", "cp", "mb", "recompute", "sp", "tpo", "zero", "opt", "schedule", "ep", "etp",
+             "placement", "dispatch", "tbo", "off_act", "off_w")
+
+
+def cost_args(**strategy: int) -> tuple:
+    """``row_costs``' strategy arguments for ``strategy`` (DEFAULTS for the rest) at the
+    encoder's dtypes: Python ints would compile the whole kernel a second time, for
+    int64 (12 s cold on 2 cores)."""
+    dtypes = dict(COLUMNS)
+    full = {**DEFAULTS, **strategy}
+    return tuple(dtypes[k](full[k]) for k in COST_ARGS)
+
+
 def columns(strategies: list[dict], base: dict) -> list[np.ndarray]:
     """One array per argument, a row per strategy (``base`` fills what a strategy omits)."""
     return [np.array([{**base, **s}[name] for s in strategies], dtype=dtype) for name, dtype in COLUMNS]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import naive
+from rows import cost_args
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -469,8 +470,7 @@ def test_kernel_fusion_removes_launches_and_round_trips(h100, llama3_8b, make_wo
     costs = []
     for dev in (h100.device, fused):
         c = np.empty(N_COST)
-        row_costs(1, 1, 8, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, llama3_8b[0], dev[0], h100.tiers, h100.tiles,
-                  work[0], c)
+        row_costs(*cost_args(dp=8), llama3_8b[0], dev[0], h100.tiers, h100.tiles, work[0], c)
         costs.append(c)
     plain, fast = costs
     assert fast[C_LAYER_FWD] < plain[C_LAYER_FWD] and fast[C_LAYER_BWD] < plain[C_LAYER_BWD]
@@ -500,7 +500,7 @@ def test_attention_gemms_can_stay_in_16_bits_under_fp8(h100, llama3_8b, make_wor
     for quant in (1.0, 0.0):
         work = make_workload(global_batch=8.0, gemm_cast_bytes=3.0, quantize_attention=quant)
         c = np.empty(N_COST)
-        row_costs(1, 1, 8, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, llama3_8b[0], dev[0], tiers, tiles, work[0], c)
+        row_costs(*cost_args(dp=8), llama3_8b[0], dev[0], tiers, tiles, work[0], c)
         out[quant] = c[C_LAYER_FWD]
     t, h, qkv = 4096.0, 4096.0, 4096.0 + 2 * 1024.0
     d = dev[0]

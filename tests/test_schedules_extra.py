@@ -9,6 +9,7 @@ from __future__ import annotations
 import naive_engine
 import numpy as np
 import pytest
+from rows import cost_args
 from test_pipeline import kernel_order, reference_times, step
 from test_training_kernel import _model, _tiers, run
 
@@ -645,8 +646,7 @@ def test_dualpipe_reduces_and_updates_both_stage_copies(make_device, toy_tiles, 
 
     def costs(schedule, zero):
         c = np.empty(N_COST)
-        row_costs(1, 2, 2, 1, 1, 0, 0, 0, zero, 0, schedule, 1, 1, 0, 1, 0, 0, 0, model[0], dev[0], tiers, toy_tiles,
-                  work[0], c)
+        row_costs(*cost_args(pp=2, dp=2, zero=zero, schedule=schedule), model[0], dev[0], tiers, toy_tiles, work[0], c)
         return c
 
     one, dual = costs(SCHEDULE_1F1B, 0), costs(SCHEDULE_DUALPIPE, 0)
