@@ -14,8 +14,11 @@ workers, so they need the package, not the caller's files.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,29 @@ def _quiet_shutdown() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+#: ``PYTHONWARNINGS`` entry that quiets the multiprocessing resource tracker's warning of
+#: leaked semaphores: the tracker (a process of its own, started with the local cluster's
+#: first worker) warns at exit of the semaphores of workers a Ctrl-C or a failure ended,
+#: after the run has said once what happened
+TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+
+
+@contextmanager
+def quiet_resource_tracker() -> Iterator[None]:
+    """While a local cluster starts (its workers, and with them the resource tracker,
+    inherit the environment then), ``TRACKER_QUIET`` joins ``PYTHONWARNINGS``; the
+    caller's environment is as it was afterwards."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(w for w in (before, TRACKER_QUIET) if w)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
 def connect(address: str, cluster: Any, timeout_s: float) -> Any:
     """A Client of ``cluster``, or of the scheduler at ``address``; a ``CatalogError`` naming
     the address when it cannot be reached or read."""
@@ -98,7 +124,7 @@ def run_on_dask(space: LoadedSpace, out_dir: Path, address: str, shards: int,
     try:
         try:
             if address == "local":  # started whole: a Ctrl-C meanwhile is raised once it is up, then it is closed
-                with deferred_interrupts():
+                with deferred_interrupts(), quiet_resource_tracker():
                     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                            dashboard_address=None, silence_logs=logging.ERROR, preload=[__name__])
             with connect(address, cluster, CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s) \
