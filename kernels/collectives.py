@@ -209,6 +209,15 @@ def group_tier(size: float, stride: float, tiers) -> int:
 #: the largest all-reduce an inference engine's custom kernel takes; above it, NCCL (vLLM
 #: ``vllm/distributed/device_communicators/custom_all_reduce.py``: ``max_size = 8192 * 1024``)
 CUSTOM_ALL_REDUCE_MAX_BYTES = 8.0 * 1024.0 * 1024.0
+#: the share of the innermost link's achieved all-reduce rate an engine's custom kernel
+#: moves its bytes at: measured on H100s (NVLink 450 GB/s a direction, 360 achieved at the
+#: profile's 0.80) with vLLM's kernel at 2, 4 and 8 GPUs (sgl-project/sglang pull request
+#: 2904, "unit test performance in H100"): 8.7-11.8 us up to 32 KiB, then 0.51 MiB more
+#: takes 8.9 us at 2 GPUs (one-shot, S / bw: 59 GB/s) and, two-shot, 13.3 and 14.6 us for
+#: 0.77 and 0.88 MiB at 4 and 8 GPUs (2 (n - 1) / n S / bw: 58 and 61 GB/s); SGLang's own
+#: kernel in the same table 70-72 GB/s. About 60 of 360: the kernels run on a few dozen
+#: thread blocks and stay latency bound far below the link's rate up to a MiB
+CUSTOM_ALL_REDUCE_LINK_SHARE = 60.0 / 360.0
 
 
 @jit
@@ -238,16 +247,19 @@ def engine_all_reduce_s(size: float, stride: float, size_bytes: float, tiers) ->
     faster for the message (vLLM ``csrc/custom_all_reduce.cuh``: one stage below
     256 KiB on 8 GPUs, 512 KiB on up to 4, two stages above; TensorRT-LLM
     ``AllReduceStrategy`` ONESHOT / TWOSHOT). Decode's all-reduces are tens of
-    kilobytes, where NCCL's ring pays 2 (n - 1) latencies and these kernels 2 or 3.
-    Larger buffers, and groups that leave the innermost tier, go through NCCL
-    (``collective_time_s``)."""
+    kilobytes, where NCCL's ring pays 2 (n - 1) latencies and these kernels 2 or 3;
+    the kernels move their bytes at ``CUSTOM_ALL_REDUCE_LINK_SHARE`` of the link's
+    rate, as measured, and NCCL is taken where it is faster (TensorRT-LLM's automatic
+    strategy: NCCL for large messages). Larger buffers, and groups that leave the
+    innermost tier, go through NCCL (``collective_time_s``)."""
     if size <= 1.0 or size_bytes <= 0.0:
         return 0.0
     if size_bytes > CUSTOM_ALL_REDUCE_MAX_BYTES or members_within(tiers[0].domain_devices, stride, size) < size:
         return collective_time_s(ALL_REDUCE, size, stride, size_bytes, tiers)
-    bw = link_bytes_per_s(tiers[0], ALL_REDUCE, size_bytes)
+    bw = CUSTOM_ALL_REDUCE_LINK_SHARE * link_bytes_per_s(tiers[0], ALL_REDUCE, size_bytes)
     alpha = tiers[0].latency_s
-    return min(one_shot_all_reduce_s(size, size_bytes, bw, alpha), two_shot_all_reduce_s(size, size_bytes, bw, alpha))
+    custom = min(one_shot_all_reduce_s(size, size_bytes, bw, alpha), two_shot_all_reduce_s(size, size_bytes, bw, alpha))
+    return min(custom, collective_time_s(ALL_REDUCE, size, stride, size_bytes, tiers))
 
 
 ALL_OPS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV, BROADCAST, REDUCE)

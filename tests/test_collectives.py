@@ -328,25 +328,66 @@ def test_size_curve_and_op_bandwidth():
 
 
 def test_engine_all_reduce_one_shot_by_hand():
-    """A decode step's TP all-reduce, 4 tokens x 8192 x 2 bytes = 65,536 B over 8 ranks
-    of one 400 GB/s, 3 us node: one-shot 2 * 3 us + 7 * 65,536 / 4e11 = 7.14688 us;
-    two-shot 3 * 3 us + 1.75 * 65,536 / 4e11 = 9.28672 us; the kernel takes the
-    faster; NCCL's ring would pay 14 latencies: 42.28672 us."""
+    """A small TP all-reduce, 4,096 B over 8 ranks of one 400 GB/s, 3 us node. The engines'
+    kernel moves its bytes at 60/360 of the link's rate (``CUSTOM_ALL_REDUCE_LINK_SHARE``,
+    measured on H100s): 6.6667e10 B/s. One-shot 2 * 3 us + 7 * 4,096 / 6.6667e10 = 6.43008
+    us; two-shot 3 * 3 us + 1.75 * 4,096 / 6.6667e10 = 9.10752 us; NCCL's ring pays 14
+    latencies: 42.0179 us. One-shot."""
+    bw = 4e11 * 60 / 360
+    one = 2 * 3e-6 + 7 * 4096 / bw
+    assert one == pytest.approx(6.43008e-6, rel=1e-12)
+    assert coll.engine_all_reduce_s(8.0, 1.0, 4096.0, NODE) == pytest.approx(one, rel=1e-14)
+
+
+def test_engine_all_reduce_two_shot_by_hand():
+    """A decode step's, 4 tokens x 8,192 x 2 bytes = 65,536 B over 8 ranks: one-shot 6 us +
+    7 * 65,536 / 6.6667e10 = 12.88128 us, two-shot 9 us + 1.75 * 65,536 / 6.6667e10 =
+    10.72032 us; NCCL's ring 14 * 3 us + 1.75 * 65,536 / 4e11 = 42.28672 us. Two-shot."""
     size = 65_536.0
-    one = 2 * 3e-6 + 7 * size / 4e11
-    assert one == pytest.approx(7.14688e-6, rel=1e-12)
-    assert coll.engine_all_reduce_s(8.0, 1.0, size, NODE) == pytest.approx(one, rel=1e-14)
+    two = 3 * 3e-6 + 1.75 * size / (4e11 * 60 / 360)
+    assert two == pytest.approx(10.72032e-6, rel=1e-12)
+    assert coll.engine_all_reduce_s(8.0, 1.0, size, NODE) == pytest.approx(two, rel=1e-14)
     assert coll.collective_time_s(ALL_REDUCE, 8.0, 1.0, size, NODE) == pytest.approx(14 * 3e-6 + 1.75 * size / 4e11,
                                                                                       rel=1e-14)
 
 
-def test_engine_all_reduce_two_shot_by_hand():
-    """4 MiB over 8 ranks: one-shot 6 us + 7 * 4,194,304 / 4e11 = 79.40032 us, two-shot
-    9 us + 1.75 * 4,194,304 / 4e11 = 27.35008 us: two-shot."""
+def test_engine_all_reduce_takes_nccl_where_faster_by_hand():
+    """4 MiB over 8 ranks: the kernel's two-shot 9 us + 1.75 * 4,194,304 / 6.6667e10 =
+    119.10048 us (these kernels stay latency bound to a MiB, as measured), NCCL's ring
+    42 us + 1.75 * 4,194,304 / 4e11 = 60.35008 us: the engine's all-reduce is never slower
+    than NCCL's, which the engines fall back to."""
     size = 4 * MIB
-    two = 3 * 3e-6 + 1.75 * size / 4e11
-    assert two == pytest.approx(27.35008e-6, rel=1e-12)
-    assert coll.engine_all_reduce_s(8.0, 1.0, size, NODE) == pytest.approx(two, rel=1e-14)
+    assert 3 * 3e-6 + 1.75 * size / (4e11 * 60 / 360) == pytest.approx(119.10048e-6, rel=1e-12)
+    ring = 14 * 3e-6 + 1.75 * size / 4e11
+    assert ring == pytest.approx(60.35008e-6, rel=1e-12)
+    assert coll.engine_all_reduce_s(8.0, 1.0, size, NODE) == pytest.approx(ring, rel=1e-14)
+
+
+def test_custom_all_reduce_share_against_the_measured_kernel():
+    """The share's source, vLLM's kernel on H100s (sglang pull request 2904): from 32 KiB to
+    1 MiB its time grows by 17.9, 31.0 and 33.2 us at 2, 4 and 8 GPUs (8.7 -> 26.6, 9.2 ->
+    40.2, 11.8 -> 45.0 us; launches included, as the growth cancels them). The kernel as
+    priced on the H100 profile (one- or two-shot at the share of the link's achieved 360
+    GB/s) grows within 12% of each: 16.9, 27.6 and 29.8 us; at the link's full rate it
+    grew a sixth to a third of that. The engine's all-reduce takes NCCL where the model
+    finds it faster (at 4 GPUs and a MiB)."""
+    from paraspace.explorer.evaluate import pack_hardware
+    from paraspace.spaces.catalog import load_hardware
+
+    _, tiers, _ = pack_hardware(load_hardware("h100-sxm5-80gb"), "bf16")
+    tier = tiers[0]
+
+    def kernel(n, nbytes):
+        bw = coll.CUSTOM_ALL_REDUCE_LINK_SHARE * coll.link_bytes_per_s(tier, ALL_REDUCE, nbytes)
+        return min(coll.one_shot_all_reduce_s(n, nbytes, bw, tier.latency_s),
+                   coll.two_shot_all_reduce_s(n, nbytes, bw, tier.latency_s))
+
+    measured = {2.0: 26.6 - 8.7, 4.0: 40.2 - 9.2, 8.0: 45.0 - 11.8}
+    for n, grew in measured.items():
+        model = (kernel(n, float(MIB)) - kernel(n, 32768.0)) * 1e6
+        assert abs(model / grew - 1.0) < 0.12, (n, model, grew)
+        nccl = coll.collective_time_s(ALL_REDUCE, n, 1.0, float(MIB), tiers)
+        assert coll.engine_all_reduce_s(n, 1.0, float(MIB), tiers) == min(kernel(n, float(MIB)), nccl)
 
 
 @pytest.mark.parametrize(("size", "bytes_", "stride"), [
@@ -364,10 +405,9 @@ def test_engine_all_reduce_falls_back_to_nccl(size, bytes_, stride):
 @given(levels=tier_stacks(), size=st.sampled_from([1.0, 2.0, 4.0, 8.0, 16.0, 64.0]),
        nbytes=st.floats(0.0, 64 * MIB))
 def test_engine_all_reduce_never_slower_than_nccl_inside_a_domain(levels, size, nbytes):
-    """Inside one innermost domain (a fully connected NVLink group) the engines' kernel
-    pays at most 3 latencies against the ring's 2 (n - 1) and the ring's bandwidth
-    term at most, so it is never slower than NCCL's ring there (n >= 2); it is 0 for
-    one rank or no bytes and never negative."""
+    """Inside one innermost domain (a fully connected NVLink group) the engines' all-reduce
+    is never slower than NCCL's ring there (n >= 2): the kernel where it is faster, NCCL
+    where not; it is 0 for one rank or no bytes and never negative."""
     tiers = _tiers(*levels)
     t = coll.engine_all_reduce_s(size, 1.0, nbytes, tiers)
     assert t >= 0.0

@@ -38,8 +38,11 @@ needs_data = pytest.mark.skipif(not INFERENCE.is_file(), reason=f"{INFERENCE} no
 #: over-predicted (128/4096 tokens: +10.5% -> +27.9%): 5.6% -> 6.0% here. A second,
 #: said here too: the H200's HBM read as the 141 GiB torch measures (150.1e9 B) instead
 #: of 141e9 B (stop 35) lets the TensorRT-LLM H200 max-throughput rows' KV-bound
-#: batches grow, and those rows run slightly over (4.6% -> 4.7%): 6.0% -> 6.16%.
-INFERENCE_MAPE_OK_THRESHOLD = 0.062
+#: batches grow, and those rows run slightly over (4.6% -> 4.7%): 6.0% -> 6.16%. 5.57% once
+#: the engines' all-reduce kernel moves its bytes at the rate measured for it (60 GB/s on
+#: H100s, kernels.collectives.CUSTOM_ALL_REDUCE_LINK_SHARE) with NCCL where that is faster:
+#: the 405B TP8 rows' large decode batches no longer gather at the link's full rate.
+INFERENCE_MAPE_OK_THRESHOLD = 0.0558
 #: the `uncertain` rows (Qwen3-235B-A22B MoE, EP not printed) measured 70.4%,
 #: all over-predicted: the MoE path (uniform routing, grouped-GEMM efficiency as
 #: dense) is optimistic. Committed so that it only moves down, with one
@@ -483,8 +486,9 @@ def test_sliding_window_bounds_keys_and_cache(toy_dev, fast_flops, nvlink, toy_t
 #: training rows under the measured attention rates (0.575 -> 0.625; these rows were
 #: already too fast, tests/test_validate_inference.py says more); 18.0% with the Hopper
 #: GEMMs' reduction fill, 16.3% with the benchmark's 10 requests per user, 16.0% with
-#: vLLM's default 16-bit KV cache, 15.9% with the attention kernel's fill on each prompt row
-SERVING_MAPE_OK_THRESHOLD = 0.16
+#: vLLM's default 16-bit KV cache, 15.9% with the attention kernel's fill on each prompt row,
+#: 15.1% with the engines' all-reduce kernel at its measured rate
+SERVING_MAPE_OK_THRESHOLD = 0.152
 
 
 @needs_data

@@ -246,8 +246,10 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: ``ROW_FILL_KEYS``, the measured law the prefill kernels already ran at); 13.40% with MLA
 #: attention at the FlashAttention-3 class's rate (the SGLang phase rows below); one
 #: exception to "only down", said here: 13.42% once the H200's HBM is read as the
-#: 141 GiB torch measures, not 141e9 B (stop 35; the TensorRT-LLM H200 rows' batches grow)
-INFERENCE_LOSO_OK_THRESHOLD = 0.1343
+#: 141 GiB torch measures, not 141e9 B (stop 35; the TensorRT-LLM H200 rows' batches grow);
+#: 12.69% once the engines' all-reduce kernel moves its bytes at its measured rate (60 GB/s
+#: on H100s against NVLink's 360 achieved: kernels.collectives.CUSTOM_ALL_REDUCE_LINK_SHARE)
+INFERENCE_LOSO_OK_THRESHOLD = 0.127
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
 #: TTFT 23.9% (target 20%; TensorRT-LLM -19% signed, vLLM -6%). The same exception as
@@ -263,8 +265,13 @@ INFERENCE_LOSO_OK_THRESHOLD = 0.1343
 #: 10.4% (vLLM's 16 rows 11.3% -> 5.4%), and one more exception, said here: TTFT 21.1% ->
 #: 21.7%, vLLM's TTFT rows, already over-predicted (+20%), waiting behind longer steps (+23%).
 #: With the attention kernel's fill on each prompt row: TPOT 10.2%, TTFT 21.6% (TensorRT-LLM's
-#: 67 rows -17.1% -> -16.5% signed, vLLM's 16 +23.3% -> +24.2%)
-CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.103, "ttft_s": 0.2165}
+#: 67 rows -17.1% -> -16.5% signed, vLLM's 16 +23.3% -> +24.2%). With the engines' all-reduce
+#: kernel at its measured rate (sglang pull request 2904: vLLM's kernel on H100s, 2-8 GPUs,
+#: to 1 MiB): TPOT 10.2% -> 8.6% (under the 10% target; -9.7% -> -6.2% signed: TensorRT-LLM's
+#: Qwen3-32B TP4/TP8 rows at 32-64 users -10..-24% -> -6..-16%, vLLM's Llama 70B TP8 rows at
+#: 32-64 users -12..+3% -> +4..+14%, where the vLLM release measured may run a newer
+#: all-reduce backend than the kernel measured); TTFT unchanged (prefill all-reduces are NCCL's)
+CLOSED_LOOP_OK_THRESHOLDS = {"tpot_s": 0.0861, "ttft_s": 0.2162}
 #: the `ok` isolated-phase rows (SGLang EP32 prefill x 2, EP72 decode): measured 34.8%,
 #: all over-predicted (the fastest dispatch / TBO layout is the prediction); 31.8% with
 #: SGLang's default 16-bit KV cache (the decode row 43% -> 34%). One exception, said here:
