@@ -17,7 +17,7 @@ Meta's and Hugging Face's Llama are the same op for op):
   and materialised (``expand(...).reshape``): each reads its KV width and writes
   the query width.
 - the attention output's ``transpose(1, 2).contiguous()``: a read and a write of
-  the query width.
+  its width (heads x the value head dim).
 - SwiGLU, ``silu(w1 x) * w3 x``: ``silu`` 2 ab and the product 3 ab an element
   of the FFN width, two launches (one fused kernel: 3 ab).
 
