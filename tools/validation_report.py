@@ -109,7 +109,10 @@ def main() -> None:
         "(`docs/measurements/`) or published for the A100, and a fused kernel's rate rises toward it with the keys "
         "one call spans, as measured (`kernels/ops.py` `loop_fill`); the memory efficiencies keep their "
         "documented values. The "
-        "attention kernel, head dims, MLA dims and node size come from each row's columns, never from its source.",
+        "attention kernel, head dims, MLA dims and node size come from each row's columns, never from its source; "
+        "what only a row's notes say is read from them (`explorer/validate.py`): a measured peak memory, a router "
+        "forced to balance, a run without `torch.compile` (eager ops, `kernels/elementwise.py`) and torchtitan's "
+        "per-op SAC (`selective-ops`).",
         "",
         "**Leave-one-source-out** (the headline; `paraspace validate FILE --loso`, `explorer/loso.py`): for each "
         "source, both knobs of each GPU family are fitted on the other sources only and the source is predicted "
