@@ -118,6 +118,26 @@ def test_eager_elementwise_time_by_hand(h100, llama3_8b):
     assert 1.4e-3 < (eager_att + eager_act) - (fused_att + fused_act) < 1.5e-3
 
 
+def test_eager_mla_layer_by_hand(h100):
+    """DeepSeek-V3's MLA attention (h 7,168; 128 heads, rotary dim 64, values 128; latent
+    ranks 512 for KV and 1,536 for Q), 4,096 tokens, ab = 2, eager: two fp32 RMSNorms and
+    two residual adds 7,168 x (72 + 12) = 602,112 bytes a token; the two latent norms,
+    fp32 too, (512 + 1,536) x 36 = 73,728; the complex rotary on 128 x 64 query and 64 key
+    elements, 8,256 x 20 = 165,120; the output's transposed copy 2 ab x 128 x 128 = 65,536;
+    no repeat_kv (MLA's K and V have every head): 906,496 bytes a token. Launches: 2 x 8 +
+    2 + 2 x 8 + 2 x 3 + 1 = 41."""
+    model = pack_model(load_model("deepseek-v3"))[0]
+    dev = h100.device[0]
+    work = params.record(params.WORKLOAD, global_batch=1.0, seq_len=4096.0, act_bytes=2.0, weight_bytes=2.0,
+                         grad_bytes=4.0, optimizer_bytes=12.0, gemm_cast_bytes=0.0, flash_attention=1.0,
+                         eager_elementwise=1.0)[0]
+    sh = shape_of(1, 1, 1, 1, 1, 1, 1, 0, model, dev, work)
+    att = attention_s(sh, model, dev, h100.tiles, work)
+    eager = att.part_f - att.qkv_f - att.out_f - att.core_f
+    bw = dev.hbm_bytes_per_s * dev.memory_efficiency
+    assert eager == pytest.approx(4096 * 906_496 / bw + 41 * dev.launch_s, rel=1e-12)
+
+
 @pytest.mark.parametrize("recompute", [RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL])
 def test_eager_adds_its_bytes_for_each_layer_in_flight_and_its_passes(h100, llama3_8b, make_workload, recompute):
     """Llama 3 8B's 32 layers on one device, one micro-batch of 4,096 tokens: the peak holds
