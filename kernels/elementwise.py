@@ -58,13 +58,17 @@ def eager_rotary_bytes(ab: float) -> float:
 
 
 @jit(inline=True)
-def eager_activation_s(elements: float, glu: bool, ab: float, dev) -> float:
-    """Forward seconds of an MLP's activation function over ``elements`` of its
-    FFN width, eager: SwiGLU's ``silu`` (read and write) and product (two reads,
-    a write) apart, two launches; GELU one pass."""
-    if glu:
-        return memory_bound_s(5.0 * elements * ab, 2.0, dev)
-    return memory_bound_s(2.0 * elements * ab, 1.0, dev)
+def activation_s(sh, elements: float, glu: bool, dev) -> float:
+    """Forward seconds of an MLP's activation function over ``elements`` of its FFN
+    width, by the layer's elementwise mode: nothing when fused into the
+    up-projection's epilogue; one pass otherwise (SwiGLU reads 2 and writes 1 ab,
+    GELU reads and writes 1); eager, SwiGLU's ``silu`` (read and write) and product
+    (two reads, a write) apart, two launches."""
+    if sh.eager and glu:
+        return memory_bound_s(5.0 * elements * sh.ab, 2.0, dev)
+    if sh.fused:
+        return 0.0
+    return memory_bound_s((3.0 if glu else 2.0) * elements * sh.ab, 1.0, dev)
 
 
 @jit(inline=True)

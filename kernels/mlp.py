@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from paraspace.kernels.elementwise import eager_activation_s
+from paraspace.kernels.elementwise import activation_s
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
 from paraspace.kernels.ops import memory_bound_s
@@ -25,12 +25,7 @@ def dense_mlp_s(sh, model, dev, tiles):
     up = (2.0 if model.glu > 0 else 1.0) * f
     f3, b3, w3 = gemm_passes_s(sh.tokens, up, sh.h, dev, tiles, sh.ab)
     f4, b4, w4 = gemm_passes_s(sh.tokens, sh.h, f, dev, tiles, sh.ab)
-    act = 0.0  # the activation function, or nothing when fused into the up-projection's epilogue
-    if sh.eager:
-        act = eager_activation_s(sh.tokens * f, model.glu > 0, sh.ab, dev)
-    elif not sh.fused:
-        act = memory_bound_s((3.0 if model.glu > 0 else 2.0) * sh.tokens * f * sh.ab, 1.0, dev)
-    return Mlp(f3, b3, w3, f4, b4, w4, act)
+    return Mlp(f3, b3, w3, f4, b4, w4, activation_s(sh, sh.tokens * f, model.glu > 0, dev))
 
 
 @jit(inline=True)

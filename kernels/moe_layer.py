@@ -12,7 +12,7 @@ from collections import namedtuple
 from paraspace.kernels.codes import ALL_GATHER, RECOMPUTE_FULL, RECOMPUTE_MOE_DISPATCH, RECOMPUTE_SELECTIVE_OPS, \
     REDUCE_SCATTER, SCHEDULE_DUALPIPE
 from paraspace.kernels.collectives import collective_time_s
-from paraspace.kernels.elementwise import eager_activation_s
+from paraspace.kernels.elementwise import activation_s
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
 from paraspace.kernels.moe import combine_s, dispatch_s, grouped_gemm_fwd_bwd_s, local_pass_s, staging_bytes, \
@@ -51,10 +51,7 @@ def routed_experts_s(sh, model, dev, tiles, imb: float):
     m_e = sh.e * sh.et * t_rank * model.top_k * imb / n_exp  # rows per local expert, busiest rank
     g1f, g1b, g1w = grouped_gemm_fwd_bwd_s(groups, m_e, 2.0 * fe / sh.et, h, dev, tiles, ab)
     g2f, g2b, g2w = grouped_gemm_fwd_bwd_s(groups, m_e, h, fe / sh.et, dev, tiles, ab)
-    if sh.eager:
-        g_act = eager_activation_s(groups * m_e * fe / sh.et, True, ab, dev)
-    else:
-        g_act = 0.0 if sh.fused else memory_bound_s(3.0 * groups * m_e * fe / sh.et * ab, 1.0, dev)
+    g_act = activation_s(sh, groups * m_e * fe / sh.et, True, dev)
     return rf, rb, rw, router, m_e, g1w, g2w, g1f + g2f + g_act, g1b + g2b + 2.0 * g_act
 
 
@@ -66,10 +63,7 @@ def shared_experts_s(sh, model, dev, tiles):
     width = model.shared_experts * model.expert_ffn / sh.t
     s1f, s1b, s1w = gemm_passes_s(sh.tokens, 2.0 * width, sh.h, dev, tiles, sh.ab)
     s2f, s2b, s2w = gemm_passes_s(sh.tokens, sh.h, width, dev, tiles, sh.ab)
-    if sh.eager:
-        s_act = eager_activation_s(sh.tokens * width, True, sh.ab, dev)
-    else:
-        s_act = 0.0 if sh.fused else memory_bound_s(3.0 * sh.tokens * width * sh.ab, 1.0, dev)
+    s_act = activation_s(sh, sh.tokens * width, True, dev)
     return s1f + s2f + s_act, s1b + s2b + 2.0 * s_act, s1w + s2w
 
 
