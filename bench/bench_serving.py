@@ -137,7 +137,8 @@ def bench_simulation(space, n_configs: int, n_requests: int, n_ref: int) -> None
     args = (in_len, out_len, gaps, clients, rate, cols["max_batch"][rows].astype(float),
             cols["max_tokens"][rows].astype(float), cols["scheduler"][rows], cols["overlap_scheduler"][rows], cap, 2e-4,
             kv_coef, pair_coef, 0.0,
-            serve.GRID, g, h, cols["draft_tokens"][rows], acceptance, seed, dp, ds)
+            serve.GRID, g, h, cols["draft_tokens"][rows], acceptance, seed, dp, ds,
+            False)  # steady_state off, passed as explorer.serve passes it (omitted, it compiles the kernel again)
     sim, sim_s = timed(serving_sim.simulate_rows, args, n_configs)
     began = time.perf_counter()
     refs = [naive_simulate(list(in_len), list(out_len), list(gaps), clients=8, rate=0.0,
@@ -182,7 +183,8 @@ def bench_disagg_simulation(space, n_configs: int, n_requests: int, n_ref: int) 
     n_decode = metrics["engines"][rows].astype(float)
     args = (in_len, out_len, gaps, np.full(n_configs, 16.0), np.zeros(n_configs), n_prefill, n_decode,
             cols["max_batch"][rows].astype(float), cols["max_tokens"][rows].astype(float), p_cap, cap, 2e-4, 0.0,
-            serve.GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer, cols["draft_tokens"][rows], acceptance, seed)
+            serve.GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer, cols["draft_tokens"][rows], acceptance, seed,
+            False)  # steady_state off, passed (omitted, it compiles the kernel again)
     sim, sim_s = timed(serving_sim.simulate_disagg_rows, args, n_configs)
     began = time.perf_counter()
     refs = [naive_disagg(list(in_len), list(out_len), list(gaps), clients=16, rate=0.0, n_prefill=int(n_prefill[j]),

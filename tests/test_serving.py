@@ -78,13 +78,18 @@ def fast(make_device, make_tiers, toy_tiles):
 
 def analytic(env, srv, wl, *, max_batch=256.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS, overlap=False, instances=1.0,
              prefill=None, prefill_instances=1.0):
-    """The analytic tier on one row: aggregated, or disaggregated with ``prefill`` replicas."""
+    """The analytic tier on one row: aggregated, or disaggregated with ``prefill`` replicas.
+    Its columns have the encoder's dtypes and the row its own run (``explorer.serve.analytic``
+    passes these types): any other compiles the whole kernel again."""
     mode = ks.AGG if prefill is None else ks.DISAGG
+    for value in (max_batch, max_tokens, instances, prefill_instances):
+        assert value == int(value), value  # int32 columns, as the encoder's
+    whole = lambda v: np.array([v], np.int32)  # noqa: E731
     out = ks.analytic_rows(env["model"], env["dev"], env["tiers"], env["tiles"], srv,
                            srv if prefill is None else prefill, np.zeros(1, np.int8), np.array([mode], np.int8),
-                           np.array([max_batch]), np.array([max_tokens]), np.array([scheduler], np.int8),
-                           np.array([overlap], np.int8),
-                           np.array([instances]), np.array([prefill_instances]), wl)
+                           whole(max_batch), whole(max_tokens), np.array([scheduler], np.int8),
+                           np.array([overlap], np.int8), whole(instances), whole(prefill_instances), wl,
+                           np.zeros(1, np.int64))
     return dict(zip(ks.OUTPUTS, out[0]))
 
 
@@ -103,7 +108,7 @@ def run_sim(env, srv, in_len, out_len, gaps=None, *, clients=0, rate=0.0, max_ba
                                     np.array([rate]), np.array([max_batch]), np.array([max_tokens]),
                                     np.array([scheduler], np.int8), np.array([overlap], np.int8), capacity, host, kv_coef,
                                     pair_coef, hit, GRID, g, h,
-                                    srv["draft_tokens"].astype(np.int64), acceptance, seed, dp, ds, steady)
+                                    srv["draft_tokens"].astype(np.int32), acceptance, seed, dp, ds, steady)
     return dict(zip(serving_sim.SIM_OUTPUTS, out[0])), (g[0], h[0], kv_coef[0], pair_coef[0], capacity[0], dp[0], ds[0])
 
 
@@ -281,8 +286,9 @@ def test_decode_never_beats_the_memory_bandwidth_ceiling(h100_fp8, tp, batch, kv
     srv = inference.serving(tp=tp, pp=1, n_gpus=8, weight_bytes=1.0, act_bytes=2.0, kv_bytes=1.0)[0]
     weights = inference.device_weight_bytes(m, srv) - m.vocab * m.hidden / tp * 2.0
     kv_read = inference.kv_bytes_per_token(m, srv) * batch * kv_len
+    b = float(batch)  # the jitted callers' float64: an int compiles iteration_s again
     step = ks.iteration_s(m, d, tiers, tiles, srv, 0.0, ks.kv_s_per_token(m, d, tiers, tiles, srv), 0.0,
-                          batch, batch, batch * kv_len, 0.0, 0.0, batch)
+                          b, b, b * kv_len, 0.0, 0.0, b)
     assert step >= (weights + kv_read) / d.hbm_bytes_per_s
 
 
@@ -629,7 +635,7 @@ def test_more_bandwidth_never_slows_an_iteration(make_device, make_tiers, toy_ti
         kv = ks.kv_s_per_token(m, dev, tiers, toy_tiles, srv)
         times.append([ks.iteration_s(m, dev, tiers, toy_tiles, srv, 1e-4, kv, ks.pair_s(m, dev, srv), t, r, t * 900, 0.0,
                                      t - r, r)
-                      for t, r in ((1, 1), (16, 16), (600, 8), (4096, 64))])
+                      for t, r in ((1.0, 1.0), (16.0, 16.0), (600.0, 8.0), (4096.0, 64.0))])
     assert all(b <= a for a, b in zip(*times))
 
 

@@ -231,7 +231,7 @@ def test_simulation_kernel_ends_stuck_on_a_request_behind_the_others():
         sim = serving_sim.simulate_rows(in_len, out_len, gaps, np.array([clients]), np.array([rate]),
                                         np.array([4.0]), np.array([512.0]), np.array([1], np.int8),
                                         np.zeros(1, np.int8), np.array([600.0]), 1e-3, np.zeros(1), np.zeros(1), 0.0, grid, zero, zero,
-                                        np.zeros(1, np.int32), 0.0, 0, zero, zero)
+                                        np.zeros(1, np.int32), 0.0, 0, zero, zero, False)
         assert sim[0, serving_sim.S_STUCK] == 1.0
         assert math.isnan(sim[0, serving_sim.S_TTFT])
         assert sim[0, serving_sim.S_ITERATIONS] < 100

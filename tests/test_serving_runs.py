@@ -28,7 +28,7 @@ def test_runs_give_the_rows_results_bit_for_bit(name):
             cols["prefill_instances"], packed.workload)
     runs = serve.replica_runs(srv, cols["dtype"])
     assert runs[-1] + 1 < len(runs) / 2  # the rows of a replica do run together
-    per_row = ks.analytic_rows(*args)
+    per_row = ks.analytic_rows(*args, np.arange(len(runs)))
     assert np.array_equal(ks.analytic_rows(*args, runs), per_row, equal_nan=True)
     # a shuffled order breaks the runs up, and the rows still get their own results
     order = np.random.default_rng(1).permutation(len(runs))
@@ -111,7 +111,7 @@ def test_a_run_longer_than_a_chunk_gives_each_row_its_own_results(llama):
     run_of = serve.replica_runs(s, rows["dtype"])
     assert run_of[-1] == 0 and len(ks.chunk_starts(run_of)) == 4
     together = ks.analytic_rows(*args, run_of)
-    assert np.array_equal(together, ks.analytic_rows(*args), equal_nan=True)
+    assert np.array_equal(together, ks.analytic_rows(*args, np.arange(len(run_of))), equal_nan=True)
     metrics = serve.analytic(packed, s, rows, p)
     assert all(v.flags.c_contiguous for v in metrics.values())
     assert np.isfinite(metrics["ttft_s"]).any()
