@@ -57,7 +57,7 @@ def reference_row(packed, srv, cols, i: int) -> dict[str, float]:
     m, d = packed.model[0], packed.devs[cols["dtype"][i]]
     tiers, tiles, wl = packed.tiers, packed.tiles, packed.workload[0]
     s = srv[i]
-    return steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, t), lambda r: ks.head_rows_s(m, d, tiers, tiles, s, r),
+    return steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, float(t)), lambda r: ks.head_rows_s(m, d, tiers, tiles, s, float(r)),
                         ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s),
                         ks.kv_capacity_tokens(m, d, s) / s.pp, input_len=wl.input_len, output_len=wl.output_len,
                         hit=wl.prefix_hit_rate, concurrency=wl.concurrency, rate=wl.rate_per_s, host=wl.host_s,
@@ -65,8 +65,8 @@ def reference_row(packed, srv, cols, i: int) -> dict[str, float]:
                         scheduler=int(cols["scheduler"][i]), overlap=bool(cols["overlap_scheduler"][i]),
                         engines=float(cols["instances"][i] * s.pp),
                         devices=wl.devices, draft=int(s.draft_tokens), acceptance=wl.acceptance_rate,
-                        draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, t),
-                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b))
+                        draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, float(t)),
+                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)))
 
 
 def bench_analytic(space, n_rows: int, n_ref: int, label: str) -> None:

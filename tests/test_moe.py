@@ -354,7 +354,7 @@ def test_two_node_plan_seed_numbers():
     128.6 GiB/s (the SPC fused all-gather) = 25.5 ms. (The documents' "1.75 GiB,
     13.6 ms" is 32 x 56 MiB, the micro-batch-1 volume, without the (n-1)/n factor.)"""
     tiers = _tiers((16.0, 128.6 * GIB, 0.0), (0.0, 12 * GIB, 0.0))
-    t, intra, inter = moe.dispatch_s(DISPATCH_SENDRECV_ALLGATHER, TOKEN_BYTES, 32.0, 1.0, 256.0, 8.0, 0.0, tiers)
+    t, intra, inter = moe.dispatch_s(DISPATCH_SENDRECV_ALLGATHER, float(TOKEN_BYTES), 32.0, 1.0, 256.0, 8.0, 0.0, tiers)
     t_ag = 15 / 16 * 32 * 112 * MIB / (128.6 * GIB)
     assert t_ag == pytest.approx(0.0255151632970451, rel=1e-12)
     assert inter == 112 * MIB
@@ -362,7 +362,7 @@ def test_two_node_plan_seed_numbers():
     t_inter = t - t_ag
     assert t_inter == pytest.approx(112 / 12288, rel=1e-12)
     assert round(t_inter * 1e3, 2) == 9.11
-    split, _, _ = moe.dispatch_s(DISPATCH_SENDRECV_ALLGATHER_SPLIT, TOKEN_BYTES, 32.0, 1.0, 256.0, 8.0, 0.0, tiers)
+    split, _, _ = moe.dispatch_s(DISPATCH_SENDRECV_ALLGATHER_SPLIT, float(TOKEN_BYTES), 32.0, 1.0, 256.0, 8.0, 0.0, tiers)
     assert split == pytest.approx(112 / 12288 / 2 + t_ag, rel=1e-12)  # the gather's halves dominate
 
 

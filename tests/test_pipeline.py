@@ -490,7 +490,7 @@ def test_shared_tier_matches_reference_engine():
                                 cfg["send_ns"], 0, 0, 2, cfg["zero"], cfg["dp_grad_ns"], cfg["dp_param_ns"],
                                 cfg["n_buckets"], cfg["z3_gather_ns"], cfg["z3_scatter_ns"], cfg["optimizer_ns"],
                                 np.broadcast_to(np.asarray(cfg.get("ep", 0), dtype=np.int64), (cfg["p"], cfg["v"], 4)).copy(),
-                                cfg.get("ep_tier", 0), cfg.get("tbo", 0))
+                                cfg.get("ep_tier", 0), cfg.get("tbo", 0), True)
         expected = reference_times(g)
         s = step(**cfg)
         assert (s.status, s.start.tolist(), s.end.tolist()) == expected
@@ -701,7 +701,7 @@ def test_zero3_edges_stay_on_their_device(schedule):
     wgrad = np.full((p, 1), 80, dtype=np.int64)
     ep_ns = np.zeros((p, 1, 4), dtype=np.int64)
     (dur, res, kind, stage, micro, chunk, sync, succ_ptr, succ_idx, n_pred, order_ptr, order_idx,
-     n_res) = pipeline.build_step(schedule, p, 1, m, fwd, bwd, wgrad, 7, 0, 1, 2, 3, 0, 0, 1, 5, 5, 0, ep_ns, 0, 0)
+     n_res) = pipeline.build_step(schedule, p, 1, m, fwd, bwd, wgrad, 7, 0, 1, 2, 3, 0, 0, 1, 5, 5, 0, ep_ns, 0, 0, True)
     crossing = [(int(a), int(succ_idx[e])) for a in range(dur.shape[0]) for e in range(succ_ptr[a], succ_ptr[a + 1])
                 if stage[a] != stage[succ_idx[e]]]
     assert crossing  # the pipeline's sends do cross devices

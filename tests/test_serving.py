@@ -586,8 +586,8 @@ def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
     overlap = wl_change.pop("overlap", False)
     wl = workload(host_s=1e-4, **wl_change)
     out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, overlap=overlap, instances=2.0)
-    ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, srv[0], t),
-                       lambda r: ks.head_rows_s(m, d, tiers, tiles, srv[0], r),
+    ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, srv[0], float(t)),
+                       lambda r: ks.head_rows_s(m, d, tiers, tiles, srv[0], float(r)),
                        ks.kv_s_per_token(m, d, tiers, tiles, srv[0]), ks.pair_s(m, d, srv[0]),
                        ks.kv_capacity_tokens(m, d, srv[0]), input_len=wl.input_len[0], output_len=wl.output_len[0],
                        hit=wl.prefix_hit_rate[0], concurrency=wl.concurrency[0], rate=wl.rate_per_s[0],

@@ -190,14 +190,14 @@ def test_analytic_tier_with_drafts_agrees_with_the_reference(fast, wl_change, sc
     out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, overlap=overlap,
                    instances=2.0)
     s = srv[0]
-    ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, t),
-                       lambda r: ks.head_rows_s(m, d, tiers, tiles, s, r),
+    ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, float(t)),
+                       lambda r: ks.head_rows_s(m, d, tiers, tiles, s, float(r)),
                        ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s), ks.kv_capacity_tokens(m, d, s),
                        input_len=wl.input_len[0], output_len=wl.output_len[0], hit=wl.prefix_hit_rate[0],
                        concurrency=wl.concurrency[0], rate=wl.rate_per_s[0], host=1e-4, max_batch=32.0,
                        max_tokens=2048.0, scheduler=scheduler, engines=2.0, devices=1.0, draft=3,
-                       acceptance=0.7, draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, t),
-                       draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, b), overlap=overlap)
+                       acceptance=0.7, draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, float(t)),
+                       draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)), overlap=overlap)
     assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
     for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s", "output_tokens_per_s_per_gpu"):
         assert out[key] == pytest.approx(ref[key], rel=1e-10), key

@@ -47,7 +47,9 @@ def sample(space_ref, n: int, seed: int = 0):
 
 
 def row_args(cols, i):
-    return tuple(a[i] for a in kernel_strategy(cols))
+    """Row i's strategy as Python ints, as ``explorer.timeline`` passes it to ``row_graph`` (numpy
+    int32 scalars would compile it, and everything it calls, a second time)."""
+    return tuple(int(a[i]) for a in kernel_strategy(cols))
 
 
 def keys_of(packed, cols):
