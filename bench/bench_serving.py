@@ -12,7 +12,8 @@ tests/naive_serving.py on the same inputs:
   so the ratio measures the orchestration, not the operator kernels. Twice: the
   closed loop of the Llama space (64 users), and a Poisson stream, the Qwen3-235B
   space on 8 H200 (``POISSON_SPACE``), whose steady state is a fixed point of the
-  iteration time (tens of iterations a row);
+  iteration time (up to tens of iterations per run of rows, fewer where the iterates
+  show a linear piece to extrapolate along: ``kernels.serving.poisson_fixed_point``);
 - simulation: M configurations of R requests each (closed loop, continuous
   batching, lognormal lengths), one parallel kernel call after the cost tables
   are built (timed apart); the reference simulates K configurations;

@@ -58,9 +58,11 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   TPOT = decode / (out - 1).
 - Poisson at lambda per engine, continuous: the iteration time t solves
   t = iteration_s(B q + lambda t in, B q + lambda t, B (in + out / 2 + q - 1),
-  lambda t pairs) with B = lambda (out - 1) t / E decoding requests (fixed
-  point; unstable when it diverges or B exceeds the batch or KV limit or the
-  tokens exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E.
+  lambda t pairs) with B = lambda (out - 1) t / E decoding requests (the least
+  fixed point, ``poisson_fixed_point``: iterated from t = 0, and extrapolated
+  along a linear piece of the iteration time where the iterates show one;
+  unstable when it diverges or B exceeds the batch or KV limit or the tokens
+  exceed max_tokens; q = 1 and E = 1 without drafts). TPOT = t / E.
   TTFT = t / 2 (the iteration under way when it arrives) + the iterations that
   carry its prompt (``prompt_iterations_s``): ceil(in / (max_tokens - B q))
   chunks of the room the decode batch leaves (unchunked: the prompt whole in
@@ -222,6 +224,14 @@ ROW_FILL_KEYS = 0.5 * ATTENTION_FWD_FILL_KEYS
 #: the fixed points stop when a step moves less than this share
 FIXED_POINT_RTOL = 1e-12
 FIXED_POINT_ITERATIONS = 200
+#: steps of the continuous-Poisson fixed point a run's memo keeps (``iterate_memo``): on
+#: the catalog's Poisson space the iterates reach the fixed point or leave the engine's
+#: limits within 38 steps, later steps are evaluated unremembered, and every run's memo
+#: is filled with NaN first (200 steps' worth cost more than the lookups save)
+MEMO_STEPS = 64
+#: two chords of the iteration time whose slopes differ by less than this share lie on one
+#: linear piece of it (``linear_piece_fixed_point``)
+LINEAR_PIECE_RTOL = 1e-6
 #: halvings of the disaggregated decode batch's bisection (to 2^-48 of max_batch)
 BISECTIONS = 48
 
@@ -478,18 +488,19 @@ def iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair
 
 @jit
 def iterate_memo(steps: int) -> np.ndarray:
-    """An empty memo of one replica's continuous-Poisson fixed point: row k holds
+    """An empty memo of one replica's continuous-Poisson fixed point: row 2k holds
     step k's ``iteration_s`` arguments (tokens, rows, kv_read, pairs, prompt,
-    drafting) and its value; NaN arguments never match. ``steps`` rows
-    (``FIXED_POINT_ITERATIONS``; 0 where no Poisson stream reads it)."""
-    return np.full((steps, 7), np.nan)
+    drafting) and its value, row 2k + 1 those of the probe after it
+    (``poisson_fixed_point``); NaN arguments never match. 2 x ``steps`` rows
+    (``MEMO_STEPS``; 0 where no Poisson stream reads it)."""
+    return np.full((2 * steps, 7), np.nan)
 
 
 @jit
 def remembered_iteration_s(iterates, step: int, model, dev, tiers, tiles, srv, host: float, kv_coef: float,
                            pair_coef: float, tokens: float, rows: float, kv_read: float, pairs: float, prompt: float,
                            drafting: float) -> float:
-    """``iteration_s`` at fixed-point step ``step``, looked up in ``iterates``
+    """``iteration_s`` in memo row ``step``, looked up in ``iterates``
     (``iterate_memo``, this replica's only, with its host, kv_coef and pair_coef) or
     evaluated and kept there: the same bits either way. A run's rows that differ
     only in max_batch, max_tokens, scheduler or overlap iterate the same sequence
@@ -513,6 +524,84 @@ def remembered_iteration_s(iterates, step: int, model, dev, tiers, tiles, srv, h
     m[5] = drafting
     m[6] = t
     return t
+
+
+@jit
+def linear_piece_fixed_point(t0: float, t1: float, t2: float, t3: float) -> float:
+    """Where the line through four successive iterates of t = F(t) (t1 = F(t0), t2 =
+    F(t1), t3 = F(t2)) meets t = F(t), or -1. The chords' slopes r1 = (t2 - t1) / (t1
+    - t0) and r2 = (t3 - t2) / (t2 - t1) are F's over [t0, t1] and [t1, t2]; when they
+    agree (``LINEAR_PIECE_RTOL``) and lie in (0, 1), the iterates are on one linear
+    piece of F, which meets the diagonal at t3 + (t3 - t2) r2 / (1 - r2) (Aitken's
+    delta-squared extrapolation: exact for a linear F). -1 when they do not, or
+    without four iterates (a negative t0)."""
+    if t0 < 0.0 or not (t0 < t1 < t2 < t3):
+        return -1.0
+    r1 = (t2 - t1) / (t1 - t0)
+    r2 = (t3 - t2) / (t2 - t1)
+    if not (0.0 < r2 < 1.0) or abs(r2 - r1) > LINEAR_PIECE_RTOL * r2:
+        return -1.0
+    return t3 + (t3 - t2) * r2 / (1.0 - r2)
+
+
+@jit
+def poisson_fits(lam: float, t: float, nd: float, e_tok: float, q: float, new: float, bmax: float,
+                 max_tokens: float) -> bool:
+    """Whether an iteration of t seconds under lam arrivals a second fits the engine:
+    its decode batch lam (out - 1) t / E within ``bmax`` and its tokens (q per
+    decoding request, the arrivals' new prompt tokens) within ``max_tokens``."""
+    b = lam * nd * t / e_tok  # each request decodes for (out - 1) / E iterations
+    return b <= bmax and b * q + lam * t * new <= max_tokens
+
+
+@jit
+def poisson_iteration_s(iterates, slot: int, model, dev, tiers, tiles, srv, host: float, kv_coef: float,
+                        pair_coef: float, lam: float, t: float, nd: float, e_tok: float, q: float, inl: float,
+                        outl: float, new: float, pairs: float) -> float:
+    """The continuous-Poisson iteration time F(t) (module doc), through memo row
+    ``slot`` (``remembered_iteration_s``): lam t arrivals' prompts (their new tokens
+    and causal pairs) beside b = lam (out - 1) t / E decoding requests."""
+    arrivals = lam * t
+    b = lam * nd * t / e_tok
+    return remembered_iteration_s(iterates, slot, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
+                                  max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0),
+                                  b * (inl + 0.5 * outl) + b * (q - 1.0), arrivals * pairs, arrivals * new, b)
+
+
+@jit
+def poisson_fixed_point(iterates, model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float,
+                        lam: float, nd: float, e_tok: float, q: float, inl: float, outl: float, new: float,
+                        pairs: float, bmax: float, max_tokens: float):
+    """(t, converged): the least fixed point t = F(t) of the continuous-Poisson
+    iteration time (``poisson_iteration_s``), iterated from t = 0, or the first
+    iterate that no longer fits (``poisson_fits``) and False. F rises with t, so the
+    iterates rise to the least fixed point; they approach it geometrically, at F's
+    slope there. Where the last four iterates lie on one linear piece of F
+    (``linear_piece_fixed_point``), the point that piece meets the diagonal is
+    tried once: if it fits and F there equals it (``FIXED_POINT_RTOL``), F is linear
+    up to it and it is the fixed point the iterates approach (a kink or step between
+    would move F off that line), found in a few steps instead of tens. Plain step k
+    goes through memo row 2k, its probe row 2k + 1 (``iterate_memo``)."""
+    t = 0.0
+    back2 = -1.0  # the two iterates before t (negative: not yet)
+    back1 = -1.0
+    for step in range(FIXED_POINT_ITERATIONS):
+        if not poisson_fits(lam, t, nd, e_tok, q, new, bmax, max_tokens):  # t's batch or tokens do not fit
+            return t, False
+        nt = poisson_iteration_s(iterates, 2 * step, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, lam,
+                                 t, nd, e_tok, q, inl, outl, new, pairs)
+        if abs(nt - t) <= FIXED_POINT_RTOL * nt:
+            return nt, True
+        probe = linear_piece_fixed_point(back2, back1, t, nt)
+        if probe > 0.0 and poisson_fits(lam, probe, nd, e_tok, q, new, bmax, max_tokens):
+            at = poisson_iteration_s(iterates, 2 * step + 1, model, dev, tiers, tiles, srv, host, kv_coef,
+                                     pair_coef, lam, probe, nd, e_tok, q, inl, outl, new, pairs)
+            if abs(at - probe) <= FIXED_POINT_RTOL * at:
+                return at, True
+        back2 = back1
+        back1 = t
+        t = nt
+    return t, False
 
 
 @jit
@@ -697,21 +786,8 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
             ttft = 0.5 * period + pre
             tpot = dec / nd if nd > 0.0 else 0.0
         else:  # continuous: the iteration time with its decode batch and prefill tokens
-            t = 0.0
-            b = 0.0
-            for step in range(FIXED_POINT_ITERATIONS):
-                arrivals = lam * t
-                b = lam * nd * t / e_tok  # each request decodes for (out - 1) / E iterations
-                if b > bmax or b * q + arrivals * new > max_tokens:  # t's batch or tokens do not fit
-                    break
-                nt = remembered_iteration_s(iterates, step, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef,
-                                            max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0),
-                                            b * (inl + 0.5 * outl) + b * (q - 1.0), arrivals * pairs, arrivals * new, b)
-                if abs(nt - t) <= FIXED_POINT_RTOL * nt:
-                    t = nt
-                    converged = True
-                    break
-                t = nt
+            t, converged = poisson_fixed_point(iterates, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, lam,
+                                               nd, e_tok, q, inl, outl, new, pairs, bmax, max_tokens)
             b = lam * nd * t / e_tok
             pre = np.nan  # an overloaded engine (the loop did not converge) has no steady prompt to time
             if converged:
@@ -919,7 +995,7 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
     for c in prange(starts.shape[0] - 1):
         first = starts[c]
         memo = forward_memo()
-        iterates = iterate_memo(FIXED_POINT_ITERATIONS if wl[0].concurrency <= 0.0 else 0)
+        iterates = iterate_memo(MEMO_STEPS if wl[0].concurrency <= 0.0 else 0)
         row = np.empty(N_OUT)
         kv = kv_s_per_token(model[0], devs[dtype[first]], tiers, tiles, srv_rows[first])
         for i in range(first, starts[c + 1]):

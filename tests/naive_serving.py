@@ -63,8 +63,10 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
                  rate: float, host: float, max_batch: float, max_tokens: float, scheduler: int, engines: float,
                  devices: float, draft: int = 0, acceptance: float = 0.0, overlap: bool = False,
                  draft_prompt: Callable[[float], float] = lambda t: 0.0,
-                 draft_steps: Callable[[float], float] = lambda b: 0.0) -> dict[str, float]:
-    """The analytic tier's closed forms for one candidate (kernels.serving module doc)."""
+                 draft_steps: Callable[[float], float] = lambda b: 0.0, accelerate: bool = True) -> dict[str, float]:
+    """The analytic tier's closed forms for one candidate (kernels.serving module doc).
+    ``accelerate`` False: the Poisson fixed point by plain iteration only, without the
+    kernels' linear-piece extrapolation (``kernels.serving.poisson_fixed_point``)."""
     new = input_len * (1 - hit)
     pairs_one = new * (input_len - new + new / 2 + ROW_FILL)
     nd = output_len - 1
@@ -120,17 +122,33 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
             return (host + rows(tokens) + head(head_rows) + kv_coef * b * (input_len + output_len / 2 + q - 1)
                     + pair_coef * pairs + draft_prompt(prompt) + draft_steps(b))
 
-        t, stable = 0.0, False
+        def fits(x: float) -> bool:  # x's decode batch and tokens within the engine's limits
+            return lam * steps * x <= b_max and lam * steps * x * q + lam * x * new <= max_tokens
+
+        def at(x: float) -> float:  # the iteration time F(x)
+            b, arrivals = lam * steps * x, lam * x
+            return iteration(b, max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0), arrivals * pairs_one,
+                             arrivals * new)
+
+        t, stable, before = 0.0, False, []  # before: the iterates before t
         for _ in range(200):
-            arrivals = lam * t
-            b = lam * steps * t
-            if b > b_max or b * q + arrivals * new > max_tokens:
+            if not fits(t):
                 break
-            nt = iteration(b, max(b * q + arrivals * new, 1.0), max(b * q + arrivals, 1.0), arrivals * pairs_one,
-                           arrivals * new)
+            nt = at(t)
             if abs(nt - t) <= 1e-12 * nt:
                 t, stable = nt, True
                 break
+            if accelerate and len(before) >= 2 and before[-2] < before[-1] < t < nt:
+                # the last four iterates on one linear piece of F: try where it meets the diagonal
+                r1, r2 = (t - before[-1]) / (before[-1] - before[-2]), (nt - t) / (t - before[-1])
+                if 0 < r2 < 1 and abs(r2 - r1) <= 1e-6 * r2:
+                    probe = nt + (nt - t) * r2 / (1 - r2)
+                    if fits(probe):
+                        value = at(probe)
+                        if abs(value - probe) <= 1e-12 * value:
+                            t, stable = value, True
+                            break
+            before.append(t)
             t = nt
         b = lam * steps * t
         room = new if scheduler == UNCHUNKED else max_tokens - b * q

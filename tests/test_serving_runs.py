@@ -136,3 +136,93 @@ def test_a_remembered_iteration_is_the_iteration_bit_for_bit():
         assert memo[step, 6] == want and memo[step, 0] == args[0]
         assert ks.remembered_iteration_s(ks.iterate_memo(0), step, m, d, tiers, tiles, s, 2e-4, kv, pair, *args) == want
     assert np.isnan(memo[1, 6])  # steps never asked for stay empty
+
+
+# --------------------------------------------------------------------------- the Poisson fixed point
+
+
+def test_linear_piece_fixed_point_by_hand():
+    """F(t) = 1 + t / 2 iterated from 0: 0, 1, 1.5, 1.75. Both chords have slope 1/2,
+    so the piece meets the diagonal at 1.75 + 0.25 x 0.5 / 0.5 = 2 = 1 / (1 - 1/2), F's
+    fixed point. A kink (1.8 after 1.5: slopes 1/2 then 3/5), fewer than four
+    iterates, or a slope of 1 (0, 1, 2, 3: no fixed point) give -1."""
+    assert ks.linear_piece_fixed_point(0.0, 1.0, 1.5, 1.75) == 2.0
+    assert ks.linear_piece_fixed_point(0.0, 1.0, 1.5, 1.8) == -1.0
+    assert ks.linear_piece_fixed_point(-1.0, 0.0, 1.0, 1.5) == -1.0
+    assert ks.linear_piece_fixed_point(0.0, 1.0, 2.0, 3.0) == -1.0
+
+
+def plain_fixed_point(args: tuple, lam: float, nd: float, e_tok: float, q: float, inl: float, outl: float,
+                      new: float, pairs: float) -> tuple[float, int]:
+    """t = F(t) iterated from 0 until a step moves less than FIXED_POINT_RTOL, and the steps taken."""
+    t = 0.0
+    for step in range(1, ks.FIXED_POINT_ITERATIONS + 1):
+        nt = ks.poisson_iteration_s(ks.iterate_memo(0), 0, *args, lam, t, nd, e_tok, q, inl, outl, new, pairs)
+        if abs(nt - t) <= ks.FIXED_POINT_RTOL * nt:
+            return nt, step
+        t = nt
+    raise AssertionError("the plain iteration did not converge")
+
+
+def test_the_fixed_point_is_found_in_a_few_steps_where_the_iteration_time_is_linear(make_device, make_tiers,
+                                                                                    toy_tiles):
+    """The toy model on a device bound by its bytes has an iteration time linear in
+    its token and row counts, so F(t) is linear wherever more than one token runs
+    (at t = 0 one token runs: a kink). Plain iteration creeps up at F's slope: 9, 19
+    and 42 steps to 1e-12 at 50, 400 and 1000 arrivals a second. The extrapolation
+    lands on the same point in five evaluations (the memo's filled rows): F at 0
+    and at three iterates on the line, then at the point the line meets the
+    diagonal."""
+    from test_serving import toy_model, toy_srv
+
+    m = toy_model()[0]
+    d = make_device(peak_flops_per_s=1e18)[0]
+    tiers = make_tiers((8, 1e11, 0.0), (0, 1e10, 0.0))
+    s = toy_srv()[0]
+    args = (m, d, tiers, toy_tiles, s, 1e-4, ks.kv_s_per_token(m, d, tiers, toy_tiles, s), ks.pair_s(m, d, s))
+    for lam in (50.0, 400.0, 1000.0):
+        rest = (lam, 255.0, 1.0, 1.0, 512.0, 256.0, 512.0, ks.prompt_pairs(512.0, 0.0))
+        want, steps = plain_fixed_point(args, *rest)
+        memo = ks.iterate_memo(ks.FIXED_POINT_ITERATIONS)
+        got, converged = ks.poisson_fixed_point(memo, *args, *rest, 1e9, 1e12)
+        evaluations = int(np.isfinite(memo[:, 6]).sum())
+        assert converged and got == pytest.approx(want, rel=1e-11), lam
+        assert evaluations == 5 < steps, (lam, evaluations, steps)
+
+
+def test_catalog_poisson_rows_match_plain_iteration():
+    """Every aggregated row of the catalog's Poisson space (Qwen3-235B on 8 H200, MoE,
+    drafts, attention DP): the kernels' accelerated fixed point against the reference
+    iterating plainly (``steady_state(accelerate=False)``): the same rows stable, and
+    TTFT and TPOT within 1e-9 where they are."""
+    from naive_serving import steady_state
+
+    space = sp.load_serving("qwen3-235b-a22b-h200-8")
+    base = serve.encode(space).columns
+    cols = {k: np.ascontiguousarray(v[base["mode"] == ks.AGG]) for k, v in base.items()}
+    packed = serve.pack_serving(space)
+    srv = serve.serving_records(space, cols)
+    out = serve.analytic(packed, srv, cols, serve.serving_records(space, cols, prefill=True))
+    m, tiers, tiles, wl = packed.model[0], packed.tiers, packed.tiles, packed.workload[0]
+    stable = 0
+    for i in range(len(cols["tp"])):
+        if out["reason"][i] in (ks.WEIGHTS_OOM, ks.KV_TOO_SMALL):
+            continue
+        d, s = packed.devs[cols["dtype"][i]], srv[i]
+        ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, float(t)),
+                           lambda r: ks.head_rows_s(m, d, tiers, tiles, s, float(r)),
+                           ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s),
+                           ks.kv_capacity_tokens(m, d, s) / s.pp, input_len=wl.input_len, output_len=wl.output_len,
+                           hit=wl.prefix_hit_rate, concurrency=wl.concurrency, rate=wl.rate_per_s, host=wl.host_s,
+                           max_batch=float(cols["max_batch"][i]), max_tokens=float(cols["max_tokens"][i]),
+                           scheduler=int(cols["scheduler"][i]), overlap=bool(cols["overlap_scheduler"][i]),
+                           engines=float(cols["instances"][i] * s.pp), devices=wl.devices, draft=int(s.draft_tokens),
+                           acceptance=wl.acceptance_rate,
+                           draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, float(t)),
+                           draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)), accelerate=False)
+        assert ref["stable"] == (out["reason"][i] != ks.OVERLOADED), i
+        if ref["stable"]:
+            stable += 1
+            assert out["ttft_s"][i] == pytest.approx(ref["ttft_s"], rel=1e-9), i
+            assert out["tpot_s"][i] == pytest.approx(ref["tpot_s"], rel=1e-9), i
+    assert stable >= 20  # the comparison covers stable rows, not only overloaded ones
