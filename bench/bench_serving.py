@@ -54,7 +54,9 @@ def tiled(cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(np.tile(v, reps)[:n]) for k, v in cols.items()}
 
 
-def reference_row(packed, srv, cols, i: int) -> dict[str, float]:
+def reference_row(packed, srv, cols, i: int, accelerate: bool = True) -> dict[str, float]:
+    """Row i's closed forms in plain Python (``naive_serving.steady_state``; ``accelerate``
+    False: its Poisson fixed point by plain iteration only)."""
     m, d = packed.model[0], packed.devs[cols["dtype"][i]]
     tiers, tiles, wl = packed.tiers, packed.tiles, packed.workload[0]
     s = srv[i]
@@ -67,7 +69,7 @@ def reference_row(packed, srv, cols, i: int) -> dict[str, float]:
                         engines=float(cols["instances"][i] * s.pp),
                         devices=wl.devices, draft=int(s.draft_tokens), acceptance=wl.acceptance_rate,
                         draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, float(t)),
-                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)))
+                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)), accelerate=accelerate)
 
 
 def bench_analytic(space, n_rows: int, n_ref: int, label: str) -> None:

@@ -192,10 +192,16 @@ def test_the_fixed_point_is_found_in_a_few_steps_where_the_iteration_time_is_lin
 
 def test_catalog_poisson_rows_match_plain_iteration():
     """Every aggregated row of the catalog's Poisson space (Qwen3-235B on 8 H200, MoE,
-    drafts, attention DP): the kernels' accelerated fixed point against the reference
-    iterating plainly (``steady_state(accelerate=False)``): the same rows stable, and
-    TTFT and TPOT within 1e-9 where they are."""
-    from naive_serving import steady_state
+    drafts, attention DP): the kernels' accelerated fixed point against the bench's
+    plain-Python reference iterating plainly (``reference_row(accelerate=False)``): the
+    same rows stable, and TTFT and TPOT within 1e-9 where they are."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
 
     space = sp.load_serving("qwen3-235b-a22b-h200-8")
     base = serve.encode(space).columns
@@ -203,23 +209,11 @@ def test_catalog_poisson_rows_match_plain_iteration():
     packed = serve.pack_serving(space)
     srv = serve.serving_records(space, cols)
     out = serve.analytic(packed, srv, cols, serve.serving_records(space, cols, prefill=True))
-    m, tiers, tiles, wl = packed.model[0], packed.tiers, packed.tiles, packed.workload[0]
     stable = 0
     for i in range(len(cols["tp"])):
         if out["reason"][i] in (ks.WEIGHTS_OOM, ks.KV_TOO_SMALL):
             continue
-        d, s = packed.devs[cols["dtype"][i]], srv[i]
-        ref = steady_state(lambda t: ks.rows_s(m, d, tiers, tiles, s, float(t)),
-                           lambda r: ks.head_rows_s(m, d, tiers, tiles, s, float(r)),
-                           ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s),
-                           ks.kv_capacity_tokens(m, d, s) / s.pp, input_len=wl.input_len, output_len=wl.output_len,
-                           hit=wl.prefix_hit_rate, concurrency=wl.concurrency, rate=wl.rate_per_s, host=wl.host_s,
-                           max_batch=float(cols["max_batch"][i]), max_tokens=float(cols["max_tokens"][i]),
-                           scheduler=int(cols["scheduler"][i]), overlap=bool(cols["overlap_scheduler"][i]),
-                           engines=float(cols["instances"][i] * s.pp), devices=wl.devices, draft=int(s.draft_tokens),
-                           acceptance=wl.acceptance_rate,
-                           draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, float(t)),
-                           draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)), accelerate=False)
+        ref = bench.reference_row(packed, srv, cols, i, accelerate=False)
         assert ref["stable"] == (out["reason"][i] != ks.OVERLOADED), i
         if ref["stable"]:
             stable += 1
