@@ -130,6 +130,7 @@ def pack(space: LoadedSpace) -> Packed:
         loss_bytes=params.LOSS_BYTES[spec.cross_entropy],
         eager_elementwise=1.0 if spec.elementwise == "eager" else 0.0,
         checkpoint_early_stop=1.0 if spec.checkpoint == "early-stop" else 0.0,
+        zero3_master_shard=1.0 if spec.zero3_shard == "master" else 0.0,
         dispatch_bytes=params.DISPATCH_BYTES[spec.dispatch_dtype],
     )
     return Packed(pack_model(space.model), device, tiers, tiles, workload, family=bands.family_of(space.hardware.name))

@@ -75,7 +75,14 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
 #: whose full recompute skips the down projection (``SpaceSpec.checkpoint = "early-stop"``).
 #: ZeRO-3 rows are read so: leave-one-source-out MAPE 9.84% -> 9.0%, in sample 8.71% ->
 #: 7.9% (MosaicML 9.2% -> 7.6%, NeMo Automodel 19.8% -> 17.1%; Narayanan et al.'s DeepSpeed
-#: ZeRO-3 rows, which rerun the whole forward, 13.9% -> 14.9%: no column names the trainer)
+#: ZeRO-3 rows, which rerun the whole forward, 13.9% -> 14.9%: no column names the trainer).
+#: And they store each rank's parameter shard as FSDP's mixed precision does, once, as the
+#: optimizer's fp32 master cast to 16 bits as it is gathered (``SpaceSpec.zero3_shard =
+#: "master"``: 16 bytes a parameter of the shard with Adam, not DeepSpeed's 18): three ok
+#: rows that ran, priced out of memory by the 2 bytes, are predicted (NeMo Automodel's Kimi
+#: K2 on 256 H100 -8%, Qwen3-30B-A3B on 8 H100 +18%, KempnerForge's Llama 3 70B on 8 H200
+#: -44%), so the ok rows' MAPE rises (in sample 7.81% -> 8.01%, leave-one-source-out 8.44%
+#: -> 8.63%) while the error counting the rows priced out of memory falls (8.26% -> 8.24%)
 FULLY_SHARDED = 3
 #: the row's ``attention`` column (the fused-attention kernel generation it ran) as the
 #: space's (flash_attention, attention_kernel). ``unfused`` materialises the s x s scores
@@ -431,6 +438,7 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
         # a published pipeline whose stages cannot hold equal layer counts ran uneven ones
         "uneven_layers": layers % pp != 0,
         "checkpoint": "early-stop" if fsdp else "reentrant",
+        "zero3_shard": "master" if fsdp else "16-bit",
         "moe_imbalance": 1.0 if model.moe is not None and forced_balance(notes) else None,
         "elementwise": "eager" if eager_ops(notes) else "fused",
         "dimensions": dims,

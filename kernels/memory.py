@@ -13,7 +13,8 @@ import numpy as np
 from paraspace.kernels.codes import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE_OPS, SCHEDULE_DUALPIPE, \
     SCHEDULE_INTERLEAVED, SCHEDULE_PIPEDREAM, ZERO_3_DEFERRED
 from paraspace.kernels.jit import jit
-from paraspace.kernels.optimizer import OPT_GRAD_FRACTION, OPT_HOST_STATE_FRACTION, OPT_STATE_FRACTION
+from paraspace.kernels.optimizer import OPT_DEVICE_MASTER, OPT_GRAD_FRACTION, OPT_HOST_STATE_FRACTION, \
+    OPT_STATE_FRACTION
 from paraspace.kernels.parameters import device_dense_layers, device_layers, layer_params, moe_layer_params, \
     param_parts, stage_params_from
 from paraspace.kernels.recompute import recomputed_layers
@@ -256,7 +257,11 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
     experts over expert DP), the gathered or prefetched working layers once;
     PipeDream stashes p - stage weight versions. ZeRO-3 with deferred gradient reduction
     (``ZERO_3_DEFERRED``) holds the stage's whole gradient, unsharded, as the
-    micro-batches accumulate it (FSDP keeps it in the reduction precision)."""
+    micro-batches accumulate it (FSDP keeps it in the reduction precision). Its own
+    parameter shard is a 16-bit copy beside the optimizer's fp32 master, or, with the
+    workload's ``zero3_master_shard`` and an optimizer that keeps that master on the
+    device (``OPT_DEVICE_MASTER``), the master alone (PyTorch FSDP: 2 bytes a parameter
+    of the shard fewer)."""
     pp = int(sh.p)
     dc = sh.d * sh.c
     zero = kn.zero
@@ -277,7 +282,10 @@ def stage_state_bytes(stage: int, sh, kn, edp: float, unit: float, parts, model,
         weights = params_dev * work.weight_bytes
         grads = params_dev * work.grad_bytes
     elif zero >= 3:  # own shard + the gathered current and prefetched layers, at most all of them
-        weights = min(params, dense / dc + expert / edp + 2.0 * layer_params(model, sh.t)) * work.weight_bytes
+        own = dense / dc + expert / edp
+        if work.zero3_master_shard != 0.0 and OPT_DEVICE_MASTER[kn.optimizer] != 0.0:
+            own = 0.0  # the shard is the optimizer's fp32 master (in optim), cast to 16 bits as gathered
+        weights = min(params, own + 2.0 * layer_params(model, sh.t)) * work.weight_bytes
     else:
         weights = params * work.weight_bytes
     if kn.off_w == 0:

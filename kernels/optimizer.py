@@ -35,6 +35,12 @@ OPT_HOST_STATE_FRACTION = np.array([0.0, 0.0, 1.0, 0.0, 2.0 / 12.0, 0.0])
 #: adam-bf16 keeps them in bf16, 2 of 4 (FSDP reduces them in fp32 all the same,
 #: and accumulates a deferred reduction in fp32: ``kernels.memory``)
 OPT_GRAD_FRACTION = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.5])
+#: 1 where the optimizer keeps an fp32 master copy of its parameters on the device (adam,
+#: adam-8bit): a ZeRO-3 shard stored as that master alone (FSDP's mixed precision,
+#: ``kernels.memory.stage_state_bytes``) needs no 16-bit copy beside it. cpu-adam keeps
+#: its master on the host, and the others have none: their 16-bit weights are the
+#: parameters the step updates
+OPT_DEVICE_MASTER = np.array([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
 #: HBM bytes per parameter of the step on the device:
 #:   adam 34 (ADAM_BYTES_PER_PARAM); adam-8bit: read master 4, m+v 2, grad 4;
 #:   write master 4, m+v 2, weight 2; clip read 4 = 22; cpu-adam none;

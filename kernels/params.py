@@ -125,6 +125,11 @@ WORKLOAD = np.dtype(
         # (PyTorch's non-reentrant checkpoint; SpaceSpec.checkpoint = "early-stop"): a
         # dense layer's down projection is not rerun; 0: the whole forward again
         ("checkpoint_early_stop", np.float64),
+        # 1: a ZeRO-3 device stores its own parameter shard once, as the optimizer's fp32
+        # master, and casts it to 16 bits as it gathers (PyTorch FSDP's mixed precision;
+        # SpaceSpec.zero3_shard = "master"); 0: a 16-bit shard beside that master
+        # (DeepSpeed ZeRO-3's partitioned fp16/bf16 parameters)
+        ("zero3_master_shard", np.float64),
         # bytes per element of an MoE dispatch (the forward's tokens to their experts and
         # the backward's gradients before the down projections; DISPATCH_BYTES); combines
         # move act_bytes
@@ -174,6 +179,7 @@ DEFAULTS = {
     "loss_bytes": LOSS_BYTES["fused"],
     "eager_elementwise": 0.0,
     "checkpoint_early_stop": 0.0,
+    "zero3_master_shard": 0.0,
     "dispatch_bytes": DISPATCH_BYTES["bf16"],
     "peak_16bit_flops_per_s": 0.0,
 }

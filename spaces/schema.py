@@ -576,6 +576,16 @@ class SpaceSpec(Record):
     #: down projection: measured 0.68-0.94 of a forward on MPT-7B blocks on an H100 and
     #: an H200 (``docs/measurements``, ``layer.csv``)
     checkpoint: Literal["reentrant", "early-stop"] = "reentrant"
+    #: what a ZeRO-3 device stores of its own parameter shard (``kernels.memory``):
+    #: "16-bit", a 16-bit shard beside the optimizer's fp32 master (DeepSpeed ZeRO-3's
+    #: partitioned fp16/bf16 parameters: 2 + 4 + 12 = 18 bytes a parameter with Adam), or
+    #: "master", the fp32 master alone, cast to 16 bits as it is gathered (PyTorch FSDP's
+    #: mixed precision: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)`` keeps the sharded
+    #: parameters in fp32 and the optimizer updates them in place; FSDP1's low-precision
+    #: shard is freed after each gather: 16 bytes). Optimizers without a device master
+    #: (``adam-no-master``, ``adam-bf16``, ``cpu-adam``, ``adam-8bit-paged``) keep the 16-bit
+    #: shard either way: it is what they update or what the host's master is copied to
+    zero3_shard: Literal["16-bit", "master"] = "16-bit"
     #: the precision of an MoE dispatch (``kernels.params.DISPATCH_BYTES``): "bf16", or
     #: "fp8" (one byte an element plus a scale per 128, as DeepSeek-V3 trains and DeepEP
     #: sends): the forward's tokens and the backward's gradients before the down

