@@ -167,7 +167,12 @@ def main() -> None:
             "3.3 times the bytes (`kernels/elementwise.py`); `validate` prices a row so where its notes say it ran "
             "without `torch.compile` (`validate.eager_ops`: torchtitan's two no-compile rows and one KempnerForge "
             "row), the others fused (applied to every torchtitan and KempnerForge row on 2026-11-26, compiled or "
-            "not, it moved memory MAPE from 42.8% to 46.9%).", "",
+            "not, it moved memory MAPE from 42.8% to 46.9%). Each ZeRO-3 row's own parameter shard is stored as "
+            "FSDP's mixed precision stores it (`zero3_shard = \"master\"`: once, in fp32, as the optimizer's "
+            "master, cast to bf16 as it is gathered; 16 bytes a parameter of the shard with Adam, not DeepSpeed's "
+            "18): three `ok` rows that ran and were priced out of memory by those 2 bytes are predicted (NeMo "
+            "Automodel's Kimi K2 on 256 H100 and Qwen3-30B-A3B on 8, KempnerForge's Llama 3 70B on 8 H200), and "
+            "memory MAPE moved from 40.6% to 42.0%, the peaks being low already for the reasons above.", "",
             "**Recompute `selective`:** the schema's word covers two modes the model knows: Megatron's "
             "attention-core recompute (`selective`) and torchtitan's per-op policy "
             "(`selective-ops`: every other GEMM output kept, the norms, activations and other GEMMs run again). "
