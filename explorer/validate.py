@@ -82,7 +82,11 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
 #: rows that ran, priced out of memory by the 2 bytes, are predicted (NeMo Automodel's Kimi
 #: K2 on 256 H100 -8%, Qwen3-30B-A3B on 8 H100 +18%, KempnerForge's Llama 3 70B on 8 H200
 #: -44%), so the ok rows' MAPE rises (in sample 7.81% -> 8.01%, leave-one-source-out 8.44%
-#: -> 8.63%) while the error counting the rows priced out of memory falls (8.26% -> 8.24%)
+#: -> 8.63%) while the error counting the rows priced out of memory falls (8.26% -> 8.24%).
+#: A ZeRO-3 row whose notes name DeepSpeed (``deepspeed_trainer``) is read as DeepSpeed runs
+#: instead: reentrant checkpoint, 16-bit partition (Narayanan et al.'s five predicted ZeRO-3
+#: rows 3-5 points less fast; in sample 8.01% -> 7.94%, leave-one-source-out 8.63% -> 8.57%,
+#: Narayanan et al. 18.3% -> 17.5%)
 FULLY_SHARDED = 3
 #: the row's ``attention`` column (the fused-attention kernel generation it ran) as the
 #: space's (flash_attention, attention_kernel). ``unfused`` materialises the s x s scores
@@ -105,6 +109,11 @@ QUALITIES = ("ok", "uncertain")
 #: print, as its other rows' "peak memory")
 _MEMORY = re.compile(r"\b(?:peak memory|memory/GPU|memory(?= \S+ Gi?B at step [0-9]))"
                      r" ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
+#: a ZeRO-3 row whose notes name DeepSpeed (Narayanan et al.'s "DeepSpeed ZeRO-3 without model
+#: parallelism") ran DeepSpeed's ZeRO-3, not an FSDP trainer's (FULLY_SHARDED): its checkpoint
+#: is DeepSpeed's (``deepspeed.checkpointing``, reentrant: the whole forward again) and its
+#: partitioned fp16 parameters sit beside the optimizer's fp32 master partition
+_DEEPSPEED = re.compile(r"\bDeepSpeed\b", re.I)
 #: a row whose notes say its router was forced to balance (NeMo Automodel's
 #: ``fake_balanced_gate``: every expert gets the same tokens) routes with no imbalance:
 #: ``moe_imbalance`` 1.0, where natural top-k routing's busiest rank is derived otherwise
@@ -135,6 +144,11 @@ def recompute_mode(recompute: str, notes: str) -> str:
 def eager_ops(notes: str) -> bool:
     """Whether the notes say the run did not compile its layers (``_EAGER``)."""
     return _EAGER.search(notes) is not None
+
+
+def deepspeed_trainer(notes: str) -> bool:
+    """Whether the notes name DeepSpeed as the run's trainer (``_DEEPSPEED``)."""
+    return _DEEPSPEED.search(notes) is not None
 
 
 def forced_balance(notes: str) -> bool:
@@ -402,9 +416,10 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
     dims["sequence_parallel"] = [bool(sp)] if sp is not None else UNKNOWN_SEARCH["sequence_parallel"]
     if sp is None:
         searched["sequence_parallel"] = dims["sequence_parallel"]
-    # an FSDP trainer's row (FULLY_SHARDED): TP collectives in line, PyTorch's early-stopping checkpoint
-    fsdp = dims["zero"] == [FULLY_SHARDED]
     notes = row.get("notes") or ""
+    # an FSDP trainer's row (FULLY_SHARDED): TP collectives in line, PyTorch's early-stopping
+    # checkpoint, the shard stored as the fp32 master; not one whose notes name DeepSpeed
+    fsdp = dims["zero"] == [FULLY_SHARDED] and not deepspeed_trainer(notes)
     if any(dims["sequence_parallel"]) and ints["tp"] > 1:
         if fsdp:
             dims["tp_overlap"] = [False]

@@ -99,3 +99,18 @@ def test_sweep_with_the_master_shard_needs_less_memory(tmp_path):
     weights = {kind: sweep_one(tmp_path, "zero3_shard", kind, "full")["mem_weights_bytes"][0]
                for kind in ("16-bit", "master")}
     assert weights["16-bit"] - weights["master"] == pytest.approx(2 * P_8B / 8, rel=1e-12)
+
+
+def test_a_zero3_row_whose_notes_name_deepspeed_is_read_as_deepspeeds():
+    """Narayanan et al.'s ZeRO-3 rows say "DeepSpeed ZeRO-3 without model parallelism": the
+    trainer is named, so they keep DeepSpeed's 16-bit partition beside the master and its
+    reentrant checkpoint (the whole forward again), where an FSDP trainer's row stores the
+    master alone and stops early. The name is read from the notes, not the source."""
+    assert validate.deepspeed_trainer("DeepSpeed ZeRO-3 without model parallelism; recompute not stated")
+    assert not validate.deepspeed_trainer("PyTorch FSDP FULL_SHARD (Composer); MFU 41.25%")
+    base = {**ROW, "zero": "3", "recompute": "full", "attention": "flash2", "head_dim": "", "qk_nope_head_dim": "",
+            "v_head_dim": ""}
+    deepspeed = validate.training_space({**base, "notes": "DeepSpeed ZeRO-3 without model parallelism"}, "t")[0]
+    fsdp = validate.training_space({**base, "notes": "PyTorch FSDP FULL_SHARD"}, "t")[0]
+    assert (deepspeed.spec.zero3_shard, deepspeed.spec.checkpoint) == ("16-bit", "reentrant")
+    assert (fsdp.spec.zero3_shard, fsdp.spec.checkpoint) == ("master", "early-stop")

@@ -58,8 +58,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: rows the attention-core reading put out of memory now predicted: validate.eager_ops,
 #: validate.recompute_mode). One exception to "only down", said here: 8.01% over 236 rows
 #: once ZeRO-3 rows store their shard as FSDP does (validate.FULLY_SHARDED): three rows that
-#: ran, priced out of memory before, are predicted (-8%, +18%, -44%); the others unchanged
-MAPE_OK_ALL_THRESHOLD = 0.0802
+#: ran, priced out of memory before, are predicted (-8%, +18%, -44%); the others unchanged;
+#: 7.94% once ZeRO-3 rows whose notes name DeepSpeed are read as DeepSpeed runs them
+MAPE_OK_ALL_THRESHOLD = 0.0795
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -524,8 +525,10 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: rows once ZeRO-3 rows store their shard as FSDP does (validate.FULLY_SHARDED,
 #: SpaceSpec.zero3_shard): three rows that ran, priced out of memory before and so not
 #: counted, are predicted (Kimi K2 -6%, Qwen3-30B-A3B +20%, KempnerForge's Llama 3 70B on
-#: 8 H200 -44%, held out); the 233 rows predicted before are unchanged.
-LOSO_MAPE_OK_THRESHOLD = 0.0865
+#: 8 H200 -44%, held out); the 233 rows predicted before are unchanged. 8.57% once ZeRO-3
+#: rows whose notes name DeepSpeed are read as DeepSpeed runs them (validate.deepspeed_trainer:
+#: reentrant checkpoint, 16-bit partition): Narayanan et al. 18.3% -> 17.5%.
+LOSO_MAPE_OK_THRESHOLD = 0.0860
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -558,8 +561,9 @@ LOSO_MAPE_OK_THRESHOLD = 0.0865
 #: NeMo Automodel fell to 15.0% (two more rows predicted, Kimi K2 -6% and Qwen3-30B-A3B
 #: +20%, beside DeepSeek-V3's +30%) and KempnerForge rose 12.5% -> 13.8% (its Llama 3 70B on
 #: 8 H200, -44%: the run held 119.7 GiB of the card's 141 GB) once ZeRO-3 rows store their
-#: shard as FSDP does: both under the target's 15% or at it
-LOSO_SOURCE_CEILINGS = {"nemo-automodel-perf": 0.151, "narayanan2021": 0.184}
+#: shard as FSDP does: both under the target's 15% or at it. Narayanan et al. fell to 17.5%
+#: once its DeepSpeed ZeRO-3 rows are read as DeepSpeed runs them (validate.deepspeed_trainer)
+LOSO_SOURCE_CEILINGS = {"nemo-automodel-perf": 0.151, "narayanan2021": 0.176}
 
 
 @pytest.mark.slow
