@@ -13,8 +13,10 @@ Automodel's Kimi K2 on 256 H100 and Qwen3-30B-A3B on 8 were priced out of memory
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_cross_entropy_memory import sweep_one
-from test_memory_variants import P_8B, run
+from test_memory_variants import P_8B, PROPS, candidates, run
 from test_validate import ROW
 
 from paraspace.explorer import validate
@@ -114,3 +116,25 @@ def test_a_zero3_row_whose_notes_name_deepspeed_is_read_as_deepspeeds():
     fsdp = validate.training_space({**base, "notes": "PyTorch FSDP FULL_SHARD"}, "t")[0]
     assert (deepspeed.spec.zero3_shard, deepspeed.spec.checkpoint) == ("16-bit", "reentrant")
     assert (fsdp.spec.zero3_shard, fsdp.spec.checkpoint) == ("master", "early-stop")
+
+
+@PROPS
+@given(s=candidates(), zero=st.sampled_from([3, ZERO_3_DEFERRED]),
+       opt=st.sampled_from([OPTIMIZER_ADAM, OPTIMIZER_ADAM_8BIT, OPTIMIZER_CPU_ADAM, OPTIMIZER_ADAM_NO_MASTER,
+                            OPTIMIZER_ADAM_8BIT_PAGED, OPTIMIZER_ADAM_BF16]))
+def test_the_master_shard_only_ever_takes_the_16_bit_shard_off(h100, llama3_8b, make_workload, s, zero, opt):
+    """Any ZeRO-3 strategy and optimizer: the master storage's peak is at most the 16-bit
+    one's, lower by at most the whole 16-bit shard (2 x P / (d x c): a pipeline stage's
+    share is less) and lower at all only with an optimizer that keeps its master on the
+    device (every stage holds more than the two gathered layers of Llama 3 8B's 32 at p <= 4);
+    every time column is the same (the memory columns are the peak stage's, which may move)."""
+    s = {**s, "zero": zero, "opt": opt, "off_act": 0}
+    work = {shard: make_workload(global_batch=float(s["dp"] * s["mb"] * s["n_micro"]), seq_len=2048.0,
+                                 zero3_master_shard=shard) for shard in (0.0, 1.0)}
+    bf16, master = (run(llama3_8b, h100.device, h100.tiers, h100.tiles, work[k], base=s) for k in (0.0, 1.0))
+    saved = bf16["mem_peak_bytes"] - master["mem_peak_bytes"]
+    assert 0.0 <= saved <= 2 * P_8B / (s["dp"] * s["cp"]) * (1 + 1e-12)
+    assert (saved > 0.0) == bool(OPT_DEVICE_MASTER[opt])
+    for key, value in bf16.items():
+        if not key.startswith("mem_") and key not in ("feasible", "infeasible_reason"):
+            assert master[key] == value, key
