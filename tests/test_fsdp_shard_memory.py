@@ -6,9 +6,10 @@ parameter of the shard ("16-bit", the default). PyTorch FSDP's mixed precision k
 sharded parameters in fp32, updates them in place and casts them to 16 bits only as it
 gathers them (FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)``; FSDP1 frees its
 low-precision shard after each gather): the master is the shard, 16 bytes ("master").
-``validate`` reads ZeRO-3 rows as FSDP trainers' (``validate.FULLY_SHARDED``): NeMo
-Automodel's Kimi K2 on 256 H100 and Qwen3-30B-A3B on 8 were priced out of memory by the
-2 bytes (90.3 and 89.6 GB against the 85.9 GB of an 80 GiB card) though they ran."""
+``validate`` reads ZeRO-3 rows as FSDP trainers' (``validate.FULLY_SHARDED``), unless their
+notes name DeepSpeed: NeMo Automodel's Kimi K2 on 256 H100 and Qwen3-30B-A3B on 8 were
+priced out of memory by the 2 bytes (90.3 and 89.6 GB against the 85.9 GB of an 80 GiB
+card) though they ran."""
 
 from __future__ import annotations
 
