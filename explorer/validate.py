@@ -86,7 +86,9 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
 #: A ZeRO-3 row whose notes name DeepSpeed (``deepspeed_trainer``) is read as DeepSpeed runs
 #: instead: reentrant checkpoint, 16-bit partition (Narayanan et al.'s five predicted ZeRO-3
 #: rows 3-5 points less fast; in sample 8.01% -> 7.94%, leave-one-source-out 8.63% -> 8.57%,
-#: Narayanan et al. 18.3% -> 17.5%)
+#: Narayanan et al. 18.3% -> 17.5%); and a row whose notes name FSDP is an FSDP trainer's
+#: whatever its ZeRO stage column says (``fsdp_trainer``: KempnerForge's one-rank TP runs,
+#: ``zero`` 0, -18.1% -> -9.2% and -18.7% -> -18.3%; leave-one-source-out 8.57% -> 8.53%)
 FULLY_SHARDED = 3
 #: the row's ``attention`` column (the fused-attention kernel generation it ran) as the
 #: space's (flash_attention, attention_kernel). ``unfused`` materialises the s x s scores
@@ -109,6 +111,11 @@ QUALITIES = ("ok", "uncertain")
 #: print, as its other rows' "peak memory")
 _MEMORY = re.compile(r"\b(?:peak memory|memory/GPU|memory(?= \S+ Gi?B at step [0-9]))"
                      r" ([0-9]+(?:\.[0-9]+)?) (GiB|GB)\b")
+#: a row whose notes name PyTorch FSDP ("FSDP2", "PyTorch FSDP FULL_SHARD") ran an FSDP
+#: trainer whatever its ZeRO stage column says: KempnerForge's "fsdp1" runs (one data-parallel
+#: rank, so ``zero`` 0) issue their DTensor TP collectives in line and checkpoint as PyTorch
+#: does, as its FSDP2 runs over more ranks (FULLY_SHARDED)
+_FSDP = re.compile(r"\bFSDP")
 #: a ZeRO-3 row whose notes name DeepSpeed (Narayanan et al.'s "DeepSpeed ZeRO-3 without model
 #: parallelism") ran DeepSpeed's ZeRO-3, not an FSDP trainer's (FULLY_SHARDED): its checkpoint
 #: is DeepSpeed's (``deepspeed.checkpointing``, reentrant: the whole forward again) and its
@@ -144,6 +151,11 @@ def recompute_mode(recompute: str, notes: str) -> str:
 def eager_ops(notes: str) -> bool:
     """Whether the notes say the run did not compile its layers (``_EAGER``)."""
     return _EAGER.search(notes) is not None
+
+
+def fsdp_trainer(notes: str) -> bool:
+    """Whether the notes name PyTorch FSDP as the run's trainer (``_FSDP``)."""
+    return _FSDP.search(notes) is not None
 
 
 def deepspeed_trainer(notes: str) -> bool:
@@ -417,9 +429,10 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
     if sp is None:
         searched["sequence_parallel"] = dims["sequence_parallel"]
     notes = row.get("notes") or ""
-    # an FSDP trainer's row (FULLY_SHARDED): TP collectives in line, PyTorch's early-stopping
-    # checkpoint, the shard stored as the fp32 master; not one whose notes name DeepSpeed
-    fsdp = dims["zero"] == [FULLY_SHARDED] and not deepspeed_trainer(notes)
+    # an FSDP trainer's row (FULLY_SHARDED, or notes that name FSDP): TP collectives in line,
+    # PyTorch's early-stopping checkpoint, the shard stored as the fp32 master; not one whose
+    # notes name DeepSpeed
+    fsdp = (dims["zero"] == [FULLY_SHARDED] or fsdp_trainer(notes)) and not deepspeed_trainer(notes)
     if any(dims["sequence_parallel"]) and ints["tp"] > 1:
         if fsdp:
             dims["tp_overlap"] = [False]

@@ -59,8 +59,9 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: validate.recompute_mode). One exception to "only down", said here: 8.01% over 236 rows
 #: once ZeRO-3 rows store their shard as FSDP does (validate.FULLY_SHARDED): three rows that
 #: ran, priced out of memory before, are predicted (-8%, +18%, -44%); the others unchanged;
-#: 7.94% once ZeRO-3 rows whose notes name DeepSpeed are read as DeepSpeed runs them
-MAPE_OK_ALL_THRESHOLD = 0.0795
+#: 7.94% once ZeRO-3 rows whose notes name DeepSpeed are read as DeepSpeed runs them; 7.90%
+#: once rows whose notes name FSDP are FSDP trainers' at any ZeRO stage (validate.fsdp_trainer)
+MAPE_OK_ALL_THRESHOLD = 0.0791
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -138,6 +139,23 @@ def test_a_fully_sharded_tp_row_runs_its_tp_collectives_in_line(tmp_path, zero, 
             mp.setattr(validate, "FULLY_SHARDED", -1)
             (searched_row,) = validate.run(write(tmp_path, [row], name="s.csv"))[1]
         assert in_line.predicted >= searched_row.predicted
+
+
+@pytest.mark.parametrize(("notes", "fsdp"), [("FSDP2; TP via DTensor with SequenceParallel on norms", True),
+                                             ("PyTorch FSDP FULL_SHARD (Composer)", True),
+                                             ("Megatron-LM, distributed optimizer", False), ("", False)])
+def test_a_row_whose_notes_name_fsdp_is_an_fsdp_trainers_at_any_zero_stage(notes, fsdp):
+    """KempnerForge's "fsdp1" runs have one data-parallel rank, so their ``zero`` column is 0,
+    but their notes say FSDP2 with DTensor TP: an FSDP trainer's row, whose TP collectives run
+    in line (not searched for Megatron's overlap) and whose full recompute is PyTorch's
+    early-stopping checkpoint, as its ZeRO-3 rows are (validate.fsdp_trainer)."""
+    assert validate.fsdp_trainer(notes) == fsdp
+    row = {**ROW, "n_gpus": "2", "tp": "2", "pp": "1", "dp": "1", "zero": "0", "sequence_parallel": "1",
+           "recompute": "full", "notes": notes}
+    space, found = validate.training_space(row, "test")
+    assert list(space.spec.dimensions.tp_overlap) == ([False] if fsdp else [False, True])
+    assert ("tp_overlap" in found) != fsdp
+    assert space.spec.checkpoint == ("early-stop" if fsdp else "reentrant")
 
 
 def test_unknown_micro_batch_is_searched_and_the_fastest_chosen(tmp_path):
@@ -527,8 +545,11 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: counted, are predicted (Kimi K2 -6%, Qwen3-30B-A3B +20%, KempnerForge's Llama 3 70B on
 #: 8 H200 -44%, held out); the 233 rows predicted before are unchanged. 8.57% once ZeRO-3
 #: rows whose notes name DeepSpeed are read as DeepSpeed runs them (validate.deepspeed_trainer:
-#: reentrant checkpoint, 16-bit partition): Narayanan et al. 18.3% -> 17.5%.
-LOSO_MAPE_OK_THRESHOLD = 0.0860
+#: reentrant checkpoint, 16-bit partition): Narayanan et al. 18.3% -> 17.5%. 8.53% once rows
+#: whose notes name FSDP are FSDP trainers' whatever their ZeRO stage (validate.fsdp_trainer:
+#: KempnerForge's one-rank "fsdp1" TP runs price their TP collectives in line): KempnerForge
+#: 13.8% -> 13.4%.
+LOSO_MAPE_OK_THRESHOLD = 0.0855
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
