@@ -174,7 +174,9 @@ def main() -> None:
             "Automodel's Kimi K2 on 256 H100 and Qwen3-30B-A3B on 8, KempnerForge's Llama 3 70B on 8 H200), and "
             "memory MAPE moved from 40.6% to 42.0%, the peaks being low already for the reasons above. A ZeRO-3 "
             "row whose notes name DeepSpeed (Narayanan et al.'s) is read as DeepSpeed runs it instead, its 16-bit "
-            "partition beside the master and its reentrant checkpoint (`validate.deepspeed_trainer`).", "",
+            "partition beside the master and its reentrant checkpoint (`validate.deepspeed_trainer`), and a row "
+            "whose notes name FSDP is an FSDP trainer's whatever its ZeRO stage column says "
+            "(`validate.fsdp_trainer`: KempnerForge's one-rank TP runs).", "",
             "**Recompute `selective`:** the schema's word covers two modes the model knows: Megatron's "
             "attention-core recompute (`selective`) and torchtitan's per-op policy "
             "(`selective-ops`: every other GEMM output kept, the norms, activations and other GEMMs run again). "
