@@ -85,7 +85,7 @@ UNKNOWN_SEARCH: dict[str, list[Any]] = {
 #: -> 8.63%) while the error counting the rows priced out of memory falls (8.26% -> 8.24%).
 #: A ZeRO-3 row whose notes name DeepSpeed (``deepspeed_trainer``) is read as DeepSpeed runs
 #: instead: reentrant checkpoint, 16-bit partition (Narayanan et al.'s five predicted ZeRO-3
-#: rows 3-5 points less fast; in sample 8.01% -> 7.94%, leave-one-source-out 8.63% -> 8.57%,
+#: rows 2-5 points less fast; in sample 8.01% -> 7.94%, leave-one-source-out 8.63% -> 8.57%,
 #: Narayanan et al. 18.3% -> 17.5%); and a row whose notes name FSDP is an FSDP trainer's
 #: whatever its ZeRO stage column says (``fsdp_trainer``: KempnerForge's one-rank TP runs,
 #: ``zero`` 0, -18.1% -> -9.2% and -18.7% -> -18.3%; leave-one-source-out 8.57% -> 8.53%)
