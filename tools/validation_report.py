@@ -111,8 +111,8 @@ def main() -> None:
         "documented values. The "
         "attention kernel, head dims, MLA dims and node size come from each row's columns, never from its source; "
         "what only a row's notes say is read from them (`explorer/validate.py`): a measured peak memory, a router "
-        "forced to balance, a run without `torch.compile` (eager ops, `kernels/elementwise.py`) and torchtitan's "
-        "per-op SAC (`selective-ops`).",
+        "forced to balance, a run without `torch.compile` (eager ops, `kernels/elementwise.py`), torchtitan's "
+        "per-op SAC (`selective-ops`) and the trainer a row names (DeepSpeed, FSDP).",
         "",
         "**Leave-one-source-out** (the headline; `paraspace validate FILE --loso`, `explorer/loso.py`): for each "
         "source, both knobs of each GPU family are fitted on the other sources only and the source is predicted "
