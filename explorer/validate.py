@@ -43,6 +43,18 @@ TRAINING_REQUIRED = ("id", "source", "quality", "layers", "hidden", "heads", "kv
 TRAINING_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
 #: the columns every comm and inference row is read by: what it is and what was measured
 MEASUREMENT_REQUIRED = ("id", "source", "quality", "metric", "value")
+#: an FSDP trainer's row (``fsdp_trainer``) accumulating its micro-batches' gradients: reduced
+#: once, after the last (``defer_grad_sync``, the whole unsharded gradient held in the
+#: reduction precision), the idiom of FSDP trainers: PyTorch's pipeline schedules
+#: (``torch.distributed.pipelining`` ``backward_maybe_with_nosync``: "accumulate gradients on
+#: previous steps and reduce them on the last step"), KempnerForge (``training/grad.py``
+#: ``maybe_no_sync``: ``set_requires_gradient_sync(False)`` on every micro-step but the last)
+#: and Composer (its default ``SINGLE_AUTO_SYNC``: ``no_sync`` but on the final micro-batch);
+#: reduced every micro-batch only where the deferred gradient does not fit. Deferring never
+#: costs time (it drops reductions), so the fastest feasible candidate defers whenever it
+#: fits: ``np.argmin`` keeps the first of equal step times, and the deferred value is listed
+#: first. The space's rule drops it where a step runs one micro-batch
+FSDP_DEFER = [True, False]
 #: values searched where a source left a field EMPTY
 UNKNOWN_SEARCH: dict[str, list[Any]] = {
     "micro_batch": [1, 2, 4, 8],
@@ -438,6 +450,8 @@ def training_space(row: dict[str, str | None], source: str) -> tuple[LoadedSpace
             dims["tp_overlap"] = [False]
         else:
             dims["tp_overlap"] = searched["tp_overlap"] = UNKNOWN_SEARCH["tp_overlap"]
+    if fsdp:  # the trainers' gradient accumulation (FSDP_DEFER); one micro-batch has none to defer
+        dims["defer_grad_sync"] = searched["defer_grad_sync"] = FSDP_DEFER
     recompute = row.get("recompute")
     if recompute:
         if recompute not in labels(Recompute):
@@ -499,7 +513,7 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
         value = enc.columns[key][best]
         base.chosen[key] = (labels(Recompute)[int(value)] if key == "recompute" else
                             labels(Dispatch)[int(value)] if key == "dispatch" else
-                            bool(value) if key in ("sequence_parallel", "tp_overlap") else int(value))
+                            bool(value) if key in ("sequence_parallel", "tp_overlap", "defer_grad_sync") else int(value))
     if "vpp" in searched:
         base.chosen["schedule"] = labels(Schedule)[int(enc.columns["schedule"][best])]
     return base
