@@ -72,9 +72,16 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   scheduler one iteration t more (the batch an arrival could join was scheduled
   before it came). The closed
   loop's waves are unchanged by it: a wave arrives at an empty engine, which
-  schedules at once.
+  schedules at once. Unstable (overloaded), the engine runs at its limit: t_s,
+  where B reaches the batch limit or the tokens max_tokens (``saturated_t``),
+  sets an iteration of F(t_s) seconds that admits lambda t_s requests, as many as
+  finish, so it serves lambda t_s / F(t_s) requests a second whatever lambda is
+  offered (lambda t_s does not depend on it), which is the largest rate at which
+  the engine is stable (there F(t_s) = t_s), and TPOT = F(t_s) / E; TTFT is
+  infinite (the queue grows without bound).
 - Poisson, static: waves of the B requests that arrived during the last one, B
-  = lambda period(B) (fixed point); TTFT = period / 2 + prefill.
+  = lambda period(B) (fixed point); TTFT = period / 2 + prefill. Overloaded, waves
+  of the batch limit: bmax / period(bmax) requests a second.
 
 Disaggregated candidates (``disagg_one``): prefill replicas and decode
 replicas apart, the prompt's KV cache sent between them (``kv_transfer_s``).
@@ -555,6 +562,24 @@ def poisson_fits(lam: float, t: float, nd: float, e_tok: float, q: float, new: f
 
 
 @jit
+def saturated_t(lam: float, nd: float, e_tok: float, q: float, new: float, bmax: float, max_tokens: float) -> float:
+    """The iteration time at which a Poisson load of lam arrivals a second reaches the
+    engine's limit (``poisson_fits``' bound): its decode batch lam (out - 1) t / E at
+    ``bmax`` or its tokens lam t ((out - 1) q / E + new) at ``max_tokens``, whichever comes
+    first; infinite without load. An overloaded engine runs there: its iterations hold
+    the full batch (or budget) and admit lam t of the queue, the requests that finish,
+    so lam t, and with it the iteration, is the same whatever the rate offered."""
+    t = np.inf
+    per_batch = lam * nd / e_tok
+    if per_batch > 0.0:
+        t = bmax / per_batch
+    per_token = lam * (nd * q / e_tok + new)
+    if per_token > 0.0:
+        t = min(t, max_tokens / per_token)
+    return t
+
+
+@jit
 def poisson_iteration_s(iterates, slot: int, model, dev, tiers, tiles, srv, host: float, kv_coef: float,
                         pair_coef: float, lam: float, t: float, nd: float, e_tok: float, q: float, inl: float,
                         outl: float, new: float, pairs: float) -> float:
@@ -801,8 +826,20 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
         rps_engine = lam
         if not converged:  # the queue grows without bound: the engine serves what a full batch sustains
             reason = OVERLOADED
-            b = min(b, bmax)
-            served = b / (pre + dec) if static else b * e_tok / (nd * t) if nd > 0.0 and t > 0.0 else lam
+            if static:  # waves of bmax requests
+                b = bmax
+                pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, STATIC,
+                                  memo)
+                served = b / (pre + dec)
+                tpot = dec / nd if nd > 0.0 else 0.0
+            else:  # iterations at the engine's limit (saturated_t), admitting what leaves
+                full = saturated_t(lam, nd, e_tok, q, new, bmax, max_tokens)
+                t = poisson_iteration_s(iterates, iterates.shape[0], model, dev, tiers, tiles, srv, host, kv_coef,
+                                        pair_coef, lam, full, nd, e_tok, q, inl, outl, new, pairs)
+                b = lam * nd * full / e_tok
+                served = lam * full / t
+                tpot = t / e_tok
+                dec = nd * tpot
             rps_engine = min(lam, served)
             ttft = np.inf
             e2e = np.inf

@@ -114,6 +114,11 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         ttft = (pre + dec) / 2 + pre
         e2e = ttft + dec
         rps = lam
+        if not stable:  # overloaded: waves of the batch limit
+            b = b_max
+            pre, dec = wave(b, STATIC)
+            rps = min(lam, b / (pre + dec))
+            ttft = e2e = math.inf
     else:
         lam = rate / engines
 
@@ -165,6 +170,16 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         dec = steps * t
         e2e = ttft + dec
         rps = lam
+        if not stable:  # overloaded: iterations at the engine's limit, admitting lam x full of the queue
+            bounds = [b_max / (lam * steps)] if lam * steps > 0 else []
+            if lam * (steps * q + new) > 0:
+                bounds.append(max_tokens / (lam * (steps * q + new)))
+            full = min(bounds)
+            t = at(full)
+            b = lam * steps * full
+            dec = steps * t
+            rps = min(lam, lam * full / t)
+            ttft = e2e = math.inf
     tpot = dec / nd if nd > 0 else 0.0
     return {"batch": b, "ttft_s": ttft, "tpot_s": tpot, "e2e_latency_s": e2e, "stable": stable,
             "requests_per_s": rps * engines, "output_tokens_per_s_per_gpu": rps * engines * output_len / devices}

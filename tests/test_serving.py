@@ -427,6 +427,37 @@ def test_littles_law(fast, clients, rate):
         assert sim["concurrency"] <= clients
 
 
+@pytest.mark.parametrize("max_batch, max_tokens, scheduler", [(16, 8192, ks.CONTINUOUS), (256, 2048, ks.CONTINUOUS),
+                                                             (16, 8192, ks.STATIC)])
+def test_an_overloaded_engine_serves_the_largest_rate_it_sustains(fast, max_batch, max_tokens, scheduler):
+    """Offered more than it sustains, an engine runs at its limit (``kernels.serving.saturated_t``:
+    the batch limit, 16; or the token budget, 2048, of 15 q / E decode rows and 512-token
+    prompts per request; static waves of 16) and serves one rate whatever is offered. On the
+    bytes-bound toy the time of an iteration grows by less than its load, so that rate is the
+    largest at which the engine is stable: the rate bisected between the last stable and the
+    first overloaded one, to 1e-10. Before, the rate and TPOT came from whichever iterate
+    first left the limits, at 1e6 requests/s the batch of one token's, and under the token
+    budget the served rate was the one offered."""
+    def at(rate: float) -> dict:
+        return analytic(fast, toy_srv(), workload(concurrency=0.0, rate_per_s=rate), max_batch=max_batch,
+                        max_tokens=max_tokens, scheduler=scheduler)
+
+    stable, over = 1.0, 1e6
+    assert at(stable)["reason"] == ks.OK and at(over)["reason"] == ks.OVERLOADED
+    while over - stable > 1e-10 * stable:
+        mid = 0.5 * (stable + over)
+        stable, over = (mid, over) if at(mid)["reason"] == ks.OK else (stable, mid)
+    for offered in (over * (1 + 1e-9), 2.0 * over, 1e3 * over):
+        row = at(offered)
+        assert row["reason"] == ks.OVERLOADED and math.isinf(row["ttft_s"])
+        assert row["requests_per_s"] == pytest.approx(stable, rel=1e-8), offered
+        # the same iteration at every rate offered, so the same TPOT and batch
+        assert row["tpot_s"] == pytest.approx(at(over)["tpot_s"], rel=1e-12)
+        assert row["batch"] == pytest.approx(at(over)["batch"], rel=1e-12)
+    if scheduler == ks.CONTINUOUS and max_tokens == 2048:  # the budget binds before the batch
+        assert at(over)["batch"] < max_batch
+
+
 @pytest.mark.parametrize("rate, overloaded", [(300.0, False), (30000.0, True)])
 def test_overload_is_detected_and_capacity_measured(fast, rate, overloaded):
     """A Poisson engine below its capacity sustains the arrival rate (n / the last arrival) and
