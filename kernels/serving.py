@@ -236,6 +236,9 @@ FIXED_POINT_ITERATIONS = 200
 #: limits within 38 steps, later steps are evaluated unremembered, and every run's memo
 #: is filled with NaN first (200 steps' worth cost more than the lookups save)
 MEMO_STEPS = 64
+#: iteration times at an engine's limit a run's memo keeps (``iterate_memo``): a run's rows
+#: differ in max_batch and max_tokens, and where one limit binds the others repeat its point
+SATURATION_SLOTS = 4
 #: two chords of the iteration time whose slopes differ by less than this share lie on one
 #: linear piece of it (``linear_piece_fixed_point``)
 LINEAR_PIECE_RTOL = 1e-6
@@ -498,9 +501,11 @@ def iterate_memo(steps: int) -> np.ndarray:
     """An empty memo of one replica's continuous-Poisson fixed point: row 2k holds
     step k's ``iteration_s`` arguments (tokens, rows, kv_read, pairs, prompt,
     drafting) and its value, row 2k + 1 those of the probe after it
-    (``poisson_fixed_point``); NaN arguments never match. 2 x ``steps`` rows
-    (``MEMO_STEPS``; 0 where no Poisson stream reads it)."""
-    return np.full((2 * steps, 7), np.nan)
+    (``poisson_fixed_point``), and the last ``SATURATION_SLOTS`` rows the iteration
+    times at the engine's limits (``saturated_iteration_s``); NaN arguments never
+    match. 2 x ``steps`` rows and those (``MEMO_STEPS``; none where no Poisson stream
+    reads it)."""
+    return np.full((2 * steps + (SATURATION_SLOTS if steps > 0 else 0), 7), np.nan)
 
 
 @jit
@@ -513,8 +518,8 @@ def remembered_iteration_s(iterates, step: int, model, dev, tiers, tiles, srv, h
     only in max_batch, max_tokens, scheduler or overlap iterate the same sequence
     (none of them enters the iteration time; they only stop it), so each step of
     the first row's sequence serves the others. Without a row for ``step`` (an
-    empty memo), evaluated."""
-    if step >= iterates.shape[0]:
+    empty memo, or a step beyond the memo's), evaluated."""
+    if step >= iterates.shape[0] - SATURATION_SLOTS:
         return iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, tokens, rows, kv_read, pairs,
                            prompt, drafting)
     m = iterates[step]
@@ -576,6 +581,33 @@ def saturated_t(lam: float, nd: float, e_tok: float, q: float, new: float, bmax:
     per_token = lam * (nd * q / e_tok + new)
     if per_token > 0.0:
         t = min(t, max_tokens / per_token)
+    return t
+
+
+@jit
+def saturated_iteration_s(iterates, model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float,
+                          lam: float, full: float, nd: float, e_tok: float, q: float, inl: float, outl: float,
+                          new: float, pairs: float) -> float:
+    """``poisson_iteration_s`` at the engine's limit ``full`` (``saturated_t``), looked up
+    in the last ``SATURATION_SLOTS`` rows of ``iterates`` (``iterate_memo``) by the
+    arrivals an iteration admits, lam x full, on which alone F depends for one replica
+    (its decode batch and tokens are lam x full times the run's constants), or evaluated
+    and kept there, the first free row, else the first: the same bits either way."""
+    x = lam * full
+    n = iterates.shape[0]
+    base = n - SATURATION_SLOTS
+    free = base
+    if base >= 0:
+        for j in range(n - 1, base - 1, -1):
+            if iterates[j, 0] == x:
+                return iterates[j, 6]
+            if np.isnan(iterates[j, 0]):
+                free = j
+    t = poisson_iteration_s(iterates, n, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, lam, full, nd,
+                            e_tok, q, inl, outl, new, pairs)
+    if base >= 0:
+        iterates[free, 0] = x
+        iterates[free, 6] = t
     return t
 
 
@@ -834,8 +866,8 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
                 tpot = dec / nd if nd > 0.0 else 0.0
             else:  # iterations at the engine's limit (saturated_t), admitting what leaves
                 full = saturated_t(lam, nd, e_tok, q, new, bmax, max_tokens)
-                t = poisson_iteration_s(iterates, iterates.shape[0], model, dev, tiers, tiles, srv, host, kv_coef,
-                                        pair_coef, lam, full, nd, e_tok, q, inl, outl, new, pairs)
+                t = saturated_iteration_s(iterates, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, lam, full,
+                                          nd, e_tok, q, inl, outl, new, pairs)
                 b = lam * nd * full / e_tok
                 served = lam * full / t
                 tpot = t / e_tok
