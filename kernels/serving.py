@@ -76,9 +76,10 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   where B reaches the batch limit or the tokens max_tokens (``saturated_t``),
   sets an iteration of F(t_s) seconds that admits lambda t_s requests, as many as
   finish, so it serves lambda t_s / F(t_s) requests a second whatever lambda is
-  offered (lambda t_s does not depend on it), which is the largest rate at which
-  the engine is stable (there F(t_s) = t_s), and TPOT = F(t_s) / E; TTFT is
-  infinite (the queue grows without bound).
+  offered (lambda t_s does not depend on it), and TPOT = F(t_s) / E; TTFT is
+  infinite (the queue grows without bound). Where the iteration time grows less
+  than its load (F's arguments are lambda t times constants), that rate is the
+  largest at which the engine is stable: there F(t_s) = t_s.
 - Poisson, static: waves of the B requests that arrived during the last one, B
   = lambda period(B) (fixed point); TTFT = period / 2 + prefill. Overloaded, waves
   of the batch limit: bmax / period(bmax) requests a second.

@@ -180,8 +180,8 @@ def test_an_fsdp_trainers_row_reduces_its_accumulated_gradient_once_where_it_fit
     in a batch of 64, so 64 / (2 x 16) = 2 per step. Deferred, the whole gradient is held in
     fp32: 4 x 1,313,460,224 = 5,253,840,896 bytes, against its 1/16 shard, 328,365,056, reduced
     every micro-batch; the step is no slower (it drops a reduction), so the deferred candidate
-    is the prediction. With 160 layers on a 40 GB A100 the deferred gradient (7.05e9
-    parameters, 28.2 GB) does not fit and the row falls back to reducing every micro-batch; at
+    is the prediction. With 160 layers on a 40 GB A100 the deferred gradient (8.16e9
+    parameters, 32.6 GB) does not fit and the row falls back to reducing every micro-batch; at
     one micro-batch per step there is nothing to defer (the space's rule drops it)."""
     assert GPT_SMALL_PARAMS == 1_313_460_224
     row = {**ROW, "tp": "1", "pp": "1", "dp": "16", "zero": "3", "micro_batch": "2", "notes": "PyTorch FSDP2"}
