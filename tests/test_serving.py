@@ -458,6 +458,34 @@ def test_an_overloaded_engine_serves_the_largest_rate_it_sustains(fast, max_batc
         assert at(over)["batch"] < max_batch
 
 
+@settings(max_examples=60, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(max_batch=st.integers(1, 512), max_tokens=st.integers(600, 16384), input_len=st.integers(8, 512),
+       output_len=st.integers(2, 300), scheduler=st.sampled_from([ks.STATIC, ks.CONTINUOUS, ks.UNCHUNKED]),
+       overlap=st.booleans(), hit=st.sampled_from([0.0, 0.5]), rate=st.floats(1e4, 1e8))
+def test_an_overloaded_engine_serves_one_rate_below_the_offered(fast, max_batch, max_tokens, input_len, output_len,
+                                                                scheduler, overlap, hit, rate):
+    """Property over engine limits, lengths, schedulers and offered rates: an overloaded
+    engine serves less than is offered, the same rate, TPOT and batch at ten times the
+    offered rate (its iterations run at its limit, which the rate does not move), a batch
+    within its limit, and an infinite TTFT."""
+    def at(offered: float) -> dict:
+        wl = workload(concurrency=0.0, rate_per_s=offered, input_len=float(input_len), output_len=float(output_len),
+                      prefix_hit_rate=hit)
+        return analytic(fast, toy_srv(), wl, max_batch=float(max_batch), max_tokens=float(max_tokens),
+                        scheduler=scheduler, overlap=overlap)
+
+    row = at(rate)
+    if row["reason"] != ks.OVERLOADED:  # out of memory, a prompt over an unchunked budget, or (rarely) stable
+        return
+    more = at(10.0 * rate)
+    assert more["reason"] == ks.OVERLOADED
+    assert 0.0 < row["requests_per_s"] < rate
+    for key in ("requests_per_s", "tpot_s", "batch"):
+        assert more[key] == pytest.approx(row[key], rel=1e-12), key
+    assert row["batch"] <= max_batch * (1 + 1e-12) and math.isinf(row["ttft_s"])
+
+
 @pytest.mark.parametrize("rate, overloaded", [(300.0, False), (30000.0, True)])
 def test_overload_is_detected_and_capacity_measured(fast, rate, overloaded):
     """A Poisson engine below its capacity sustains the arrival rate (n / the last arrival) and
