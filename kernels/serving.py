@@ -596,17 +596,17 @@ def saturated_iteration_s(iterates, model, dev, tiers, tiles, srv, host: float, 
     and kept there, the first free row, else the first: the same bits either way."""
     x = lam * full
     n = iterates.shape[0]
-    base = n - SATURATION_SLOTS
-    free = base
-    if base >= 0:
-        for j in range(n - 1, base - 1, -1):
-            if iterates[j, 0] == x:
-                return iterates[j, 6]
-            if np.isnan(iterates[j, 0]):
-                free = j
+    free = -1
+    for j in range(max(n - SATURATION_SLOTS, 0), n):
+        if iterates[j, 0] == x:
+            return iterates[j, 6]
+        if free < 0 and np.isnan(iterates[j, 0]):
+            free = j
     t = poisson_iteration_s(iterates, n, model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, lam, full, nd,
                             e_tok, q, inl, outl, new, pairs)
-    if base >= 0:
+    if n > 0:
+        if free < 0:
+            free = n - SATURATION_SLOTS
         iterates[free, 0] = x
         iterates[free, 6] = t
     return t
