@@ -107,11 +107,15 @@ request cannot grow its cache, is *stuck* (``S_STUCK`` = 1, latencies NaN).
 Throughput is *sustained* throughput. Closed loop: over the whole run; with
 ``steady`` (a serving space's ``workload.steady_state``, its default) the loop's
 start-up burst, every user's first request sent at once at t = 0, is left out:
-latencies over the requests after it, throughput the completions between the
-first arrival after it and the last arrival (all users in the loop; the drain
-after that, as fewer and fewer users remain, is left out too) over that span.
-Without it the statistics are a benchmark's of ``n`` requests started cold
-(``explorer.validate`` replays measured runs that way).
+latencies over the requests after it, and the throughput the loop sustains with
+its c users always in the system (each request's successor is sent as it ends),
+c / the mean latency (the response-time law with no think time; Lazowska et al.,
+Quantitative System Performance, 1984, section 3.3), output tokens that times the
+measured requests' mean output. Counting completions in a window instead would
+depend on where its edges fall: users of equal lengths stay in step, so a run of a
+few requests a user is a few waves (10% off Little's law on a deployment of
+12,672 users, four requests each). Without it the statistics are a benchmark's of
+``n`` requests started cold (``explorer.validate`` replays measured runs that way).
 Poisson: an engine is *overloaded* (``S_OVERLOADED``) when its queue grows,
 i.e. the mean TTFT of the last fifth of the requests exceeds twice that of the
 second fifth (under overload TTFT grows with the arrival index, about 3x
@@ -606,6 +610,11 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
     if not closed and fifth > 0:
         overloaded = ttft[n - fifth:].mean() > 2.0 * ttft[fifth:2 * fifth].mean()
     res[S_OVERLOADED] = 1.0 if overloaded else 0.0
+    res[S_CONCURRENCY] = acc[A_AREA] / t
+    if closed and lo > 0:  # the loop's lo users, each request's successor sent as it ends: users / latency
+        res[S_SUSTAINED_RPS] = lo / res[S_E2E]
+        res[S_OTPS] = res[S_SUSTAINED_RPS] * outs.mean()
+        return
     start = 0.0
     stop = t
     window = overloaded
@@ -613,10 +622,6 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
         start = arr_at[fifth]
     elif not closed:
         stop = arr_at[n - 1]
-    elif lo > 0 and arr_at[n - 1] > arr_at[lo]:  # while every user is in the loop, past the burst
-        start = arr_at[lo]
-        stop = arr_at[n - 1]
-        window = True
     served = 0.0
     tokens_served = 0.0
     for r in range(n):
@@ -626,7 +631,6 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
         tokens_served += out_len[r]
     res[S_SUSTAINED_RPS] = served / (stop - start)
     res[S_OTPS] = tokens_served / (stop - start)
-    res[S_CONCURRENCY] = acc[A_AREA] / t
 
 
 @jit(parallel=True)

@@ -933,8 +933,10 @@ def test_steady_state_does_not_depend_on_the_run_length(fast):
     burst (16 prompts at once), a share that shrinks as the run grows (8 requests a user:
     +30% over 256 a user). Without the burst, 8 requests a user land within 10% of 256
     (what is left is the short sample's shorter prompts, 310 tokens against 365), the
-    sustained throughput within 2%, and Little's law (users = throughput x latency)
-    holds on the steady window."""
+    sustained throughput, users over the mean latency, within 2.5% (those prompts again:
+    its latency is 2.1% shorter), and on the long run it is what the whole run's
+    completions over its makespan measure apart, within 1% (the burst and the drain are
+    1/256 of the run)."""
     runs = {}
     for steady in (False, True):
         for per_user in (8, 256):
@@ -943,10 +945,32 @@ def test_steady_state_does_not_depend_on_the_run_length(fast):
                                                 max_tokens=1024.0, host=2e-5, steady=steady)
     short, long = runs[True, 8], runs[True, 256]
     assert short["ttft_s"] == pytest.approx(long["ttft_s"], rel=0.1)
-    assert short["sustained_requests_per_s"] == pytest.approx(long["sustained_requests_per_s"], rel=0.02)
+    assert short["sustained_requests_per_s"] == pytest.approx(long["sustained_requests_per_s"], rel=0.025)
     cold = runs[False, 8]["ttft_s"] / runs[False, 256]["ttft_s"] - 1.0
     assert cold > 2.0 * abs(short["ttft_s"] / long["ttft_s"] - 1.0)  # the burst is what moved
-    assert long["sustained_requests_per_s"] * long["e2e_latency_s"] == pytest.approx(16.0, rel=0.01)
+    assert long["sustained_requests_per_s"] == pytest.approx(long["requests_per_s"], rel=0.01)
+
+
+@pytest.mark.parametrize("users, max_batch", [(6, 4), (12, 8)])
+def test_a_short_closed_loop_sustains_the_long_runs_rate(fast, users, max_batch):
+    """Equal lengths (512 in, 64 out), more users than the batch: the users stay in
+    step, so a run of 3 or 4 requests a user is a few uneven waves. Its steady
+    throughput, the users over their mean latency, is within 5% of a run of 200 a user
+    (measured: 0.2% and 3.4% for 6 users, 0.6% and 3.3% for 12). Counting the
+    completions between the first arrival after the burst and the last arrival, as the
+    simulation did, gave +22% and +29% at 3 requests a user: the window's edges fall
+    where the waves put them (a deployment of 12,672 users with four requests each
+    broke Little's law by 10%)."""
+    def rate(per_user: int) -> float:
+        n = users * per_user
+        run, _ = run_sim(fast, toy_srv(), [512.0] * n, [64.0] * n, clients=users, max_batch=float(max_batch),
+                         max_tokens=1024.0, host=2e-5, steady=True)
+        assert run["sustained_requests_per_s"] * run["e2e_latency_s"] == pytest.approx(users, rel=1e-12)
+        return run["sustained_requests_per_s"]
+
+    long = rate(200)
+    for per_user in (3, 4):
+        assert rate(per_user) == pytest.approx(long, rel=0.05), per_user
 
 
 def test_headline_counts_the_feasible_rows_whose_p90_targets_are_unchecked(tmp_path):
