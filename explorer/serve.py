@@ -211,27 +211,52 @@ def draw_seed(space: LoadedServing) -> int:
 @dataclass(frozen=True)
 class SimInputs:
     """The simulation's arguments for some rows (``simulate_rows`` or
-    ``simulate_disagg_rows``), in their order, and the rows' engines."""
+    ``simulate_disagg_rows``): one simulated engine per group of identical engines
+    (``engines`` of them, of the row at ``owner``, an index into the rows given),
+    rows in their order, a row's busier group first."""
 
     disagg: bool
     args: tuple
-    engines: np.ndarray  # aggregated: identical engines of the deployment (one simulated); disaggregated: 1
+    engines: np.ndarray  # aggregated: the group's identical engines (one simulated); disaggregated: 1
+    owner: np.ndarray
+
+
+def engine_groups(space: LoadedServing, engines: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(owner, users, count): the groups of identical engines one simulated engine
+    stands for, for rows of ``engines`` aggregated engines: a Poisson stream's rate
+    splits evenly (one group, users 0), a closed loop's users as evenly as they go
+    (``kernels.serving.engine_users``: the busier group, then the other; a group of no
+    engines or no users is not simulated). ``owner`` indexes ``engines``."""
+    wl = space.spec.workload
+    every = np.arange(engines.size)
+    if wl.concurrency is None:
+        return every, np.zeros(engines.size), engines.astype(np.float64)
+    hi_users, hi_count, lo_users, lo_count = ks.engine_users.py_func(float(wl.concurrency), engines)
+    owner = np.concatenate([every, every])
+    users = np.concatenate([hi_users, lo_users])
+    count = np.concatenate([hi_count, lo_count])
+    keep = (users > 0) & (count > 0)
+    order = np.argsort(owner[keep], kind="stable")  # a row's groups together, the busier first
+    return owner[keep][order], users[keep][order], count[keep][order]
 
 
 def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, prefill: np.ndarray,
                cols: dict[str, np.ndarray], metrics: dict[str, np.ndarray], rows: np.ndarray, disagg: bool) -> SimInputs:
     """The simulation's inputs for ``rows`` (indices, all of one mode): an aggregated row
-    simulates one of its ``engines`` (the deployment's users or rate split evenly) serving
-    the workload's ``n_requests``; a disaggregated row its whole deployment
+    simulates one engine of each group of its ``engines`` (``engine_groups``) serving the
+    workload's ``n_requests``; a disaggregated row its whole deployment
     (``kernels.serving_sim.simulate_disagg_one``) serving ``n_requests`` per decode engine,
     so all ``rows`` must have as many decode engines."""
-    pick = {k: np.ascontiguousarray(v[rows]) for k, v in cols.items()}
-    g, h, dp, ds, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
-                                                           srv[rows].view(np.recarray), pick["dtype"], GRID)
     wl = space.spec.workload
     engines = metrics["engines"][rows]
     if disagg and rows.size and not (engines == engines[0]).all():
         raise ValueError("sim_inputs: disaggregated rows of one call need one decode engine count")
+    owner, users, count = (engine_groups(space, engines) if not disagg else
+                           (np.arange(rows.size), np.full(rows.size, float(wl.concurrency or 0)), np.ones(rows.size)))
+    sims = rows[owner]
+    pick = {k: np.ascontiguousarray(v[sims]) for k, v in cols.items()}
+    g, h, dp, ds, kv_coef, pair_coef, cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles,
+                                                           srv[sims].view(np.recarray), pick["dtype"], GRID)
     n = wl.n_requests * int(engines[0]) if disagg and rows.size else None
     in_len, out_len, gaps = sample_requests(space, n)
     host = space.spec.host_overhead_us * 1e-6
@@ -239,30 +264,81 @@ def sim_inputs(space: LoadedServing, packed: PackedServing, srv: np.ndarray, pre
     max_batch = pick["max_batch"].astype(np.float64)
     max_tokens = pick["max_tokens"].astype(np.float64)
     if not disagg:
-        clients = np.zeros(rows.size) if wl.concurrency is None else np.maximum(
-            np.floor(wl.concurrency / engines + 0.5), 1.0)
-        rate = np.zeros(rows.size) if wl.rate_per_s is None else wl.rate_per_s / engines
-        args = (in_len, out_len, gaps, clients, rate, max_batch, max_tokens, pick["scheduler"],
+        rate = np.zeros(sims.size) if wl.rate_per_s is None else wl.rate_per_s / count
+        args = (in_len, out_len, gaps, users, rate, max_batch, max_tokens, pick["scheduler"],
                 pick["overlap_scheduler"], cap, host, kv_coef, pair_coef, wl.prefix_hit_rate, GRID, g, h,
                 pick["draft_tokens"], acceptance, draw_seed(space), dp, ds, wl.steady_state)
-        return SimInputs(False, args, engines)
-    psrv = prefill[rows].view(np.recarray)
+        return SimInputs(False, args, count, owner)
+    psrv = prefill[sims].view(np.recarray)
     pg, ph, pdp, _, _, p_pair, p_cap = ks.cost_tables(packed.model, packed.devs, packed.tiers, packed.tiles, psrv,
                                                        pick["dtype"], GRID)
     xfer = serving_sim.transfer_times(packed.model, packed.tiers, psrv, in_len, float(space.spec.devices))
-    clients = np.full(rows.size, float(wl.concurrency or 0))
-    rate = np.full(rows.size, float(wl.rate_per_s or 0.0))
-    args = (in_len, out_len, gaps, clients, rate, pick["prefill_instances"].astype(np.float64), engines, max_batch,
+    rate = np.full(sims.size, float(wl.rate_per_s or 0.0))
+    args = (in_len, out_len, gaps, users, rate, pick["prefill_instances"].astype(np.float64), engines, max_batch,
             max_tokens, p_cap, cap, host, wl.prefix_hit_rate, GRID, pg, ph, p_pair, pdp, g, h, kv_coef, ds, xfer,
             pick["draft_tokens"], acceptance, draw_seed(space), wl.steady_state)
-    return SimInputs(True, args, np.ones(rows.size))
+    return SimInputs(True, args, count, owner)
 
 
-def run_sim(inputs: SimInputs) -> np.ndarray:
-    """``SIM_OUTPUTS`` of the rows of ``inputs`` (rows, N_SIM)."""
+#: simulated engines whose requests' latencies one call keeps at most (``run_sim``, rows of
+#: more than one group: their percentiles pool the groups' requests)
+SAMPLED_SIMS = 1024
+
+
+def run_sim(inputs: SimInputs) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``SIM_OUTPUTS`` of the simulated engines of ``inputs`` (engines, N_SIM) and, per row
+    of more than one group, its groups' measured requests (``pooled``): (TTFT, TPOT, weight)
+    arrays, each request weighing its group's completions a second over its measured
+    requests (one request of the deployment's stream each)."""
     if inputs.disagg:
-        return serving_sim.simulate_disagg_rows(*inputs.args)
-    return serving_sim.simulate_rows(*inputs.args)
+        return serving_sim.simulate_disagg_rows(*inputs.args), []
+    owner = inputs.owner
+    multi = np.flatnonzero(np.bincount(owner)[owner] > 1)  # the engines of rows of two groups, pair by pair
+    args = list(inputs.args)
+    out = np.empty((owner.size, serving_sim.N_SIM))
+    single = np.setdiff1d(np.arange(owner.size), multi)
+    out[single] = serving_sim.simulate_rows(*subset(args, single))
+    pooled = []
+    for start in range(0, multi.size, SAMPLED_SIMS):  # SAMPLED_SIMS is even: a row's pair stays whole
+        part = multi[start:start + SAMPLED_SIMS]
+        samples = np.empty((part.size, args[0].shape[0], 2))
+        out[part] = serving_sim.simulate_rows(*subset(args, part), samples=samples)
+        for first in range(0, part.size, 2):
+            pair = part[first:first + 2]
+            measured = ~np.isnan(samples[first:first + 2, :, 0])  # none where the engine was stuck
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = inputs.engines[pair] * out[pair, serving_sim.S_SUSTAINED_RPS] / measured.sum(axis=1)
+            pooled.append(np.concatenate([
+                np.stack([samples[first + k][measured[k], 0], samples[first + k][measured[k], 1],
+                          np.full(measured[k].sum(), share[k])], axis=1) for k in range(2)]))
+    return out, pooled
+
+
+#: positions of ``simulate_rows``' per-engine arguments (``sim_inputs``' aggregated args):
+#: clients, rate, max_batch, max_tokens, scheduler, overlap, cap, kv_coef, pair_coef, the
+#: cost tables g and h, draft, and the draft tables dp and ds
+PER_ENGINE_ARGS = (3, 4, 5, 6, 7, 8, 9, 11, 12, 15, 16, 17, 20, 21)
+
+
+def subset(args: list, sims: np.ndarray) -> list:
+    """``simulate_rows``' arguments (``sim_inputs``) for the simulated engines ``sims``."""
+    return [a[sims] if i in PER_ENGINE_ARGS else a for i, a in enumerate(args)]
+
+
+def pooled_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-th percentile of weighted ``values``: linear between the sorted values, each
+    at its weight's midpoint of the cumulative weight, scaled so that the first sits at 0
+    and the last at 1 (equal weights: ``np.percentile``'s linear method); NaN values out."""
+    keep = ~np.isnan(values)
+    v, w = values[keep], weights[keep]
+    if v.size == 0:
+        return np.nan
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    if v.size == 1:
+        return float(v[0])
+    mid = np.cumsum(w) - 0.5 * w - 0.5 * w[0]
+    return float(np.interp(q / 100.0, mid / mid[-1], v))
 
 
 def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols: dict[str, np.ndarray],
@@ -274,35 +350,63 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
     agg = rows[cols["mode"][rows] == Mode.AGG]
     if agg.size:
         inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, agg, False)
-        _simulated(space, packed, metrics, agg, run_sim(inputs), inputs.engines)
+        _simulated(space, packed, metrics, agg, *run_sim(inputs), inputs)
     disagg = rows[cols["mode"][rows] == Mode.DISAGG]
     for engines in np.unique(metrics["engines"][disagg]):  # n_requests per decode engine: one call per count
         part = disagg[metrics["engines"][disagg] == engines]
         inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, part, True)
-        _simulated(space, packed, metrics, part, run_sim(inputs), inputs.engines)
+        _simulated(space, packed, metrics, part, *run_sim(inputs), inputs)
 
 
 def _simulated(space: LoadedServing, packed: PackedServing, metrics: dict[str, np.ndarray], rows: np.ndarray,
-               sim: np.ndarray, engines: np.ndarray) -> None:
-    """Write the simulated ``rows``' columns: the run's rates times the identical ``engines`` it stands for."""
-    ok = sim[:, serving_sim.S_STUCK] == 0
+               sim: np.ndarray, pooled: list[np.ndarray], inputs: SimInputs) -> None:
+    """Write the simulated ``rows``' columns from their engines' runs (``run_sim``): rates
+    summed over the groups' identical engines, latencies over the deployment's requests
+    (means weighted by the requests each group completes, percentiles of the groups'
+    requests pooled: ``pooled_percentile``)."""
+    owner, count = inputs.owner, inputs.engines
+    m = rows.size
+    stuck = np.bincount(owner, sim[:, serving_sim.S_STUCK] != 0, minlength=m) > 0
+    ok = ~stuck
+    rate = np.where(stuck[owner], 0.0, count * sim[:, serving_sim.S_SUSTAINED_RPS])
+    served = np.bincount(owner, rate, minlength=m)
+
+    def mean(column: int) -> np.ndarray:  # over the deployment's requests
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.bincount(owner, np.where(stuck[owner], 0.0, rate * sim[:, column]), minlength=m) / served
+
+    first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])  # each row's busier group
+    pairs = np.flatnonzero(np.bincount(owner, minlength=m) > 1)
+    two = np.zeros(m, bool)
+    two[pairs] = True
+    value = {column: np.where(two, mean(column), sim[first, column])  # one group: its own values, as they are
+             for column in (serving_sim.S_TTFT, serving_sim.S_TPOT, serving_sim.S_E2E, serving_sim.S_TOKENS_PER_STEP)}
+    ttft_p90, tpot_p90 = sim[first, serving_sim.S_TTFT_P90].copy(), sim[first, serving_sim.S_TPOT_P90].copy()
+    for k, row in enumerate(pairs):
+        requests = pooled[k]
+        ttft_p90[row] = pooled_percentile(requests[:, 0], requests[:, 2], 90.0)
+        tpot_p90[row] = pooled_percentile(requests[:, 1], requests[:, 2], 90.0)
+        if np.isnan(requests[:, 1]).all():  # every request ends with its first token (the analytic tier's 0)
+            tpot_p90[row] = 0.0
     devices = float(space.spec.devices)
-    for target, column in (("ttft_s", serving_sim.S_TTFT), ("ttft_p90_s", serving_sim.S_TTFT_P90),
-                           ("tpot_s", serving_sim.S_TPOT), ("tpot_p90_s", serving_sim.S_TPOT_P90),
-                           ("e2e_latency_s", serving_sim.S_E2E)):
-        metrics[target][rows[ok]] = sim[ok, column]
-    metrics["output_tokens_per_s_per_gpu"][rows[ok]] = sim[ok, serving_sim.S_OTPS] * engines[ok] / devices
-    metrics["requests_per_s"][rows[ok]] = sim[ok, serving_sim.S_SUSTAINED_RPS] * engines[ok]
-    tpot = sim[ok, serving_sim.S_TPOT]  # 0 where every request ends with its first token: no decode speed (NaN,
+    for target, values in (("ttft_s", value[serving_sim.S_TTFT]), ("ttft_p90_s", ttft_p90),
+                           ("tpot_s", value[serving_sim.S_TPOT]), ("tpot_p90_s", tpot_p90),
+                           ("e2e_latency_s", value[serving_sim.S_E2E])):
+        metrics[target][rows[ok]] = values[ok]
+    tokens = np.bincount(owner, np.where(stuck[owner], 0.0, count * sim[:, serving_sim.S_OTPS]), minlength=m)
+    metrics["output_tokens_per_s_per_gpu"][rows[ok]] = tokens[ok] / devices
+    metrics["requests_per_s"][rows[ok]] = served[ok]
+    tpot = value[serving_sim.S_TPOT][ok]  # 0 where every request ends with its first token: no decode speed (NaN,
     metrics["output_tokens_per_s_per_user"][rows[ok]] = np.divide(  # as the analytic tier's)
         1.0, tpot, out=np.full(tpot.shape, np.nan), where=tpot > 0.0)
-    measured = ok & np.isfinite(sim[:, serving_sim.S_TOKENS_PER_STEP])  # not where no request decoded
-    metrics["tokens_per_step"][rows[measured]] = sim[measured, serving_sim.S_TOKENS_PER_STEP]
+    per_step = value[serving_sim.S_TOKENS_PER_STEP]
+    measured = ok & np.isfinite(per_step)  # not where no request decoded
+    metrics["tokens_per_step"][rows[measured]] = per_step[measured]
     metrics["simulated"][rows] = 1.0
-    sla = ks.sla_reasons(packed.workload, sim[:, serving_sim.S_TTFT], sim[:, serving_sim.S_TTFT_P90],
-                         sim[:, serving_sim.S_TPOT], sim[:, serving_sim.S_TPOT_P90])
+    overloaded = np.bincount(owner, sim[:, serving_sim.S_OVERLOADED] > 0, minlength=m) > 0
+    sla = ks.sla_reasons(packed.workload, value[serving_sim.S_TTFT], ttft_p90, value[serving_sim.S_TPOT], tpot_p90)
     reason = np.where(ok, sla, int(Feasible.KV_TOO_SMALL))
-    reason = np.where(ok & (sim[:, serving_sim.S_OVERLOADED] > 0), int(Feasible.OVERLOADED), reason)
+    reason = np.where(ok & overloaded, int(Feasible.OVERLOADED), reason)
     metrics["reason"][rows] = reason
 
 
@@ -318,7 +422,7 @@ MAX_SIM_HORIZON_S = 2.0**52 * 1e-8  # about 4.5e7 s (1.4 years)
 def simulable(space: LoadedServing, engines: np.ndarray) -> np.ndarray:
     """Which rows of ``engines`` engines the simulation represents: Poisson arrivals at the
     engine's share of the rate that span at most ``MAX_SIM_HORIZON_S``; a closed loop with
-    fewer users per engine (``kernels.serving.clients_per_engine``) than ``n_requests``
+    fewer users on its busiest engine (``kernels.serving.engine_users``) than ``n_requests``
     (with as many or more, every request is some user's first, all sent at t = 0: a burst,
     not the loop's steady state)."""
     wl = space.spec.workload
@@ -327,7 +431,8 @@ def simulable(space: LoadedServing, engines: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", divide="ignore"):
             return gaps.sum() * engines / wl.rate_per_s <= MAX_SIM_HORIZON_S
     assert wl.concurrency is not None  # exactly one arrival process (spaces.serving.Workload)
-    return np.maximum(np.floor(wl.concurrency / engines + 0.5), 1.0) < wl.n_requests
+    hi_users, hi_count, lo_users, _ = ks.engine_users.py_func(float(wl.concurrency), engines)
+    return np.where(hi_count > 0, hi_users, lo_users) < wl.n_requests  # the busiest engine's users
 
 
 @dataclass

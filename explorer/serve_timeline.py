@@ -5,7 +5,9 @@ value); of the candidates left, the first of the analytic ranking (feasible,
 then throughput per GPU, then TTFT). It runs through the same simulation as
 ``paraspace serve`` (``explorer.serve.sim_inputs``), once more with the event
 log on (``kernels.serving_sim.LOG_COLUMNS``, its rows counted by the first
-run), and ``results.serving_trace`` writes the log as a Perfetto trace.
+run), and ``results.serving_trace`` writes the log as a Perfetto trace. An
+aggregated deployment whose users do not split evenly over its engines
+(``kernels.serving.engine_users``) is traced on one of its busier engines.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
     prefill = serve.serving_records(space, cols, prefill=True)
     disagg = int(cols["mode"][0]) == sp.Mode.DISAGG
     inputs = serve.sim_inputs(space, packed, srv, prefill, cols, metrics, np.array([0]), disagg)
-    first = serve.run_sim(inputs)[0]
+    first = serve.run_sim(inputs)[0][0]  # the row's first simulated engine: its busier group's
     n_log = int(first[ss.S_ITERATIONS])  # aggregated: prefill iterations are among them
     if disagg:  # the decode engines', the prefill replicas', one transfer a request
         n_log += int(first[ss.S_PREFILL_ITERATIONS]) + inputs.args[0].shape[0]
@@ -99,9 +101,11 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
          pair_coef, hit, grid, g, h, draft, acceptance, seed, dp, ds, steady) = a
         ss.simulate_one(in_len, out_len, gaps, int(clients[0]), rate[0], int(max_batch[0]), max_tokens[0],
                         int(scheduler[0]), overlap[0] != 0, cap[0], host, kv_coef[0], pair_coef[0], hit, grid, g[0],
-                        h[0], int(draft[0]), acceptance, seed, dp[0], ds[0], res, log, steady)
-        engines = int(metrics["engines"][0])
-        names = (f"engine 0 (one of {engines} identical engines)",)
+                        h[0], int(draft[0]), acceptance, seed, dp[0], ds[0], res, log, steady, np.empty((0, 2)))
+        engines, alike = int(metrics["engines"][0]), int(inputs.engines[0])
+        users = f", {int(clients[0])} users each" if clients[0] > 0 else ""
+        names = (f"engine 0 (one of {engines} engines; {alike} alike{users})",) if alike < engines else (
+            f"engine 0 (one of {engines} identical engines{users})",)
         caps = (float(cap[0]),)
         P = 0
     if not np.array_equal(res, first, equal_nan=True):  # the log must not change the run

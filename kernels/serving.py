@@ -12,8 +12,9 @@ virtual engines: each schedules its own batch and its iterations pass through
 every stage while the other engines' iterations occupy the other stages), so an
 engine's iteration takes the full forward latency, it owns ``1 / pp`` of the
 replica's KV cache, and the deployment has ``instances * pp`` engines that
-split the workload evenly (``concurrency / engines`` users each, rounded, or a
-Poisson stream of ``rate / engines``).
+split the workload: a closed loop's C users as evenly as they go (``engine_users``:
+ceil(C / E) users on C mod E engines, floor(C / E) on the others, idle where C < E),
+a Poisson stream evenly (``rate / engines`` each).
 
 One iteration
 -------------
@@ -55,7 +56,10 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   iterations of whole prompts), then out - 1 decode iterations at batch B whose KV
   reads are in + j, j = 1 .. out - 1. period = prefill + decode; throughput B *
   out / period; by Little's law e2e = c * period / B; TTFT = e2e - decode;
-  TPOT = decode / (out - 1).
+  TPOT = decode / (out - 1). Engines with different user counts (C not a
+  multiple of E) run their own waves; the deployment serves the sum of their
+  rates, and its latencies are means over its requests (each group's weighted by
+  the requests it completes), so rate x e2e = C.
 - Poisson at lambda per engine, continuous: the iteration time t solves
   t = iteration_s(B q + lambda t in, B q + lambda t, B (in + out / 2 + q - 1),
   lambda t pairs) with B = lambda (out - 1) t / E decoding requests (the least
@@ -759,9 +763,18 @@ def sla_reason(wl, ttft: float, ttft_p90: float, tpot: float, tpot_p90: float) -
 
 
 @jit
-def clients_per_engine(concurrency: float, engines: float) -> float:
-    """Closed-loop users per engine: the deployment's users split evenly, rounded, at least one."""
-    return max(math.floor(concurrency / engines + 0.5), 1.0)
+def engine_users(concurrency: float, engines: float):
+    """A closed loop's C users over a deployment's E identical engines, as evenly as
+    they go (what a least-loaded router keeps): (users, engines) of the busier group,
+    ceil(C / E) users on each of C mod E engines, then of the others, floor(C / E)
+    users each (0 where C < E: those engines idle). Every user is on one engine:
+    the groups' engines add up to E and their users to C; a group of 0 engines is
+    absent (C a multiple of E: one group). Elementwise over arrays too, as plain Python
+    (``engine_users.py_func``: the simulation's groups, ``explorer.serve``)."""
+    users = np.floor(concurrency)
+    low = np.floor(users / engines)
+    busy = users - low * engines
+    return low + 1.0, busy, low, engines - busy
 
 
 @jit
@@ -812,14 +825,34 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     nd = outl - 1.0
     reason = OK
     if wl.concurrency > 0.0:
-        c = clients_per_engine(wl.concurrency, engines)
-        b = min(c, bmax)
-        pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens, scheduler, memo)
-        period = pre + dec
-        e2e = c * period / b
-        ttft = e2e - dec
-        tpot = dec / nd if nd > 0.0 else 0.0
-        rps_engine = b / period
+        # each group of engines (engine_users) runs waves of its users; the deployment's
+        # means are over its requests, each group weighing the requests it completes
+        hi_users, hi_engines, lo_users, lo_engines = engine_users(wl.concurrency, engines)
+        served = 0.0
+        pre_sum = ttft_sum = tpot_sum = e2e_sum = 0.0
+        b = 0.0
+        for group in range(2):
+            c = hi_users if group == 0 else lo_users
+            count = hi_engines if group == 0 else lo_engines
+            if c <= 0.0 or count <= 0.0:
+                continue
+            b_g = min(c, bmax)
+            pre_g, dec_g = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b_g, max_tokens,
+                                  scheduler, memo)
+            period = pre_g + dec_g
+            e2e_g = c * period / b_g  # Little's law over the engine's c users
+            x = count * b_g / period  # the group's requests a second
+            served += x
+            pre_sum += x * pre_g
+            ttft_sum += x * (e2e_g - dec_g)
+            tpot_sum += x * (dec_g / nd if nd > 0.0 else 0.0)
+            e2e_sum += x * e2e_g
+            b = max(b, b_g)  # the busiest engine's batch sizes the cache
+        pre = pre_sum / served
+        ttft = ttft_sum / served
+        tpot = tpot_sum / served
+        e2e = e2e_sum / served
+        rps_engine = served / engines
     else:
         lam = wl.rate_per_s / engines
         new = inl * (1.0 - wl.prefix_hit_rate)

@@ -424,10 +424,12 @@ def _fast_forward(ahead: float, kv_read: float, base: float, kv_coef: float, pai
 def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: int, max_tokens: float,
                  scheduler: int, overlap: bool, cap: float, host: float, kv_coef: float, pair_coef: float, hit: float,
                  grid, g_row, h_row, draft: int, acceptance: float, seed: int, dp_row, ds_row, res, log,
-                 steady: bool) -> None:
+                 steady: bool, samples) -> None:
     """Simulate one engine (module doc) and fill ``res`` (``SIM_OUTPUTS``); each
     iteration is written to ``log`` (``LOG_COLUMNS``) while it has rows (module doc: its split).
-    ``steady``: a closed loop's statistics leave its start-up burst out (module doc)."""
+    ``steady``: a closed loop's statistics leave its start-up burst out (module doc).
+    ``samples`` (n, 2), where it has rows: each measured request's TTFT and TPOT (NaN:
+    not measured, or no TPOT), to pool with other engines' (``_summarise``)."""
     n = in_len.shape[0]
     arr_at, first_at, done_at, kv, target, done_pre, chunk = _request_arrays(n)
     gen = np.zeros(n, np.int64)  # tokens generated
@@ -555,7 +557,8 @@ def simulate_one(in_len, out_len, gaps, clients: int, rate: float, max_batch: in
                 keep += 1
         acc[A_KV_USED], acc[A_DEC_STEPS], acc[A_DEC_TOKENS] = kv_used, dec_steps, dec_tokens
         n_run = keep
-    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc, clients if steady and closed else 0)
+    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc, clients if steady and closed else 0,
+               samples)
 
 
 @jit
@@ -567,14 +570,17 @@ def _request_arrays(n: int):
 
 
 @jit
-def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: bool, acc, burst: int) -> None:
+def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: bool, acc, burst: int,
+               samples) -> None:
     """``res`` (``SIM_OUTPUTS``) from a run's per-request instants and its ``acc`` (module doc);
     ``burst``: the closed loop's first requests, sent at once at its start, that the
-    steady statistics leave out (0: every request counts)."""
+    steady statistics leave out (0: every request counts); ``samples`` (n, 2; or no rows):
+    the measured requests' TTFT and TPOT (the requests the means are over), NaN elsewhere."""
     t = acc[A_T]
     n = arr_at.shape[0]
     for k in range(N_SIM):
         res[k] = np.nan
+    samples[:, :] = np.nan
     res[S_ITERATIONS] = acc[A_ITERATIONS]
     res[S_PREFILL_ITERATIONS] = acc[A_PREFILL_ITERATIONS]
     res[S_PREEMPTIONS] = acc[A_PREEMPTIONS]
@@ -603,6 +609,11 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
         res[S_TPOT_P90] = 0.0
     res[S_E2E] = e2e.mean()
     res[S_E2E_P90] = np.percentile(e2e, 90.0)
+    if samples.shape[0] > 0:
+        for r in range(lo, n):
+            samples[r, 0] = first_at[r] - arr_at[r]
+            if out_len[r] > 1:
+                samples[r, 1] = (done_at[r] - first_at[r]) / (out_len[r] - 1.0)
     res[S_MAKESPAN] = t
     res[S_RPS] = n / t
     overloaded = False
@@ -633,9 +644,9 @@ def _summarise(res, arr_at, first_at, done_at, out_len, closed: bool, stuck: boo
     res[S_OTPS] = tokens_served / (stop - start)
 
 
-@jit(parallel=True)
 def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host, kv_coef,
-                  pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table, steady=False):
+                  pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table, steady=False,
+                  samples=None):
     """``SIM_OUTPUTS`` for every configuration (row): per-row ``clients`` (0: Poisson
     at ``rate``), ``max_batch``, ``max_tokens``, ``scheduler``, ``overlap`` (1: the
     overlap scheduler), KV ``cap`` tokens,
@@ -643,14 +654,28 @@ def simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, s
     (``kernels.serving.cost_tables``); the request lengths, unit gaps, ``host``,
     ``hit``, the draft ``acceptance`` and the draws' ``seed`` (below 2^32) are
     shared, and ``steady`` (a closed loop's statistics without its start-up burst,
-    module doc). (n, N_SIM)."""
+    module doc). (n, N_SIM). ``samples`` (rows, requests, 2), if given, receives each
+    row's measured requests' TTFT and TPOT (``simulate_one``)."""
+    if samples is None:
+        samples = np.empty((clients.shape[0], 0, 2))
+    return _simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host,
+                          kv_coef, pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table,
+                          steady, samples)
+
+
+@jit(parallel=True)
+def _simulate_rows(in_len, out_len, gaps, clients, rate, max_batch, max_tokens, scheduler, overlap, cap, host, kv_coef,
+                   pair_coef, hit, grid, g_table, h_table, draft, acceptance, seed, dp_table, ds_table, steady: bool,
+                   samples):
+    """``simulate_rows``' parallel loop (``samples`` always given: no rows to fill none)."""
     n = clients.shape[0]
     out = np.empty((n, N_SIM))
     nolog = np.empty((0, N_LOG))
     for i in prange(n):
         simulate_one(in_len, out_len, gaps, int(clients[i]), rate[i], int(max_batch[i]), max_tokens[i],
                      int(scheduler[i]), overlap[i] != 0, cap[i], host, kv_coef[i], pair_coef[i], hit, grid, g_table[i],
-                     h_table[i], int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i], nolog, steady)
+                     h_table[i], int(draft[i]), acceptance, seed, dp_table[i], ds_table[i], out[i], nolog, steady,
+                     samples[i])
     return out
 
 
@@ -993,7 +1018,8 @@ def simulate_disagg_one(in_len, out_len, gaps, clients: int, rate: float, n_pref
             start_engines = False
         if not closed and counters[C_ISSUED] < n and arr_at[counters[C_ISSUED]] <= te:
             start_engines = False
-    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc, clients if steady and closed else 0)
+    _summarise(res, arr_at, first_at, done_at, out_len, closed, stuck, acc, clients if steady and closed else 0,
+               np.empty((0, 2)))
 
 
 @jit(parallel=True)

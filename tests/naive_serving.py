@@ -91,13 +91,23 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         return pre, dec
 
     if concurrency > 0:
-        c = max(math.floor(concurrency / engines + 0.5), 1)
-        b = min(c, b_max)
-        pre, dec = wave(b, scheduler)
-        period = pre + dec
-        e2e = c * period / b
-        ttft = e2e - dec
-        rps = b / period
+        # the users over the engines as evenly as they go: C mod E engines hold one more
+        users, n_engines = int(concurrency), int(engines)
+        groups = [(users // n_engines + 1, users % n_engines), (users // n_engines, n_engines - users % n_engines)]
+        per_group = []  # (requests a second of the group, its e2e, ttft, decode time, batch)
+        for c, count in groups:
+            if c == 0 or count == 0:
+                continue
+            b = min(c, b_max)
+            pre, dec = wave(b, scheduler)
+            period = pre + dec
+            per_group.append((count * b / period, c * period / b, c * period / b - dec, dec, b))
+        total = sum(g[0] for g in per_group)
+        e2e = sum(g[0] * g[1] for g in per_group) / total
+        ttft = sum(g[0] * g[2] for g in per_group) / total
+        dec = sum(g[0] * g[3] for g in per_group) / total
+        b = max(g[4] for g in per_group)
+        rps = total / engines
         stable = True
     elif static:
         lam = rate / engines

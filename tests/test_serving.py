@@ -634,6 +634,8 @@ REFERENCE_CASES = [
     ({"concurrency": 0.0, "rate_per_s": 30.0, "overlap": True}, ks.CONTINUOUS),
     ({"concurrency": 40.0, "input_len": 700.0, "output_len": 90.0, "overlap": True}, ks.UNCHUNKED),
     ({"concurrency": 0.0, "rate_per_s": 2.0, "input_len": 5000.0}, ks.CONTINUOUS),  # a prompt of 3 chunks
+    ({"concurrency": 41.0, "input_len": 700.0, "output_len": 90.0}, ks.CONTINUOUS),  # 21 and 20 users on the 2 engines
+    ({"concurrency": 1.0, "input_len": 700.0, "output_len": 90.0}, ks.STATIC),  # one user: an engine idle
 ]
 
 
