@@ -28,12 +28,15 @@ from paraspace.explorer.sweep import (
     evaluate_encoded,
     expected_seconds,
     named_for_output,
+    other_definition_parts,
     other_shard_parts,
     remove_shard_parts,
     result_schema,
     run_sweep,
     shard_path,
     shard_range,
+    shard_set_complete,
+    space_digest,
 )
 from paraspace.results.rank import SHARD_FILE, Results, ResultsError, compare, front_axes, open_results, pareto, top
 from paraspace.results.schema import STEP_PARTS
@@ -321,7 +324,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         # every sweep option reaches the shards (progress bars stay on the workers' side: off)
         parts = run_on_dask(loaded, folder, dask_address, shards, chunk_rows,
                             options={"simulate": simulate, "max_tasks": max_tasks, "simulate_top": simulate_top})
-        _say_removed(remove_shard_parts(replaced, loaded.spec.name), folder, shards)
+        _replace_shard_parts(replaced, loaded, folder, shards)
         rows = sum(p["n_rows"] for p in parts)
         n_combinations = sum(p["n_combinations"] for p in parts)
         click.echo(f"{len(parts)} shards on {dask_address}: {n_combinations:,} combinations "
@@ -355,7 +358,7 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
                         max_tasks=max_tasks, simulate_top=simulate_top, start=start, stop=stop,
                         keep_empty=shard is not None)
     if shard is not None:
-        _say_removed(remove_shard_parts(replaced, loaded.spec.name), target.parent, count)
+        _replace_shard_parts(replaced, loaded, target.parent, count)
     if summary.n_rows == 0:
         click.echo(explain_table(summary.first_reason, summary.breaks, summary.n_combinations), err=True)
         if shard is not None:  # an empty part is this shard's complete answer; the dataset needs it
@@ -378,12 +381,26 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
         click.echo(_top_table(top(summary.path, n_top), columns, wide))
 
 
-def _say_removed(removed: list[Path], folder: Path, count: int) -> None:
-    """Say on stderr which parts of another shard count a sharded run removed (``other_shard_parts``)."""
-    if removed:
-        counts = sorted({int(SHARD_FILE.fullmatch(p.name)[2]) for p in removed})
-        click.echo(f"removed {len(removed)} part(s) of an earlier run of {' and of '.join(map(str, counts))} shards "
-                   f"from {folder}/ (replaced by this run's {count})", err=True)
+def _replace_shard_parts(replaced: list[Path], loaded: LoadedSpace, folder: Path, count: int) -> None:
+    """After a sharded run wrote its part(s): remove the earlier run's parts of another shard count
+    (``other_shard_parts``) once every part of this run is written, else say on stderr that they
+    are kept until then; and say when parts of this count are still another definition's."""
+    digest = space_digest(loaded)
+    counts = " and of ".join(map(str, sorted({int(SHARD_FILE.fullmatch(p.name)[2]) for p in replaced})))
+    if shard_set_complete(folder, count, digest):
+        removed = remove_shard_parts(replaced, loaded.spec.name)
+        if removed:
+            click.echo(f"removed {len(removed)} part(s) of an earlier run of {counts} shards from {folder}/ "
+                       f"(replaced by this run's {count})", err=True)
+        return
+    if replaced:
+        click.echo(f"kept {len(replaced)} part(s) of an earlier run of {counts} shards in {folder}/ until every "
+                   f"part of this run's {count} is written (the last to finish removes them)", err=True)
+    stale = other_definition_parts(folder, count, digest)
+    if stale:
+        click.echo(f"{folder}/: {', '.join(p.name for p in stale)} of another definition of {loaded.spec.name} "
+                   f"(written before its TOML changed): the folder reads once this run has written them again",
+                   err=True)
 
 
 def _parts_folder(out: Path | None, loaded: LoadedSpace, flag: str) -> Path:

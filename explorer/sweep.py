@@ -18,7 +18,7 @@ from tqdm import tqdm
 from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, Packed, analytic, evaluate, pack, simulable
 from paraspace.explorer.signals import raise_if_terminated
 from paraspace.results import schema
-from paraspace.results.rank import SHARD_FILE, ResultsError, written_for
+from paraspace.results.rank import SHARD_FILE, ResultsError, written_digest, written_for
 from paraspace.results.writer import ResultWriter, arrow_schema, to_arrow, writing
 from paraspace.spaces.catalog import LoadedSpace, catalog_hash
 from paraspace.spaces.encode import DIMENSIONS, Encoded, Encoder
@@ -60,7 +60,8 @@ def other_shard_parts(folder: Path, count: int, space_name: str) -> list[Path]:
     A sharded sweep (``--shard I/N``, ``--dask``) replaces the dataset in its folder: its own
     parts are overwritten one by one, as any earlier result is, and the parts of another shard
     count (``part-I-of-M.parquet``, which ``top`` would read as a second shard array) are
-    removed once this run has written its part(s) (``remove_shard_parts``). Only a paraspace
+    removed once every part of this run is written (``shard_set_complete``, then
+    ``remove_shard_parts``): a run that fails part-way leaves the earlier dataset whole. Only a paraspace
     result of the same space is ever removed: any other file named as such a part (another
     space's, or not a paraspace result) is a ``ResultsError`` here, called before the run's
     work, and nothing is written or removed."""
@@ -83,6 +84,33 @@ def other_shard_parts(folder: Path, count: int, space_name: str) -> list[Path]:
             raise ResultsError(f"{file}: space = {name!r}: expected {space_name!r}{why}")
         others.append(file)
     return others
+
+
+def shard_set_complete(folder: Path, count: int, digest: str) -> bool:
+    """Whether every part of a run of ``count`` shards is in ``folder``, each a result of the
+    space definition ``digest`` (``space_digest``): the dataset that replaces the earlier one."""
+    for index in range(count):
+        try:
+            if written_digest(shard_path(folder, index, count)) != digest:
+                return False
+        except ResultsError:  # not there (yet), or not a paraspace result
+            return False
+    return True
+
+
+def other_definition_parts(folder: Path, count: int, digest: str) -> list[Path]:
+    """The parts of a run of ``count`` shards in ``folder`` written for another definition of the
+    space than ``digest`` (an earlier run of the space before its TOML changed): until this run
+    has written each of them again, ``top`` refuses the folder's mixed definitions."""
+    stale = []
+    for index in range(count):
+        part = shard_path(folder, index, count)
+        try:
+            if written_digest(part) != digest:
+                stale.append(part)
+        except ResultsError:
+            continue
+    return stale
 
 
 def remove_shard_parts(parts: list[Path], space_name: str) -> list[Path]:

@@ -182,6 +182,13 @@ def written_for(file: str | Path) -> str:
     return _space_name(_footer(Path(file)))
 
 
+def written_digest(file: str | Path) -> str | None:
+    """The space definition a result file records (its ``paraspace.space_sha256``; None: written before
+    paraspace recorded it); a ``ResultsError`` naming ``file`` as ``written_for``."""
+    digest = _footer(Path(file)).get(META_DIGEST.encode())
+    return digest.decode() if digest else None
+
+
 def _space_name(meta: dict[bytes, bytes]) -> str:
     try:
         return str(json.loads(meta[META_SPACE.encode()])["toml"]["name"])

@@ -1,8 +1,9 @@
 """A sharded sweep replaces the dataset in its folder: after ``--shards 3`` then ``--shards 2``
 (``--dask``), or a job array of ``--shard I/2`` over one of ``--shard I/3``, the folder holds
-exactly the new run's parts and ``top`` reads it. Only paraspace results of the same space are
-ever removed: any other file named as a part of another shard count is refused before the run,
-and nothing is written or removed."""
+exactly the new run's parts and ``top`` reads it; the earlier parts go only once every new part
+is written, so an array that stops part-way loses nothing. Only paraspace results of the same
+space are ever removed: any other file named as a part of another shard count is refused before
+the run, and nothing is written or removed."""
 
 from __future__ import annotations
 
@@ -49,15 +50,37 @@ def test_a_job_array_of_another_shard_count_replaces_the_earlier_one(tmp_path):
     for i in range(3):
         shard(space, folder, i, 3)
     assert top_ids(folder) == [0, 1, 2, 3]
+    earlier = {name: sha(folder / name) for name in parts(folder)}
     first = shard(space, folder, 0, 2)
-    # the 3-shard parts are gone with the first new part: the folder is the new array, one part short
-    assert parts(folder) == ["part-0-of-2.parquet"]
-    assert f"removed 3 part(s) of an earlier run of 3 shards from {folder}/" in first.stderr
-    missing = run("top", str(folder))
-    assert missing.exit_code == 2 and "1 of 2 missing (part-1-of-2.parquet)" in missing.output
-    second = shard(space, folder, 1, 2)
-    assert "removed" not in second.stderr
+    # the 3-shard parts stay, whole, until the new array is: a run that stops here loses nothing
+    assert parts(folder) == ["part-0-of-2.parquet", *earlier]
+    assert all(sha(folder / name) == digest for name, digest in earlier.items())
+    assert (f"kept 3 part(s) of an earlier run of 3 shards in {folder}/ until every part of this run's 2 is "
+            "written") in first.stderr and "removed" not in first.stderr
+    mixed = run("top", str(folder))
+    assert mixed.exit_code == 2 and "parts of 2 and of 3 shards" in mixed.output
+    second = shard(space, folder, 1, 2)  # the last part: the new array is whole, the earlier one goes
+    assert f"removed 3 part(s) of an earlier run of 3 shards from {folder}/" in second.stderr
     assert parts(folder) == ["part-0-of-2.parquet", "part-1-of-2.parquet"]
+    assert top_ids(folder) == [0, 1, 2, 3]
+
+
+def test_parts_of_an_edited_space_say_the_folder_mixes_definitions_until_rewritten(tmp_path):
+    """The space's TOML changed between two job arrays of one shard count: each part of the
+    new one replaces its own, and until all have, the others are the old definition's,
+    which ``top`` refuses to rank beside it; the run says so, and the last part clears it."""
+    folder = tmp_path / "nightly"
+    space = space_toml(tmp_path / "tiny.toml")
+    for i in range(2):
+        shard(space, folder, i, 2)
+    edited = space_toml(tmp_path / "tiny.toml")
+    edited.write_text(edited.read_text().replace("global_batch = 256", "global_batch = 128"))
+    first = shard(edited, folder, 0, 2)
+    assert (f"{folder}/: part-1-of-2.parquet of another definition of tiny (written before its TOML changed)"
+            in first.stderr)
+    assert run("top", str(folder)).exit_code == 2
+    second = shard(edited, folder, 1, 2)
+    assert "another definition" not in second.stderr
     assert top_ids(folder) == [0, 1, 2, 3]
 
 
