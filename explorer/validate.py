@@ -271,9 +271,10 @@ class RowResult:
         return (self.predicted - self.measured) / self.measured
 
 
-def _num(row: dict[str, str | None], key: str, source: str, kind: type = int) -> Any:
+def _num(row: dict[str, str | None], key: str, source: str, kind: type = int, minimum: int = 0) -> Any:
     """The cell as a finite number of ``kind`` (EMPTY: None): integers must be whole,
-    non-negative and below 2^53 (the kernels compute in float64), 0/1 flags 0 or 1."""
+    from ``minimum`` (0, or 1 for a count) and below 2^53 (the kernels compute in
+    float64), 0/1 flags 0 or 1."""
     text = row.get(key)
     if text is None or text == "":
         return None
@@ -286,8 +287,8 @@ def _num(row: dict[str, str | None], key: str, source: str, kind: type = int) ->
         raise CatalogError(source, where, text, "a finite number")
     if kind is float:
         return number
-    if not number.is_integer() or number < 0 or number >= 2.0**53:
-        raise CatalogError(source, where, text, "a whole number from 0 to 2^53")
+    if not number.is_integer() or number < minimum or number >= 2.0**53:
+        raise CatalogError(source, where, text, f"a whole number from {minimum} to 2^53")
     if key in FLAGS and number not in (0.0, 1.0):
         raise CatalogError(source, where, text, "0 or 1")
     return int(number)
@@ -630,8 +631,10 @@ SERVING_REQUESTS_PER_USER = 10
 #: the engine's token budget over max_batch + input_len, in tokens: the closed-loop rows
 #: (AIConfigurator's measured deployments) carry no max_num_tokens column, and AIConfigurator
 #: generated their engines' configuration with "agg max_num_tokens = max_batch_size + isl +
-#: 1500" (ai-dynamo/aiconfigurator ``generator/rule_plugin/benchmark/trtllm.rule`` and
-#: ``vllm.rule``); the budget decides how many prompts an iteration takes, hence TTFT
+#: 1500" and, for a disaggregated deployment's prefill workers, "prefill max_num_tokens = isl +
+#: 1500" (ai-dynamo/aiconfigurator ``generator/rule_plugin/benchmark/trtllm.rule``,
+#: ``rule_plugin/trtllm.rule`` and ``vllm.rule``); the budget decides how many prompts an
+#: iteration takes, hence TTFT
 SERVING_TOKEN_SLACK = 1500
 #: the engine family (the framework column's first word) -> (its scheduler, whether it runs
 #: the overlap scheduler). vLLM V1 always chunks prefills (docs.vllm.ai, configuration/
@@ -687,7 +690,9 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     fixed lengths at its concurrency, evaluated by the analytic tier and simulated
     iteration by iteration (``explorer.serve.evaluate_space``); TTFT and TPOT are
     the simulated requests' means. The engine's scheduler and token budget are
-    its framework's (``engine_scheduler``, ``SERVING_TOKEN_SLACK``)."""
+    its framework's (``engine_scheduler``, ``SERVING_TOKEN_SLACK``). A disagg row's
+    prefill group (``prefill_*``; ``check_deployment``) is the space's, its decode
+    replicas the rest of ``n_gpus``, and the whole deployment is simulated."""
     from paraspace.explorer.serve import evaluate_space
     from paraspace.spaces.serving import LoadedServing, ServingSpec, check_serving
 
@@ -715,18 +720,32 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     scheduler, overlap = engine_scheduler(row.get("framework") or "")
     kv_dtype = row_kv_dtype(row, dtype, where)
     ranks = ints["tp"] if attention_dp else 1
+    requests = SERVING_REQUESTS_PER_USER * ints["concurrency"]
+    dims: dict[str, list[Any]] = {
+        "tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep], "attention_dp": [attention_dp], "dtype": [dtype],
+        "kv_dtype": [kv_dtype], "redundant_experts": [redundant], "max_batch": [batch_per_rank * ranks],
+        "max_tokens": [(batch_per_rank + ints["input_len"] + SERVING_TOKEN_SLACK) * ranks],
+        "scheduler": [scheduler], "overlap_scheduler": [overlap]}
+    if (row.get("mode") or "agg") == "disagg":  # the prefill group apart; its token budget AIConfigurator's
+        # the space's disaggregated deployment: decode replicas batch continuously, prefill ones take
+        # whole prompts while they fit the budget (``kernels.serving.disagg_one``), whatever the engine
+        scheduler, overlap = "continuous", False
+        prefill_tp = _num(row, "prefill_tp", source)
+        prefill_ep = _num(row, "prefill_ep", source) or 1
+        prefill_dp = _num(row, "prefill_attention_dp", source) == 1
+        decode_engines = (ints["n_gpus"] - _num(row, "prefill_instances", source) * prefill_tp) // ints["tp"]
+        dims.update({"mode": ["disagg"], "prefill_tp": [prefill_tp], "scheduler": [scheduler],
+                     "overlap_scheduler": [overlap],
+                     "prefill_instances": [_num(row, "prefill_instances", source)], "prefill_ep": [prefill_ep],
+                     "prefill_attention_dp": [prefill_dp],
+                     "max_tokens": [(ints["input_len"] + SERVING_TOKEN_SLACK) * (prefill_tp if prefill_dp else 1)]})
+        requests = -(-requests // decode_engines)  # the simulation's n_requests is per decode engine
     raw = {
         "name": "row", "description": f"{source} row {rid}", "model": model.name, "hardware": hardware.name,
         "devices": ints["n_gpus"], "host_overhead_us": SERVING_HOST_US, "simulate_top": 1,
         "workload": {"input_len": ints["input_len"], "output_len": ints["output_len"],
-                     "concurrency": ints["concurrency"],
-                     "n_requests": SERVING_REQUESTS_PER_USER * ints["concurrency"], "steady_state": False},
-        "dimensions": {"tp": [ints["tp"]], "pp": [ints["pp"]], "ep": [ep],
-                       "attention_dp": [attention_dp], "dtype": [dtype], "kv_dtype": [kv_dtype],
-                       "redundant_experts": [redundant],
-                       "max_batch": [batch_per_rank * ranks],
-                       "max_tokens": [(batch_per_rank + ints["input_len"] + SERVING_TOKEN_SLACK) * ranks],
-                       "scheduler": [scheduler], "overlap_scheduler": [overlap]},
+                     "concurrency": ints["concurrency"], "n_requests": requests, "steady_state": False},
+        "dimensions": dims,
     }
     spec = validate(ServingSpec, raw, where)
     space = LoadedServing(spec=spec, model=model, hardware=hardware, source=where, raw=raw)
@@ -755,8 +774,43 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
 
 #: isolated-phase rows: the phase and the per-GPU throughput metric it is measured by
 PHASE_METRICS = {"prefill": "input_tokens_per_s_per_gpu", "decode": "output_tokens_per_s_per_gpu"}
-#: the inference ``mode`` values predicted (EMPTY reads as agg); a disaggregated row is not
-INFERENCE_MODES = ("agg", *PHASE_METRICS)
+#: the inference ``mode`` values predicted (EMPTY reads as agg)
+INFERENCE_MODES = ("agg", *PHASE_METRICS, "disagg")
+#: the modes a closed-loop serving row runs as a one-candidate serving space (``predict_serving``)
+SERVING_MODES = ("agg", "disagg")
+#: columns that count GPUs, replicas or sequences: positive where given
+DEPLOYMENT_COUNTS = ("n_gpus", "tp", "pp", "ep", "instances", "batch", "concurrency", "prefill_instances",
+                     "prefill_tp", "prefill_pp", "prefill_ep", "prefill_batch")
+
+
+def check_deployment(row: dict[str, str | None], source: str, where: str) -> None:
+    """An inference row's counts are positive where given (``DEPLOYMENT_COUNTS``; a batch of 0
+    is not EMPTY), and its GPUs add up as the schema says: instances x tp x pp (+ the prefill
+    group's prefill_instances x prefill_tp x prefill_pp in a disagg row) = n_gpus, a
+    ``CatalogError`` naming the field otherwise. A disagg row gives its prefill group and
+    runs it on pipeline depth 1 (``spaces.serving``); no other row has one."""
+    counts = {k: _num(row, k, source, minimum=1) for k in DEPLOYMENT_COUNTS}
+    disagg = (row.get("mode") or "agg") == "disagg"
+    prefill = ("prefill_instances", "prefill_tp")
+    if disagg:
+        for key in prefill:
+            if counts[key] is None:
+                raise CatalogError(where, key, row.get(key), "a positive number (EMPTY is not allowed in a disagg row)")
+        if (counts["prefill_pp"] or 1) != 1:
+            raise CatalogError(where, "prefill_pp", row.get("prefill_pp"), "1 or EMPTY: a prefill replica of one "
+                               "pipeline stage (the serving space's prefill group)")
+    else:
+        for key in (*prefill, "prefill_pp", "prefill_ep", "prefill_attention_dp", "prefill_batch"):
+            if row.get(key):
+                raise CatalogError(where, key, row.get(key), "EMPTY outside a disagg row")
+    n_gpus, tp, pp, instances = counts["n_gpus"], counts["tp"], counts["pp"], counts["instances"]
+    if None in (n_gpus, tp, pp, instances):
+        return  # the predictor names the missing one
+    group = counts["prefill_instances"] * counts["prefill_tp"] if disagg else 0
+    if instances * tp * pp + group != n_gpus:
+        expected = f"(n_gpus - prefill_instances * prefill_tp) / (tp * pp) = {(n_gpus - group) / (tp * pp):g}" \
+            if disagg else f"n_gpus / (tp * pp) = {n_gpus / (tp * pp):g}"
+        raise CatalogError(where, "instances", row.get("instances"), expected)
 
 
 def row_expert_slots(experts: int, ep: int) -> int:
@@ -940,10 +994,16 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
     rid = row.get("id") or ""
     where = f"{source}: row {rid}"
     metric = row.get("metric") or ""
-    if (row.get("mode") or "agg") not in INFERENCE_MODES:
+    mode = row.get("mode") or "agg"
+    if mode not in INFERENCE_MODES:
         raise CatalogError(where, "mode", row.get("mode"), f"one of {list(INFERENCE_MODES)} or EMPTY (agg)")
-    if row.get("concurrency") and (row.get("mode") or "agg") == "agg" and metric in SERVING_METRICS:
+    check_deployment(row, source, where)
+    if row.get("concurrency") and mode in SERVING_MODES and metric in SERVING_METRICS:
         return predict_serving(row, source)
+    if mode == "disagg":
+        raise CatalogError(where, "concurrency", row.get("concurrency"),
+                           f"a positive number with a metric of {list(SERVING_METRICS)} for a disagg row (an end-to-end "
+                           "deployment under a closed loop of users)")
     if row.get("mode") in PHASE_METRICS:
         return predict_phase(row, source)
     base = RowResult(id=rid, source=row.get("source") or "", quality=row.get("quality") or "",

@@ -340,6 +340,65 @@ def test_engine_scheduler_and_token_budget_of_a_closed_loop_row(monkeypatch):
                                       dims["max_batch"]) == (["continuous-unchunked"], [True], [2540], [16])
 
 
+#: a small dense model's closed-loop row on 4 H100 (TP 4, one replica): the base of the deployment tests
+CLOSED_LOOP = {"id": "r", "source": "s", "quality": "ok", "model": "m", "layers": "4", "hidden": "1024", "heads": "8",
+               "kv_heads": "8", "head_dim": "128", "ffn": "4096", "vocab": "32000", "glu": "1",
+               "gpu": "h100-sxm5-80gb", "n_gpus": "4", "gpus_per_node": "8", "framework": "trtllm 1.0.0rc3",
+               "mode": "agg", "instances": "1", "tp": "4", "pp": "1", "ep": "1", "attention_dp": "0", "batch": "16",
+               "dtype": "bf16", "concurrency": "16", "input_len": "1024", "output_len": "8", "metric": "tpot_s",
+               "value": "0.01"}
+
+
+def test_a_disaggregated_row_runs_its_prefill_group_apart(monkeypatch):
+    """A disagg row of 16 GPUs: 2 prefill replicas of TP 4 (prefill_*), and 2 decode replicas
+    of TP 4, the rest (16 - 2 x 4 = 8 GPUs = instances x tp x pp). It is the serving space
+    of that deployment: mode disagg, the prefill group as given, the prefill workers' budget
+    AIConfigurator's isl + 1500 = 2,524 tokens, max_batch the row's 16, continuous batching
+    (the space's disaggregated engines; TensorRT-LLM's whole-prompt scheduler is what its
+    prefill replicas do with that budget), and n_requests per decode engine
+    ceil(10 x 16 / 2) = 80; it is simulated whole. Fewer prefill replicas
+    (one, the decode side as it was) wait longer for their prompts: TTFT rises."""
+    seen = []
+    real = validate.validate
+
+    def spy(kind, raw, where):
+        seen.append(raw)
+        return real(kind, raw, where)
+
+    monkeypatch.setattr(validate, "validate", spy)
+    row = {**CLOSED_LOOP, "mode": "disagg", "n_gpus": "16", "instances": "2", "prefill_instances": "2",
+           "prefill_tp": "4", "prefill_pp": "1", "metric": "ttft_s", "value": "0.1"}
+    result = validate.predict_row(validate.predict_inference, row, "inline.csv")
+    raw = seen[-1]
+    dims = raw["dimensions"]
+    assert result.status == "ok" and result.chosen["simulated"], result.reason
+    assert (raw["devices"], dims["mode"], dims["prefill_tp"], dims["prefill_instances"], dims["max_tokens"],
+            dims["max_batch"], raw["workload"]["n_requests"]) == (16, ["disagg"], [4], [2], [2524], [16], 80)
+    fewer = validate.predict_row(validate.predict_inference,
+                                 {**row, "n_gpus": "12", "prefill_instances": "1"}, "inline.csv")
+    assert fewer.status == "ok" and fewer.predicted > result.predicted
+
+
+@pytest.mark.parametrize("change, field, expected", [
+    ({"instances": "3"}, "instances", "n_gpus / (tp * pp) = 1"),
+    ({"batch": "0"}, "batch", "a whole number from 1 to 2^53"),
+    ({"tp": "-2"}, "tp", "a whole number from 1 to 2^53"),
+    ({"prefill_tp": "4"}, "prefill_tp", "EMPTY outside a disagg row"),
+    ({"mode": "disagg", "n_gpus": "12", "prefill_instances": "2", "prefill_tp": "4", "instances": "2"}, "instances",
+     "(n_gpus - prefill_instances * prefill_tp) / (tp * pp) = 1"),
+    ({"mode": "disagg", "prefill_tp": "4"}, "prefill_instances", "a positive number (EMPTY is not allowed"),
+    ({"mode": "disagg", "n_gpus": "12", "prefill_instances": "2", "prefill_tp": "4", "instances": "1",
+      "prefill_pp": "2"}, "prefill_pp", "1 or EMPTY"),
+])
+def test_a_deployment_whose_counts_do_not_add_up_is_unsupported(change, field, expected):
+    """The schema's counts: positive where given (a batch of 0 is not an empty one), and
+    instances x tp x pp (+ the prefill group's GPUs in a disagg row) = n_gpus; a row
+    that breaks them is unsupported, the reason naming the field and what was expected."""
+    result = validate.predict_row(validate.predict_inference, {**CLOSED_LOOP, **change}, "inline.csv")
+    assert result.status == "unsupported"
+    assert f"{field} = " in result.reason and expected in result.reason, result.reason
+
+
 # --------------------------------------------------------------------------- any file of the schema
 
 CELLS = st.sampled_from(["", "0", "1", "2", "8", "128", "-3", "1.5", "nan", "x", "1e400", "fp8", "bf16", "decode"])
