@@ -27,6 +27,7 @@ from paraspace.explorer.sweep import (
     enum_labels,
     evaluate_encoded,
     expected_seconds,
+    expected_simulations,
     named_for_output,
     other_definition_parts,
     other_shard_parts,
@@ -351,7 +352,8 @@ def sweep(space: str | None, space_opt: str | None, model: str | None, hardware:
     _announce_compile()
     expected = expected_seconds(stop - start, simulate_top, simulate)
     if expected > WARN_AFTER_S:
-        click.echo(f"{loaded.spec.name}: {stop - start:,} combinations and up to {simulate_top:,} simulations: "
+        sims = expected_simulations(stop - start, simulate_top, simulate)
+        click.echo(f"{loaded.spec.name}: {stop - start:,} combinations and up to {sims:,} simulations: "
                    f"about {expected / 60:.0f} minutes on 2 cores (--shard I/N or --dask splits it; "
                    "--simulate-top lowers the simulations)", err=True)
     summary = run_sweep(loaded, target, chunk_rows=chunk_rows, progress=progress, simulate=simulate,
@@ -596,7 +598,7 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
             close = difflib.get_close_matches(key.strip(), DIMENSION_NAMES, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise InputError(f"command line: --set {item}: expected KEY=VALUE with KEY one of {keys}{hint}")
-        strategy[key.strip()] = _parse_value(value)
+        _set_once(strategy, key.strip(), value)
     given = {"model": model, "hardware": hardware, "devices": devices, "global_batch": global_batch,
              "seq_len": seq_len, "dtype": dtype}
     given = {k: v for k, v in given.items() if v is not None}
@@ -636,6 +638,14 @@ def config_options(fn):  # noqa: ANN001, ANN201 - decorator
     return fn
 
 
+def _set_once(strategy: dict[str, Any], key: str, value: str) -> None:
+    """``--set KEY=VALUE`` into ``strategy``; a key given twice is an error naming both values."""
+    if key in strategy:
+        raise InputError(f"command line: --set {key}={value}: expected {key} once (already --set {key}="
+                         f"{strategy[key]})")
+    strategy[key] = _parse_value(value)
+
+
 def _one_row(space: str | None, model: str | None, hardware: str | None, devices: int | None,
              global_batch: int | None, seq_len: int | None, dtype: str | None, sets: tuple[str, ...]):  # noqa: ANN202
     """The loaded space and the encoded single row of a command-line configuration, and the
@@ -645,9 +655,15 @@ def _one_row(space: str | None, model: str | None, hardware: str | None, devices
     enc = Encoder(loaded).encode_all()
     if enc.n_rows != 1:
         reason = Reason(int(enc.first_reason[1:].argmax()) + 1)
-        strategy = " ".join(f"{k}={v[0]}" for k, v in loaded.raw["dimensions"].items())
-        raise InputError(f"command line: {strategy}: expected a valid configuration, but {REASON_TEXT[reason]} "
-                         f"(rule {reason.name.lower()})")
+        dims = loaded.raw["dimensions"]
+        mine = {item.partition("=")[0].strip() for item in sets}  # what --set gave, named first
+        given = " ".join(f"--set {k}={v[0]}" for k, v in dims.items() if k in mine) or "the configuration"
+        sizes = {k: getattr(loaded.spec.dimensions, k) for k in ("tp", "pp", "dp", "cp")}
+        rest = " ".join([f"devices={loaded.spec.device_counts[0]}"]
+                        + [f"{k}={v[0]}" for k, v in sizes.items() if k not in mine and v]
+                        + [f"{k}={v[0]}" for k, v in dims.items() if k not in mine and k not in sizes])
+        raise InputError(f"command line: {given}: expected a valid configuration, but {REASON_TEXT[reason]} "
+                         f"(rule {reason.name.lower()}; with {rest or 'nothing else set'})")
     return loaded, enc, base
 
 
@@ -749,7 +765,7 @@ def _serving_trace(space: str, unused: dict[str, Any], sets: tuple[str, ...], pr
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise InputError(f"command line: --set {item!r}: expected KEY=VALUE with KEY a serving dimension")
-        strategy[key.strip()] = _parse_value(value)
+        _set_once(strategy, key.strip(), value)
     json_out, png_out = _trace_files(prefix)
     loaded = load_serving(space)
     check_trace_files(json_out, png_out)  # both, before the simulation and before either is written

@@ -257,10 +257,18 @@ SIMULATE_PER_S = 1000.0
 WARN_AFTER_S = 60.0
 
 
+def expected_simulations(n_combinations: int, simulate_top: int, simulate: bool) -> int:
+    """The most rows a sweep's event tier can simulate: ``simulate_top``, never more than the
+    combinations (0 without the simulation)."""
+    return min(simulate_top, n_combinations) if simulate else 0
+
+
 def expected_seconds(n_combinations: int, simulate_top: int, simulate: bool) -> float:
-    """A rough time for a sweep: two passes over the combinations and the simulations."""
+    """A rough time for a sweep: two passes over the combinations and the simulations
+    (``expected_simulations``)."""
     passes = 2 if simulate else 1
-    return passes * n_combinations / ENCODE_PER_S + (simulate_top / SIMULATE_PER_S if simulate else 0.0)
+    return passes * n_combinations / ENCODE_PER_S + expected_simulations(n_combinations, simulate_top,
+                                                                          simulate) / SIMULATE_PER_S
 
 
 @dataclass

@@ -230,17 +230,43 @@ def test_default_sweep_through_the_console_script(tmp_path):
     assert "top 10" in proc.stdout
 
 
-def test_sweep_says_up_front_when_it_will_take_minutes(tmp_path):
-    """2,304 combinations and up to 100,000 simulations: 2 x 2,304 / ENCODE_PER_S + 100,000 /
-    1,000 = about 100 s, past the 60 s warning: "about 2 minutes" before the work starts."""
+def test_sweep_says_up_front_when_it_will_take_minutes(tmp_path, monkeypatch):
+    """2,304 combinations can need 2,304 simulations at most, whatever --simulate-top
+    allows (it once counted 100,000 and said "about 2 minutes" for a 4-second run):
+    2 x 2,304 / ENCODE_PER_S + 2,304 / SIMULATE_PER_S = 2.3 s, no warning. At 20
+    simulations a second (a slower machine) the same sweep is 2 x 2,304 / 2e6 + 2,304 / 20
+    = 115 s, past the 60 s warning: "about 2 minutes" before the work starts."""
+    from paraspace.explorer import sweep
     from paraspace.explorer.sweep import ENCODE_PER_S, SIMULATE_PER_S, expected_seconds
 
-    assert expected_seconds(2304, 100_000, True) == pytest.approx(2 * 2304 / ENCODE_PER_S + 100_000 / SIMULATE_PER_S,
+    assert expected_seconds(2304, 100_000, True) == pytest.approx(2 * 2304 / ENCODE_PER_S + 2304 / SIMULATE_PER_S,
                                                                   rel=1e-15)
+    assert expected_seconds(2304, 100, True) == pytest.approx(2 * 2304 / ENCODE_PER_S + 100 / SIMULATE_PER_S,
+                                                              rel=1e-15)
     assert expected_seconds(2304, 100_000, False) == pytest.approx(2304 / ENCODE_PER_S, rel=1e-15)
+    unwarned = run("sweep", "llama3-8b-h100-64", "--simulate-top", "100000", "--no-progress", "-n", "0",
+                   "--out", str(tmp_path / "w.parquet"))
+    assert unwarned.exit_code == 0 and "minutes" not in unwarned.output, unwarned.output
+    monkeypatch.setattr(sweep, "SIMULATE_PER_S", 20.0)
     result = run("sweep", "llama3-8b-h100-64", "--simulate-top", "100000", "--no-progress", "-n", "0",
                  "--out", str(tmp_path / "x.parquet"))
     assert result.exit_code == 0, result.output
-    assert "2,304 combinations and up to 100,000 simulations: about 2 minutes" in result.output
-    quiet = run("sweep", "llama3-8b-h100-64", "--no-progress", "-n", "0", "--out", str(tmp_path / "y.parquet"))
-    assert "minutes" not in quiet.output
+    assert "2,304 combinations and up to 2,304 simulations: about 2 minutes" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("eval", "--space", "llama3-8b-h100-64", "--set", "tp=2", "--set", "tp=4"),
+     "Error: command line: --set tp=4: expected tp once (already --set tp=2)"),
+    (("trace", "--space", "llama3.1-70b-h100-8-fp8", "--set", "tp=2", "--set", "tp=4"),
+     "Error: command line: --set tp=4: expected tp once (already --set tp=2)"),
+    (("eval", "--space", "llama3-8b-h100-64", "--set", "dp=5"),
+     "Error: command line: --set dp=5: expected a valid configuration, but tp*pp*dp*cp != devices (rule "
+     "device_count; with devices=64 tp=1 pp=1 cp=1 "),
+])
+def test_a_set_given_twice_or_breaking_a_rule_names_what_the_command_line_gave(args, message, tmp_path):
+    """A repeated --set would silently keep the last value; a configuration a rule drops is
+    named by the --set values first, then the sizes it came with (not the space's every
+    default, which hid dp=5 in a line of them)."""
+    result = run(*args, *(("--out", str(tmp_path / "t")) if args[0] == "trace" else ()))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert message in result.output, result.output
