@@ -106,6 +106,12 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 TOLERANCE = 0.05
 #: no collective completes faster than this: a shorter measured time is a unit mistake
 MIN_COLLECTIVE_S = 1e-9
+#: the most a measured GEMM may run past the datasheet peak before it is a unit mistake (a time
+#: in ms, FLOPs counted twice) rather than a clock: a GPU's peak is quoted at one boost clock and
+#: short bursts run up to its maximum, 8% above on an H100 SXM (989.4 TFLOP/s = 132 SMs x 4,096
+#: FLOP a clock x 1.83 GHz against the 1.98 GHz maximum boost); up to this a point is clamped to
+#: the peak with a note, beyond it the file is refused
+MAX_OVER_PEAK = 1.1
 #: keep alpha strictly below every point's time / steps (a bandwidth term remains)
 _ALPHA_HEADROOM = 0.999
 
@@ -264,7 +270,8 @@ def read_gemm_csv(path: Path, hw: Hardware) -> tuple[str, list[GemmMeasurement]]
 
 
 def fit_gemm(measured: list[GemmMeasurement], hw: Hardware, dtype: str, source: str | Path = "measurements") -> GemmFit:
-    """One efficiency point per shape: 2mnk / ((seconds - launch) * peak), clamped to (0, 1]."""
+    """One efficiency point per shape: 2mnk / ((seconds - launch) * peak), clamped to (0, 1]; a
+    shape more than ``MAX_OVER_PEAK`` past the peak is a ``CatalogError`` naming its line."""
     dev = hw.device
     peak = dev.peak_flops_per_s(dtype)
     launch = dev.launch_overhead_s
@@ -278,6 +285,11 @@ def fit_gemm(measured: list[GemmMeasurement], hw: Hardware, dtype: str, source: 
                                "(the kernel adds it to every GEMM)")
         flops = 2.0 * g.m * g.n * g.k
         raw = flops / (compute * peak)
+        if raw > MAX_OVER_PEAK:
+            raise CatalogError(source, f"line {g.lines[0]}, seconds", g.seconds,
+                               f"at least {flops / (MAX_OVER_PEAK * peak) + launch:.4g} s: 2mnk = {flops:.4g} FLOP in "
+                               f"that time is {raw:.2f} x {hw.name}'s {dtype} peak of "
+                               f"{dev.peak_TFLOP_per_s[dtype]:g} TFLOP/s (a time in ms, or another dtype's peak?)")
         traffic = (g.m * g.k + g.k * g.n + g.m * g.n) * DTYPE_BYTES[dtype] / hbm
         points.append(GemmPoint(g, min(raw, 1.0), raw, traffic > compute))
     return GemmFit(hw, dtype, tuple(points))

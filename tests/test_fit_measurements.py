@@ -123,9 +123,10 @@ def test_gemm_base_given_as_a_path(tmp_path):
 
 
 def test_gemm_clamped_and_memory_bound_points_are_reported(tmp_path):
-    """A point above the peak is clamped to 1; one below the memory roofline is flagged."""
+    """A point above the peak (by less than a boost clock's margin) is clamped to 1; one
+    below the memory roofline is flagged."""
     flops = 2.0 * 4096 * 4096 * 4096
-    rows = [f"4096,4096,4096,bf16,{flops / 600e12 + 5e-6}",  # faster than the 512 TFLOP/s peak
+    rows = [f"4096,4096,4096,bf16,{flops / 540e12 + 5e-6}",  # 5% faster than the 512 TFLOP/s peak
             "64,64,65536,bf16,2e-5"]  # 17 MB of traffic: 32 us at 515 GB/s, measured 20 us
     cal = fit_measurements.calibrate_gemm(write_csv(tmp_path / "c.csv", "m,n,k,dtype,seconds", rows), "br166-spc",
                                      tmp_path / "c.toml")
@@ -133,6 +134,19 @@ def test_gemm_clamped_and_memory_bound_points_are_reported(tmp_path):
     assert by_m[4096]["clamped"] and by_m[4096]["efficiency"] == 1.0
     assert by_m[64]["memory_bound"]
     assert "clamped to 1" in cal.summary and "memory roofline" in cal.summary
+
+
+def test_a_gemm_far_past_the_peak_is_refused_naming_its_line(tmp_path):
+    """4096^3 in 2.75e-5 s is 1.37e14 FLOP / 2.75e-5 s = 5,000 TFLOP/s, 9.8 x BR166's 512
+    (a time in the wrong unit): no boost clock runs that fast, so the file is refused at
+    that line, nothing written; at most 1.1 x the peak passes, clamped."""
+    flops = 2.0 * 4096 ** 3
+    rows = ["8192,8192,8192,bf16,0.004", f"4096,4096,4096,bf16,{flops / 5000e12}"]
+    out = tmp_path / "c.toml"
+    with pytest.raises(CatalogError) as err:
+        fit_measurements.calibrate_gemm(write_csv(tmp_path / "c.csv", "m,n,k,dtype,seconds", rows), "br166-spc", out)
+    assert "line 3, seconds" in str(err.value) and "x br166-spc's bf16 peak of 512 TFLOP/s" in str(err.value)
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- (b) collectives
