@@ -724,9 +724,12 @@ class _Worker:
         self._fd: int | None = None
         self._trials: Any = None
         self.clean = True
+        self._made: list[Path] = []
 
     def __enter__(self) -> Self:
         with writing(self.root.parent, what="a folder"):  # the study's --out: its first files are these
+            # the folders this start creates, outermost first: a start that fails leaves none behind
+            self._made = [p for p in (*reversed(self.root.parents), self.root) if not p.exists()]
             self.root.mkdir(parents=True, exist_ok=True)
             # locked under a private name, then renamed: a visible lock file is always held by a live worker
             making = self.root / f".{self.token}.making"
@@ -749,13 +752,19 @@ class _Worker:
         self._trials.flush()
         self.numbers.append(number)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self._trials.close()
         if self.clean:  # else leave the claim for the next start to reclaim (the lock dies with us)
             (self.root / f"{self.token}.trials").unlink(missing_ok=True)
             shutil.rmtree(self.pending, ignore_errors=True)
             (self.root / f"{self.token}.lock").unlink(missing_ok=True)
         os.close(self._fd)
+        if kind is not None and self.clean:  # a run that failed (a refused --storage): the folders it made, if empty
+            for folder in reversed(self._made):
+                try:
+                    folder.rmdir()
+                except OSError:  # another worker's files, or this run's results: kept
+                    break
 
 
 def _try_lock(path: Path) -> int | None:

@@ -180,6 +180,21 @@ def test_cli_study_refuses_bad_options_in_one_line(tmp_path, args, needles):
         assert needle in error[0]
 
 
+def test_a_refused_storage_leaves_no_folder_behind(tmp_path):
+    """A database that cannot be opened fails the study before its first trial: the --out
+    folder it would have created (and its workers' folder) are not left behind, empty; a
+    folder that was there before stays."""
+    url = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    for out, existed in ((tmp_path / "fresh" / "deeper", False), (tmp_path / "there", True)):
+        if existed:
+            out.mkdir()
+        result = CliRunner().invoke(main, ["study", "llama3-8b-h100-64", "--storage", url, "--trials", "1",
+                                           "--out", str(out)])
+        assert result.exit_code == 2 and "a database that accepts connections" in result.output, result.output
+        assert out.exists() == existed and (not existed or list(out.iterdir()) == [])
+    assert not (tmp_path / "fresh").exists()
+
+
 def test_each_batch_reports_trials_done_and_the_best_feasible_step(tmp_path):
     """on_batch hears 8, 16, 24 trials and a best step that never rises; the last one
     equals the summary's best."""
