@@ -16,6 +16,8 @@ this path. ``measured`` and ``predicted`` are in the unit of the row's metric.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import re
 from dataclasses import dataclass, field
@@ -316,8 +318,11 @@ def read(path: str | Path) -> pl.DataFrame:
     try:
         df = pl.read_csv(text.encode(), infer_schema_length=0)
     except (pl.exceptions.PolarsError, ValueError) as err:
+        where, what = malformed_line(text)
+        if where:  # the line and what is wrong with it, not the parser's quote of a field
+            raise CatalogError(path, where, what, "a comma-separated row of the header's fields") from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CatalogError(path, "contents", first, "a comma-separated file with a header row") from None
+        raise CatalogError(path, "contents", first[:200], "a comma-separated file with a header row") from None
     for required in ("id",):
         if required not in df.columns:
             raise CatalogError(path, "header", ",".join(df.columns[:6]), "the validation schema's columns, 'id' among them")
@@ -328,6 +333,20 @@ def read(path: str | Path) -> pl.DataFrame:
     if missing:
         raise CatalogError(path, "header", missing[0], f"the {kind}.csv columns {list(required)}")
     return df
+
+
+def malformed_line(text: str) -> tuple[str, str]:
+    """("line N", what is wrong) of the first CSV line with another field count than the
+    header, or that ends inside a quoted field (a truncated file); ("", "") if none is."""
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader)
+        for row in reader:
+            if len(row) != len(header):
+                return f"line {reader.line_num}", f"{len(row)} fields (the header has {len(header)})"
+    except csv.Error as err:  # "unexpected end of data": a quoted field the file ends in
+        return f"line {reader.line_num}", str(err)
+    return "", ""
 
 
 def kind_of(df: pl.DataFrame) -> str:

@@ -379,6 +379,10 @@ def test_a_bad_row_is_unsupported_with_its_reason_and_the_rest_predicted(tmp_pat
     (b"", "(empty)"),
     (b"\xff\xfe\x00garbage\x00", "UTF-8"),
     (b"just one line with no id column\n1\n", "header"),
+    # a file cut inside a quoted field (the audit's head -c 3000 of training.csv): the line, not the field
+    (b'id,source,notes\nr1,s,n\nr2,s,"a note that is cut', "line 3 = 'unexpected end of data': expected a "
+     "comma-separated row"),
+    (b"id,source,notes\nr1,s,n\nr2,s,n,x,y\n", "line 3 = '5 fields (the header has 3)'"),
 ])
 def test_unreadable_files_are_one_clear_error(tmp_path, contents, needle):
     path = tmp_path / "bad.csv"
