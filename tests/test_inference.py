@@ -427,7 +427,7 @@ def test_rows_that_cannot_fit_are_reported(tmp_path):
     ({"tp": "two"}, ["row i-1", "tp", "'two'", "number"]),
     ({"n_gpus": "3", "tp": "2"}, ["row i-1", "n_gpus = 3", "multiple of tp*pp = 2"]),
     ({"input_len": ""}, ["row i-1", "input_len", "EMPTY is not allowed"]),
-    ({"batch": "0"}, ["row i-1", "batch = 0", "EMPTY for a max-throughput run"]),
+    ({"batch": "0"}, ["row i-1", "batch = '0'", "a whole number from 1"]),  # not EMPTY: a batch of none
     ({"n_experts": "8", "topk": "2", "expert_ffn": "1024", "ep": "3"}, ["row i-1", "ep = 3", "a divisor of tp"]),
     ({"n_experts": "8", "topk": "", "expert_ffn": "1024"}, ["row i-1", "topk", "MoE row"]),
 ])
