@@ -139,18 +139,7 @@ def space_from_raw(raw: dict[str, Any], source: str, base_dir: Path) -> LoadedSp
     hardware = load_hardware(spec.hardware, relative_to=None if _is_name(spec.hardware) else base_dir, source=source)
     if spec.node_devices is not None:
         hardware = hardware.with_node_devices(spec.node_devices, f"{source}: node_devices")
-    check_whole_nodes(spec.device_counts, hardware.devices_per_node, source)
     return LoadedSpace(spec=spec, model=model, hardware=hardware, source=source, raw=raw)
-
-
-def check_whole_nodes(device_counts: tuple[int, ...] | list[int], per_node: int, source: str) -> None:
-    """A cluster is whole nodes: each device count at most one node (part of a server) or a
-    multiple of its devices (``node_devices``, or the hardware's); a ``CatalogError`` naming
-    the count otherwise (64 devices of 3-device nodes cannot be built)."""
-    for count in device_counts:
-        if count > per_node and count % per_node:
-            raise CatalogError(source, "devices", count, f"at most one node or a multiple of its {per_node} devices "
-                               f"(node_devices = {per_node})")
 
 
 def _absolute(value: Any) -> Any:
