@@ -492,6 +492,7 @@ def optimise(problem: Problem, *, n_trials: int, out_dir: Path, study_name: str 
             if storage is None and not dead.live:
                 _release_stale_journal_lock(out_dir / f"{name}.journal")
             study = _open_study(name, open_storage, directions, make_sampler(sampler, seed, space), storage)
+            worker.started = True
             where = "--storage" if storage else out_dir / f"{name}.journal"
             _check_objective(study, problem, where)
             _check_space(study, problem, where)
@@ -725,6 +726,8 @@ class _Worker:
         self._trials: Any = None
         self.clean = True
         self._made: list[Path] = []
+        #: the study opened (its storage answered): from then on the folders are the study's
+        self.started = False
 
     def __enter__(self) -> Self:
         with writing(self.root.parent, what="a folder"):  # the study's --out: its first files are these
@@ -759,7 +762,7 @@ class _Worker:
             shutil.rmtree(self.pending, ignore_errors=True)
             (self.root / f"{self.token}.lock").unlink(missing_ok=True)
         os.close(self._fd)
-        if kind is not None and self.clean:  # a run that failed (a refused --storage): the folders it made, if empty
+        if kind is not None and not self.started:  # a start refused (its --storage): the folders it made, if empty
             for folder in reversed(self._made):
                 try:
                     folder.rmdir()

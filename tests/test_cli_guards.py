@@ -259,7 +259,7 @@ def test_validate_reports_unknown_mode_and_quality_as_unsupported(tmp_path):
     assert by_id["good"].status == "ok" and by_id["good"].predicted is not None
     assert by_id["weird-mode"].status == "unsupported" and by_id["weird-mode"].predicted is None
     assert by_id["weird-mode"].reason == "row weird-mode: mode = 'weird': expected one of ['agg', 'prefill', " \
-                                         "'decode'] or EMPTY (agg)"
+                                         "'decode', 'disagg'] or EMPTY (agg)"
     assert by_id["great"].status == "unsupported" and by_id["great"].predicted is None
     assert by_id["great"].reason == "row great: quality = 'great': expected one of ['ok', 'uncertain']"
     shown = run("validate", str(path), "--no-progress", "--json")
