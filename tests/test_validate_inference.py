@@ -312,34 +312,6 @@ def test_kv_cache_dtype_is_the_engines_default_where_a_row_is_silent():
     assert validate.row_kv_dtype({"dtype": "fp8", "kv_dtype": "fp8", "framework": "vllm"}, "fp8") == "fp8"
 
 
-def test_engine_scheduler_and_token_budget_of_a_closed_loop_row(monkeypatch):
-    """The row's engine picks the scheduler (TensorRT-LLM whole prompts, vLLM and SGLang
-    chunked, anything else chunked) and the overlap scheduler (TensorRT-LLM and SGLang
-    by default, vLLM not), and the budget is AIConfigurator's max_batch + isl + 1500:
-    batch 16, isl 1024 -> 16 + 1,024 + 1,500 = 2,540 tokens."""
-    assert validate.engine_scheduler("trtllm 1.0.0rc3") == ("continuous-unchunked", True)
-    assert validate.engine_scheduler("vllm (version not recorded)") == ("continuous", False)
-    assert validate.engine_scheduler("SGLang 0.5.1") == ("continuous", True)
-    assert validate.engine_scheduler("") == validate.engine_scheduler("some engine") == ("continuous", False)
-    seen = []
-    real = validate.validate
-
-    def spy(kind, raw, where):
-        seen.append(raw)
-        return real(kind, raw, where)
-
-    monkeypatch.setattr(validate, "validate", spy)
-    row = {"id": "r", "source": "s", "quality": "ok", "model": "m", "layers": "4", "hidden": "1024", "heads": "8",
-           "kv_heads": "8", "head_dim": "128", "ffn": "4096", "vocab": "32000", "glu": "1", "gpu": "h100-sxm5-80gb",
-           "n_gpus": "4", "gpus_per_node": "8", "framework": "trtllm 1.0.0rc3", "mode": "agg", "tp": "4", "pp": "1",
-           "ep": "1", "attention_dp": "0", "batch": "16", "dtype": "bf16", "concurrency": "16", "input_len": "1024",
-           "output_len": "8", "metric": "tpot_s", "value": "0.01"}
-    result = validate.predict_serving(row, "inline.csv")
-    dims = seen[-1]["dimensions"]
-    assert result.status == "ok" and (dims["scheduler"], dims["overlap_scheduler"], dims["max_tokens"],
-                                      dims["max_batch"]) == (["continuous-unchunked"], [True], [2540], [16])
-
-
 #: a small dense model's closed-loop row on 4 H100 (TP 4, one replica): the base of the deployment tests
 CLOSED_LOOP = {"id": "r", "source": "s", "quality": "ok", "model": "m", "layers": "4", "hidden": "1024", "heads": "8",
                "kv_heads": "8", "head_dim": "128", "ffn": "4096", "vocab": "32000", "glu": "1",
@@ -349,7 +321,37 @@ CLOSED_LOOP = {"id": "r", "source": "s", "quality": "ok", "model": "m", "layers"
                "value": "0.01"}
 
 
-def test_a_disaggregated_row_runs_its_prefill_group_apart(monkeypatch):
+@pytest.fixture
+def built_spaces(monkeypatch) -> list[dict]:
+    """The raw serving spaces ``predict_serving`` builds, in order (``validate.validate`` spied on)."""
+    seen: list[dict] = []
+    real = validate.validate
+
+    def spy(kind, raw, where):
+        seen.append(raw)
+        return real(kind, raw, where)
+
+    monkeypatch.setattr(validate, "validate", spy)
+    return seen
+
+
+def test_engine_scheduler_and_token_budget_of_a_closed_loop_row(built_spaces):
+    """The row's engine picks the scheduler (TensorRT-LLM whole prompts, vLLM and SGLang
+    chunked, anything else chunked) and the overlap scheduler (TensorRT-LLM and SGLang
+    by default, vLLM not), and the budget is AIConfigurator's max_batch + isl + 1500:
+    batch 16, isl 1024 -> 16 + 1,024 + 1,500 = 2,540 tokens."""
+    assert validate.engine_scheduler("trtllm 1.0.0rc3") == ("continuous-unchunked", True)
+    assert validate.engine_scheduler("vllm (version not recorded)") == ("continuous", False)
+    assert validate.engine_scheduler("SGLang 0.5.1") == ("continuous", True)
+    assert validate.engine_scheduler("") == validate.engine_scheduler("some engine") == ("continuous", False)
+    row = {k: v for k, v in CLOSED_LOOP.items() if k != "instances"}
+    result = validate.predict_serving(row, "inline.csv")
+    dims = built_spaces[-1]["dimensions"]
+    assert result.status == "ok" and (dims["scheduler"], dims["overlap_scheduler"], dims["max_tokens"],
+                                      dims["max_batch"]) == (["continuous-unchunked"], [True], [2540], [16])
+
+
+def test_a_disaggregated_row_runs_its_prefill_group_apart(built_spaces):
     """A disagg row of 16 GPUs: 2 prefill replicas of TP 4 (prefill_*), and 2 decode replicas
     of TP 4, the rest (16 - 2 x 4 = 8 GPUs = instances x tp x pp). It is the serving space
     of that deployment: mode disagg, the prefill group as given, the prefill workers' budget
@@ -358,18 +360,10 @@ def test_a_disaggregated_row_runs_its_prefill_group_apart(monkeypatch):
     prefill replicas do with that budget), and n_requests per decode engine
     ceil(10 x 16 / 2) = 80; it is simulated whole. Fewer prefill replicas
     (one, the decode side as it was) wait longer for their prompts: TTFT rises."""
-    seen = []
-    real = validate.validate
-
-    def spy(kind, raw, where):
-        seen.append(raw)
-        return real(kind, raw, where)
-
-    monkeypatch.setattr(validate, "validate", spy)
     row = {**CLOSED_LOOP, "mode": "disagg", "n_gpus": "16", "instances": "2", "prefill_instances": "2",
            "prefill_tp": "4", "prefill_pp": "1", "metric": "ttft_s", "value": "0.1"}
     result = validate.predict_row(validate.predict_inference, row, "inline.csv")
-    raw = seen[-1]
+    raw = built_spaces[-1]
     dims = raw["dimensions"]
     assert result.status == "ok" and result.chosen["simulated"], result.reason
     assert (raw["devices"], dims["mode"], dims["prefill_tp"], dims["prefill_instances"], dims["max_tokens"],
