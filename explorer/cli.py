@@ -563,8 +563,10 @@ def study_cmd(space: str | None, n_trials: int, timeout_s: float | None, sampler
         summary = run(loaded, n_trials=n_trials, out_dir=out_dir, study_name=study_name, storage=storage,
                       sampler=sampler, objective=objective or kinds[0], max_mem_gib=max_mem, batch=batch,
                       timeout_s=timeout_s, seed=seed, on_batch=on_batch, **extra)
+    metrics_dir = out_dir / summary.study_name
+    where = f"metrics in {metrics_dir}/" if metrics_dir.is_dir() else "no metrics written"  # --timeout before a batch
     click.echo(f"study {summary.study_name}: {summary.n_new} new trials ({summary.n_trials_total} in total) in "
-               f"{summary.seconds:.1f} s; metrics in {out_dir / summary.study_name}/")
+               f"{summary.seconds:.1f} s; {where}")
     if summary.best:
         click.echo(_with_frame_config(pl.DataFrame(summary.best)))
     else:

@@ -195,6 +195,16 @@ def test_a_refused_storage_leaves_no_folder_behind(tmp_path):
     assert not (tmp_path / "fresh").exists()
 
 
+def test_a_study_stopped_before_its_first_batch_says_it_wrote_no_metrics(tmp_path):
+    """--timeout 0 ends the study before a batch: no Parquet part is written, and the
+    headline says so instead of pointing at a folder that does not exist."""
+    result = CliRunner().invoke(main, ["study", "llama3-8b-h100-64", "--timeout", "0", "--out", str(tmp_path),
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "0 new trials (0 in total)" in result.output and "no metrics written" in result.output
+    assert not (tmp_path / "llama3-8b-h100-64").exists()
+
+
 def test_each_batch_reports_trials_done_and_the_best_feasible_step(tmp_path):
     """on_batch hears 8, 16, 24 trials and a best step that never rises; the last one
     equals the summary's best."""
