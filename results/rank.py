@@ -509,7 +509,7 @@ def compare(path: str | Path | Results, ids: list[int]) -> pl.DataFrame:
         diffs = []
         for c in cols:
             a, b = frame[c][0], frame[c][1]
-            diffs.append(f"{b - a:+.6g}" if isinstance(a, int | float) and not isinstance(a, bool) else
-                         ("" if a == b else "differs"))
+            numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+            diffs.append(f"{b - a:+.6g}" if numbers else ("" if a == b else "differs"))  # null beside a number: differs
         table = table.with_columns(pl.Series("difference", diffs))
     return table

@@ -51,6 +51,18 @@ def test_compare_two_rows(results):
     assert float(step["difference"]) == pytest.approx(float(step[str(ids[1])]) - float(step[str(ids[0])]), rel=1e-5)
 
 
+def test_compare_a_number_beside_a_null_differs_either_way(results):
+    """A simulated row beside one the event tier did not run: the simulation's columns are
+    a number in one and null in the other, whichever comes first (a TypeError when the
+    number came first)."""
+    df = pl.read_parquet(results)
+    ran = df.filter(pl.col("simulated"))["row_id"][0]
+    not_ran = df.filter(~pl.col("simulated"))["row_id"][0]
+    for ids in ([ran, not_ran], [not_ran, ran]):
+        row = compare(results, ids).filter(pl.col("column") == "bubble_sim_s").row(0, named=True)
+        assert row["difference"] == "differs", row
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["top", "{r}", "--by", "nope"], "column = 'nope'"),
     (["top", "{r}", "--where", "tp ==== 3"], "--where = 'tp ==== 3'"),
