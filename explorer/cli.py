@@ -611,6 +611,10 @@ def _eval_space(space: str | None, model: str | None, hardware: str | None, devi
         given["devices"] = strategy["devices"]
     if space:
         base = catalog.load_space(space, given)
+        if "devices" in given:  # one of the space's own cluster sizes picked: the row of its sweep, all sizes listed
+            whole = catalog.load_space(space, {k: v for k, v in given.items() if k != "devices"})
+            if given["devices"] in whole.spec.device_counts:
+                return pin(base, strategy), whole
     else:
         for key in ("model", "hardware", "devices", "global_batch", "seq_len"):
             if key not in given:

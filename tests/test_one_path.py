@@ -66,6 +66,17 @@ def test_eval_reproduces_the_best_sweep_row(best_row):
     assert got == row  # row_id included: eval gives the configuration's id in the space
 
 
+def test_eval_with_devices_keys_the_row_as_the_sweep_of_every_size(best_row):
+    """--devices D naming one of the space's cluster sizes picks that block of its sweep: the
+    row_id is the sweep's, not the position in a space of size D alone (deepseek-v3-br166
+    lists 256, 512 and 1024: its 512-device rows came back keyed as their 256-device twins)."""
+    name, row = best_row
+    args = [a for pair in zip(*[iter(strategy_args(row))] * 2) if not pair[1].startswith("devices=") for a in pair]
+    result = invoke("eval", "--space", name, "--devices", str(row["devices"]), *args, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["row_id"] == row["row_id"]
+
+
 def test_trace_captures_the_best_sweep_row(best_row, tmp_path):
     """The timeline trace captures is the sweep row's simulation: its task count and step time."""
     name, row = best_row
