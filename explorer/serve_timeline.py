@@ -123,6 +123,13 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
     result = dict(zip(ss.SIM_OUTPUTS, (float(v) for v in res)))
     title = (f"{space.model.name} on {space.spec.devices} x {space.hardware.name}: {_strategy_text(cols)}; "
              f"{in_len.shape[0]} requests, TTFT {result['ttft_s'] * 1e3:.1f} ms, TPOT {result['tpot_s'] * 1e3:.2f} ms")
+    if not disagg and int(inputs.engines[0]) < int(metrics["engines"][0]):
+        # users split unevenly (kernels.serving.engine_users): the traced engine is one of the busier
+        # group; the deployment's means, over every engine's requests, are what serve writes
+        serve.simulate(space, packed, srv, cols, metrics, np.array([0]), prefill)
+        title += (f" on engine 0, one of {int(inputs.engines[0])} with {int(clients[0])} users (the deployment's "
+                  f"{space.spec.workload.concurrency} over {int(metrics['engines'][0])} engines: TTFT "
+                  f"{metrics['ttft_s'][0] * 1e3:.1f} ms, TPOT {metrics['tpot_s'][0] * 1e3:.2f} ms)")
     as_int = lambda c: log[:, c].astype(np.int64)  # noqa: E731
     return ServingTimeline(
         engine=as_int(ss.L_ENGINE), kind=as_int(ss.L_KIND), start_s=log[:, ss.L_START], end_s=log[:, ss.L_END],

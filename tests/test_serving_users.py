@@ -133,3 +133,21 @@ def test_simulated_deployments_serve_their_users(users):
         assert sim.shape[0] == 2 and len(pooled) == 1
         p90 = sim[:, serving_sim.S_TTFT_P90]
         assert p90.min() <= metrics["ttft_p90_s"][row] <= p90.max()
+
+
+def test_a_trace_of_an_uneven_split_names_its_engine_and_gives_the_deployments_latencies():
+    """3 users on 2 engines (TP 4, 2 instances): the trace runs one engine of the busier group
+    (2 users), whose TTFT is its own; the title says so and gives the deployment's means,
+    the ones serve writes for the row (both engines' requests), which differ."""
+    from paraspace.explorer import serve_timeline
+
+    space = with_users("llama3.1-70b-h100-8-fp8", 3)
+    strategy = {"mode": "agg", "tp": 4, "pp": 1, "kv_dtype": "fp8", "max_batch": 16, "max_tokens": 4096,
+                "scheduler": "continuous", "overlap_scheduler": False}
+    timeline = serve_timeline.capture(space, strategy)
+    cols, metrics = serve_timeline.pick_row(space, strategy)
+    serve.simulate(space, serve.pack_serving(space), serve.serving_records(space, cols), cols, metrics, np.array([0]))
+    own, deployment = timeline.result["ttft_s"], float(metrics["ttft_s"][0])
+    assert abs(own / deployment - 1.0) > 0.05
+    assert (f"on engine 0, one of 1 with 2 users (the deployment's 3 over 2 engines: TTFT {deployment * 1e3:.1f} ms, "
+            f"TPOT {float(metrics['tpot_s'][0]) * 1e3:.2f} ms)") in timeline.title
