@@ -33,8 +33,8 @@ from paraspace.kernels.codes import DISPATCH_HIERARCHICAL, DISPATCH_LOW_LATENCY
 from paraspace.kernels.moe import dispatch_s
 from paraspace.kernels.training import moe_layer_params
 from paraspace.spaces.catalog import LoadedSpace, load_hardware, names
-from paraspace.spaces.encode import Encoder
-from paraspace.spaces.enums import DTYPE_BYTES, Dispatch, Recompute, Schedule, label, labels, parse
+from paraspace.spaces.encode import REASON_TEXT, Encoder
+from paraspace.spaces.enums import DTYPE_BYTES, Dispatch, Reason, Recompute, Schedule, label, labels, parse
 from paraspace.spaces.errors import CatalogError
 from paraspace.spaces.schema import Hardware, Model, SpaceSpec, validate
 
@@ -519,6 +519,8 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     enc = Encoder(space).encode_all()
     if enc.n_rows == 0:
         base.status = "no-candidate"
+        reason = Reason(int(enc.first_reason[1:].argmax()) + 1)  # what dropped the most of the row's combinations
+        base.reason = f"no configuration of the row's columns is valid: {REASON_TEXT[reason]} (rule {reason.name.lower()})"
         return base
     out = evaluate(pack(space), enc.columns)
     feasible = out["feasible"] > 0
@@ -772,6 +774,7 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
     cols, _ = evaluate_space(space)
     if len(cols["tp"]) == 0:
         base.status = "no-candidate"
+        base.reason = "the row's deployment breaks a rule of serving spaces (paraspace serve --dry-run on it says which)"
         return base
     base.predicted = float(cols[metric][0])
     base.status = "ok" if cols["feasible"][0] > 0 else "oom"
@@ -935,6 +938,7 @@ def predict_phase(row: dict[str, str | None], source: str) -> RowResult:
             best = (value, {"s": s, "replica": replica, "dispatch": dispatch, "tbo": tbo})
     if best is None:
         base.status = "no-candidate"
+        base.reason = "not one sequence's KV cache fits beside the weights in any layout"
         return base
     value, cand = best
     s, replica = cand["s"], cand["replica"]
@@ -1087,6 +1091,7 @@ def predict_inference(row: dict[str, str | None], source: str) -> RowResult:
                 best = (key, cand)  # type: ignore[assignment]
     if best is None:  # not one sequence fits beside the weights in any layout
         base.status = "no-candidate"
+        base.reason = "not one sequence fits beside the weights in any layout"
         return base
     cand = best[1]
     base.predicted = cand["value"]

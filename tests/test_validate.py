@@ -375,6 +375,19 @@ def test_a_bad_row_is_unsupported_with_its_reason_and_the_rest_predicted(tmp_pat
     assert data["rows"][0]["status"] == "unsupported" and data["rows"][0]["reason"] == bad.reason
 
 
+@pytest.mark.parametrize(("change", "rule"), [
+    ({"micro_batch": "3"}, "dp*micro_batch does not divide global_batch (rule batch)"),
+    ({"tp": "3", "pp": "1", "dp": "1", "n_gpus": "3"}, "tp does not divide heads, kv_heads and ffn (rule tp_heads)"),
+])
+def test_a_row_without_a_valid_configuration_says_which_rule_dropped_it(change, rule):
+    """A row whose columns no configuration can run (a micro-batch that does not divide the
+    batch, a tp the heads cannot split) is no-candidate, the reason naming the rule that
+    dropped its combinations (it was empty)."""
+    result = validate.predict_row(validate.predict_training, {**ROW, **change}, "inline.csv")
+    assert result.status == "no-candidate" and result.predicted is None
+    assert result.reason == f"no configuration of the row's columns is valid: {rule}"
+
+
 @pytest.mark.parametrize(("contents", "needle"), [
     (b"", "(empty)"),
     (b"\xff\xfe\x00garbage\x00", "UTF-8"),
