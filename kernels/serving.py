@@ -831,28 +831,38 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
         served = 0.0
         pre_sum = ttft_sum = tpot_sum = e2e_sum = 0.0
         b = 0.0
+        groups = 0
+        active = 0.0  # engines with users
+        pre = ttft = tpot = e2e = rps_engine = 0.0
         for group in range(2):
             c = hi_users if group == 0 else lo_users
             count = hi_engines if group == 0 else lo_engines
             if c <= 0.0 or count <= 0.0:
                 continue
             b_g = min(c, bmax)
-            pre_g, dec_g = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b_g, max_tokens,
-                                  scheduler, memo)
-            period = pre_g + dec_g
-            e2e_g = c * period / b_g  # Little's law over the engine's c users
-            x = count * b_g / period  # the group's requests a second
+            pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b_g, max_tokens,
+                              scheduler, memo)
+            period = pre + dec
+            e2e = c * period / b_g  # Little's law over the engine's c users
+            ttft = e2e - dec
+            tpot = dec / nd if nd > 0.0 else 0.0
+            rps_engine = b_g / period  # an engine's requests a second
+            x = count * rps_engine  # the group's
             served += x
-            pre_sum += x * pre_g
-            ttft_sum += x * (e2e_g - dec_g)
-            tpot_sum += x * (dec_g / nd if nd > 0.0 else 0.0)
-            e2e_sum += x * e2e_g
+            pre_sum += x * pre
+            ttft_sum += x * ttft
+            tpot_sum += x * tpot
+            e2e_sum += x * e2e
             b = max(b, b_g)  # the busiest engine's batch sizes the cache
-        pre = pre_sum / served
-        ttft = ttft_sum / served
-        tpot = tpot_sum / served
-        e2e = e2e_sum / served
-        rps_engine = served / engines
+            groups += 1
+            active += count
+        if groups > 1:  # one group: its own values, as they are
+            pre = pre_sum / served
+            ttft = ttft_sum / served
+            tpot = tpot_sum / served
+            e2e = e2e_sum / served
+        if groups > 1 or active < engines:  # idle engines (C < E) serve nothing
+            rps_engine = served / engines
     else:
         lam = wl.rate_per_s / engines
         new = inl * (1.0 - wl.prefix_hit_rate)
