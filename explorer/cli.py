@@ -29,14 +29,13 @@ from paraspace.explorer.sweep import (
     expected_seconds,
     expected_simulations,
     named_for_output,
-    other_definition_parts,
     other_shard_parts,
     remove_shard_parts,
     result_schema,
     run_sweep,
     shard_path,
     shard_range,
-    shard_set_complete,
+    shard_definitions,
     space_digest,
 )
 from paraspace.results.rank import SHARD_FILE, Results, ResultsError, compare, front_axes, open_results, pareto, top
@@ -389,7 +388,8 @@ def _replace_shard_parts(replaced: list[Path], loaded: LoadedSpace, folder: Path
     are kept until then; and say when parts of this count are still another definition's."""
     digest = space_digest(loaded)
     counts = " and of ".join(map(str, sorted({int(SHARD_FILE.fullmatch(p.name)[2]) for p in replaced})))
-    if shard_set_complete(folder, count, digest):
+    written = shard_definitions(folder, count)
+    if len(written) == count and all(d == digest for d in written.values()):  # this run's parts, all of them
         removed = remove_shard_parts(replaced, loaded.spec.name)
         if removed:
             click.echo(f"removed {len(removed)} part(s) of an earlier run of {counts} shards from {folder}/ "
@@ -398,7 +398,7 @@ def _replace_shard_parts(replaced: list[Path], loaded: LoadedSpace, folder: Path
     if replaced:
         click.echo(f"kept {len(replaced)} part(s) of an earlier run of {counts} shards in {folder}/ until every "
                    f"part of this run's {count} is written (the last to finish removes them)", err=True)
-    stale = other_definition_parts(folder, count, digest)
+    stale = [part for part, d in written.items() if d != digest]
     if stale:
         click.echo(f"{folder}/: {', '.join(p.name for p in stale)} of another definition of {loaded.spec.name} "
                    f"(written before its TOML changed): the folder reads once this run has written them again",
@@ -660,7 +660,7 @@ def _one_row(space: str | None, model: str | None, hardware: str | None, devices
     _announce_compile()
     enc = Encoder(loaded).encode_all()
     if enc.n_rows != 1:
-        reason = Reason(int(enc.first_reason[1:].argmax()) + 1)
+        reason = Reason(enc.most_dropped())
         dims = loaded.raw["dimensions"]
         mine = {item.partition("=")[0].strip() for item in sets}  # what --set gave, named first
         given = " ".join(f"--set {k}={v[0]}" for k, v in dims.items() if k in mine) or "the configuration"

@@ -350,15 +350,15 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
     agg = rows[cols["mode"][rows] == Mode.AGG]
     if agg.size:
         inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, agg, False)
-        _simulated(space, packed, metrics, agg, *run_sim(inputs), inputs)
+        record_simulated(space, packed, metrics, agg, *run_sim(inputs), inputs)
     disagg = rows[cols["mode"][rows] == Mode.DISAGG]
     for engines in np.unique(metrics["engines"][disagg]):  # n_requests per decode engine: one call per count
         part = disagg[metrics["engines"][disagg] == engines]
         inputs = sim_inputs(space, packed, srv, prefill, cols, metrics, part, True)
-        _simulated(space, packed, metrics, part, *run_sim(inputs), inputs)
+        record_simulated(space, packed, metrics, part, *run_sim(inputs), inputs)
 
 
-def _simulated(space: LoadedServing, packed: PackedServing, metrics: dict[str, np.ndarray], rows: np.ndarray,
+def record_simulated(space: LoadedServing, packed: PackedServing, metrics: dict[str, np.ndarray], rows: np.ndarray,
                sim: np.ndarray, pooled: list[np.ndarray], inputs: SimInputs) -> None:
     """Write the simulated ``rows``' columns from their engines' runs (``run_sim``): rates
     summed over the groups' identical engines, latencies over the deployment's requests

@@ -76,7 +76,8 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
     prefill = serve.serving_records(space, cols, prefill=True)
     disagg = int(cols["mode"][0]) == sp.Mode.DISAGG
     inputs = serve.sim_inputs(space, packed, srv, prefill, cols, metrics, np.array([0]), disagg)
-    first = serve.run_sim(inputs)[0][0]  # the row's first simulated engine: its busier group's
+    sim, pooled = serve.run_sim(inputs)
+    first = sim[0]  # the row's first simulated engine: its busier group's
     n_log = int(first[ss.S_ITERATIONS])  # aggregated: prefill iterations are among them
     if disagg:  # the decode engines', the prefill replicas', one transfer a request
         n_log += int(first[ss.S_PREFILL_ITERATIONS]) + inputs.args[0].shape[0]
@@ -126,7 +127,7 @@ def capture(space: sp.LoadedServing, strategy: dict[str, Any]) -> ServingTimelin
     if not disagg and int(inputs.engines[0]) < int(metrics["engines"][0]):
         # users split unevenly (kernels.serving.engine_users): the traced engine is one of the busier
         # group; the deployment's means, over every engine's requests, are what serve writes
-        serve.simulate(space, packed, srv, cols, metrics, np.array([0]), prefill)
+        serve.record_simulated(space, packed, metrics, np.array([0]), sim, pooled, inputs)
         title += (f" on engine 0, one of {int(inputs.engines[0])} with {int(clients[0])} users (the deployment's "
                   f"{space.spec.workload.concurrency} over {int(metrics['engines'][0])} engines: TTFT "
                   f"{metrics['ttft_s'][0] * 1e3:.1f} ms, TPOT {metrics['tpot_s'][0] * 1e3:.2f} ms)")

@@ -60,7 +60,7 @@ def other_shard_parts(folder: Path, count: int, space_name: str) -> list[Path]:
     A sharded sweep (``--shard I/N``, ``--dask``) replaces the dataset in its folder: its own
     parts are overwritten one by one, as any earlier result is, and the parts of another shard
     count (``part-I-of-M.parquet``, which ``top`` would read as a second shard array) are
-    removed once every part of this run is written (``shard_set_complete``, then
+    removed once every part of this run is written (``shard_definitions``, then
     ``remove_shard_parts``): a run that fails part-way leaves the earlier dataset whole. Only a paraspace
     result of the same space is ever removed: any other file named as such a part (another
     space's, or not a paraspace result) is a ``ResultsError`` here, called before the run's
@@ -86,31 +86,21 @@ def other_shard_parts(folder: Path, count: int, space_name: str) -> list[Path]:
     return others
 
 
-def shard_set_complete(folder: Path, count: int, digest: str) -> bool:
-    """Whether every part of a run of ``count`` shards is in ``folder``, each a result of the
-    space definition ``digest`` (``space_digest``): the dataset that replaces the earlier one."""
-    for index in range(count):
-        try:
-            if written_digest(shard_path(folder, index, count)) != digest:
-                return False
-        except ResultsError:  # not there (yet), or not a paraspace result
-            return False
-    return True
-
-
-def other_definition_parts(folder: Path, count: int, digest: str) -> list[Path]:
-    """The parts of a run of ``count`` shards in ``folder`` written for another definition of the
-    space than ``digest`` (an earlier run of the space before its TOML changed): until this run
-    has written each of them again, ``top`` refuses the folder's mixed definitions."""
-    stale = []
+def shard_definitions(folder: Path, count: int) -> dict[Path, str | None]:
+    """The parts of a run of ``count`` shards in ``folder`` that are paraspace results, each with
+    the space definition it records (``results.rank.written_digest``; None: written before
+    paraspace recorded one); parts not there (yet), or not results, are left out. A run's
+    parts are complete where all ``count`` record its ``space_digest``; a part of another
+    definition (the space's TOML changed since it was written) keeps ``top`` from reading the
+    folder until this run writes it again."""
+    found = {}
     for index in range(count):
         part = shard_path(folder, index, count)
         try:
-            if written_digest(part) != digest:
-                stale.append(part)
+            found[part] = written_digest(part)
         except ResultsError:
             continue
-    return stale
+    return found
 
 
 def remove_shard_parts(parts: list[Path], space_name: str) -> list[Path]:

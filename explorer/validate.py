@@ -519,7 +519,7 @@ def predict_training(row: dict[str, str | None], source: str) -> RowResult:
     enc = Encoder(space).encode_all()
     if enc.n_rows == 0:
         base.status = "no-candidate"
-        reason = Reason(int(enc.first_reason[1:].argmax()) + 1)  # what dropped the most of the row's combinations
+        reason = Reason(enc.most_dropped())
         base.reason = f"no configuration of the row's columns is valid: {REASON_TEXT[reason]} (rule {reason.name.lower()})"
         return base
     out = evaluate(pack(space), enc.columns)
@@ -754,10 +754,11 @@ def predict_serving(row: dict[str, str | None], source: str) -> RowResult:
         prefill_tp = _num(row, "prefill_tp", source)
         prefill_ep = _num(row, "prefill_ep", source) or 1
         prefill_dp = _num(row, "prefill_attention_dp", source) == 1
-        decode_engines = (ints["n_gpus"] - _num(row, "prefill_instances", source) * prefill_tp) // ints["tp"]
+        prefill_instances = _num(row, "prefill_instances", source)
+        decode_engines = (ints["n_gpus"] - prefill_instances * prefill_tp) // ints["tp"]
         dims.update({"mode": ["disagg"], "prefill_tp": [prefill_tp], "scheduler": [scheduler],
                      "overlap_scheduler": [overlap],
-                     "prefill_instances": [_num(row, "prefill_instances", source)], "prefill_ep": [prefill_ep],
+                     "prefill_instances": [prefill_instances], "prefill_ep": [prefill_ep],
                      "prefill_attention_dp": [prefill_dp],
                      "max_tokens": [(ints["input_len"] + SERVING_TOKEN_SLACK) * (prefill_tp if prefill_dp else 1)]})
         requests = -(-requests // decode_engines)  # the simulation's n_requests is per decode engine

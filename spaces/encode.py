@@ -171,6 +171,11 @@ class Encoded:
     def n_rows(self) -> int:
         return int(self.columns["row_id"].shape[0])
 
+    def most_dropped(self) -> int:
+        """The code of the rule charged with the most dropped combinations (never the
+        VALID code 0): what to name where none is kept."""
+        return int(self.first_reason[1:].argmax()) + 1
+
 
 # --------------------------------------------------------------------------- rules
 
