@@ -8,8 +8,8 @@ and collective costs.
 from __future__ import annotations
 
 #: Cost components of one candidate (``row_costs``), seconds unless noted:
-#: per layer per micro-batch forward/backward compute, one direction of its TP
-#: collectives, exposed CP ring time, recompute added to the backward, the
+#: per layer per micro-batch forward/backward compute, its TP collectives
+#: exposed in the forward (and, last slot, in the backward), exposed CP ring time, recompute added to the backward, the
 #: embedding and the LM head + loss with their TP traffic, one pipeline
 #: message, the device's whole gradient reduction and parameter gather (ZeRO-3:
 #: one pass's), the optimizer step, logits per micro-batch (elements), the
@@ -34,6 +34,6 @@ from __future__ import annotations
     C_LAYER_WGRAD, C_HEAD_WGRAD, C_MOE_FWD, C_MOE_BWD, C_MOE_WGRAD, C_EP_F, C_EP_B, C_MOE_BUFFER,
     C_MTP_F, C_MTP_B, C_MTP_W, C_DISPATCH, C_EROWS, C_EEFF,
     C_OFF_DF, C_OFF_DB, C_OFF_MF, C_OFF_MB, C_WOFF_DF, C_WOFF_DB, C_WOFF_MF, C_WOFF_MB,
-    C_RC_MOE, C_RC_EP, C_EP_DISP, C_EP_COMB, C_EXPERT_F, C_EXPERT_B, C_EXPERT_W,
-) = range(48)
-N_COST = 48
+    C_RC_MOE, C_RC_EP, C_EP_DISP, C_EP_COMB, C_EXPERT_F, C_EXPERT_B, C_EXPERT_W, C_TP_LAYER_B,
+) = range(49)
+N_COST = 49

@@ -28,7 +28,7 @@ from paraspace.kernels.cost_vector import (
     C_CP_B, C_CP_F, C_DISPATCH, C_EEFF, C_EMB_B, C_EMB_COMM, C_EMB_F, C_EP_B, C_EP_COMB, C_EP_DISP, C_EP_F, C_EROWS,
     C_EXPERT_B, C_EXPERT_F, C_EXPERT_W, C_HEAD_B, C_HEAD_COMM, C_HEAD_F, C_HEAD_WGRAD, C_LAYER_BWD, C_LAYER_FWD,
     C_LAYER_WGRAD, C_LOGITS, C_MOE_BUFFER, C_MOE_BWD, C_MOE_FWD, C_MOE_WGRAD, C_MTP_B, C_MTP_F, C_MTP_W, C_RC_COMM,
-    C_RC_COMPUTE, C_RC_EP, C_RC_MOE, C_TP_LAYER, N_COST,
+    C_RC_COMPUTE, C_RC_EP, C_RC_MOE, C_TP_LAYER, C_TP_LAYER_B, N_COST,
 )
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
@@ -43,8 +43,8 @@ from paraspace.kernels.shape import shape_of
 
 
 @jit(inline=True)
-def end_stage_costs(costs, sh, layer_fwd: float, layer_bwd: float, tp_layer: float, att, mlp, moe, model, dev,
-                    tiers, tiles) -> None:
+def end_stage_costs(costs, sh, layer_fwd: float, layer_bwd: float, tp_layer: float, tp_layer_b: float, att, mlp,
+                    moe, model, dev, tiers, tiles) -> None:
     """Fill the end stages' slots of ``costs``: the embedding (first stage), the
     output head + loss with their TP traffic, the logits, and the
     multi-token-prediction modules (last stage: per depth one more layer, a
@@ -68,7 +68,7 @@ def end_stage_costs(costs, sh, layer_fwd: float, layer_bwd: float, tp_layer: flo
             lb = layer_bwd
             lw = att.qkv_w + att.out_w + mlp.up_w + mlp.down_w
         mtp_f = model.mtp_depth * (lf + tp_layer + pf + hf)
-        mtp_b = model.mtp_depth * (lb + tp_layer + pb + hb)
+        mtp_b = model.mtp_depth * (lb + tp_layer_b + pb + hb)
         mtp_w = model.mtp_depth * (lw + pw + hw)
     emb_comm, head_comm = embedding_head_comm_s(sh, tiers)
     logits = tokens * model.vocab / t
@@ -100,20 +100,23 @@ def layer_costs(costs, sh, recompute: int, tp_overlap: int, schedule: int, place
         cast_f, cast_b = gemm_cast_s(sh, model, att, dev, work)
         layer_fwd += cast_f
         layer_bwd += cast_b
-    tp_layer = tp_layer_comm_s(sh, tp_overlap, att.qkv_f, att.out_f, mlp.up_f, mlp.down_f, tiers)
+    tp_layer = tp_layer_comm_s(sh, tp_overlap, att.qkv_f, att.out_f, mlp.up_f, mlp.down_f, False, tiers)
+    tp_layer_b = tp_layer_comm_s(sh, tp_overlap, att.qkv_b - att.qkv_w, att.out_b - att.out_w, mlp.up_b - mlp.up_w,
+                                 mlp.down_b - mlp.down_w, True, tiers)  # behind the input-gradient GEMMs
     cp_f, cp_b = cp_ring_s(sh, model, att.rope_width, att.core_f, att.core_b, tiers)
     rc_compute, rc_comm = recompute_s(recompute, sh, layer_fwd, tp_layer, cp_f, att, mlp, model, dev,
                                       work.checkpoint_early_stop)
     ep_stride, _, _ = ep_strides(sh.t, sh.c, sh.d, sh.e, sh.et, placement)
     moe = moe_layer_s(sh, att, ep_stride, recompute, rc_compute, dispatch, tbo, schedule, model, dev, tiers, tiles,
                       work)
-    end_stage_costs(costs, sh, layer_fwd, layer_bwd, tp_layer, att, mlp, moe, model, dev, tiers, tiles)
+    end_stage_costs(costs, sh, layer_fwd, layer_bwd, tp_layer, tp_layer_b, att, mlp, moe, model, dev, tiers, tiles)
     moe_dense, moe_expert = moe_layer_params(model, sh.t, sh.e, sh.et)
     offload_costs(costs, sh, recompute, off_act, off_w, layer_params(model, sh.t), moe_dense + moe_expert, layer_fwd,
                   layer_bwd, moe.fwd, moe.bwd, model, dev, work)
     costs[C_LAYER_FWD] = layer_fwd
     costs[C_LAYER_BWD] = layer_bwd
     costs[C_TP_LAYER] = tp_layer
+    costs[C_TP_LAYER_B] = tp_layer_b
     costs[C_CP_F] = cp_f
     costs[C_CP_B] = cp_b
     costs[C_RC_COMPUTE] = rc_compute

@@ -39,11 +39,16 @@ def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: i
 
 
 @jit(inline=True)
-def tp_layer_comm_s(sh, tp_overlap: int, qkv_f: float, out_f: float, up_f: float, down_f: float, tiers) -> float:
+def tp_layer_comm_s(sh, tp_overlap: int, qkv: float, out: float, up: float, down: float, backward: bool,
+                    tiers) -> float:
     """One direction of a layer's TP collectives: all-reduce after attention and
     MLP, or with sequence parallelism all-gather before and reduce-scatter after
-    each; with ``tp_overlap`` each chunked behind the GEMM it feeds (QKV, MLP up:
-    ``qkv_f``, ``up_f``) or that produces it (out-proj, MLP down)."""
+    each; with ``tp_overlap`` each chunked behind its GEMM of that direction
+    (``qkv`` ... ``down``: forward GEMMs, or in the ``backward`` the input-gradient
+    ones). Forward, the all-gather feeds QKV and MLP up and the reduce-scatter
+    leaves out-proj and MLP down; backward, the roles swap: the reduce-scatter
+    leaves the QKV and MLP-up input gradients and the all-gather feeds out-proj's
+    and MLP down's."""
     t = sh.t
     msg = sh.tokens * sh.h * sh.ab
     if sh.sp and tp_overlap != 0:
@@ -52,7 +57,9 @@ def tp_layer_comm_s(sh, tp_overlap: int, qkv_f: float, out_f: float, up_f: float
         # except its first chunk and whatever outlasts the GEMM
         ag = collective_time_s(ALL_GATHER, t, 1.0, msg, tiers)
         rs = collective_time_s(REDUCE_SCATTER, t, 1.0, msg, tiers)
-        return overlapped_s(ag, qkv_f) + overlapped_s(rs, out_f) + overlapped_s(ag, up_f) + overlapped_s(rs, down_f)
+        if backward:
+            ag, rs = rs, ag
+        return overlapped_s(ag, qkv) + overlapped_s(rs, out) + overlapped_s(ag, up) + overlapped_s(rs, down)
     if sh.sp:
         return 2.0 * collective_time_s(ALL_GATHER, t, 1.0, msg, tiers) + 2.0 * collective_time_s(
             REDUCE_SCATTER, t, 1.0, msg, tiers)
@@ -135,19 +142,20 @@ def dp_sync_s(zero: int, sh, placement: int, layers_max: float, layer_dense: flo
 
 
 @jit(inline=True)
-def exposed_dp_s(zero: int, dc: float, edp: float, m: float, t_max: float, fwd: float, bwd: float, grad: float,
+def exposed_dp_s(zero: int, dc: float, edp: float, m: float, busy: float, fwd: float, bwd: float, grad: float,
                  param: float) -> float:
     """Data-parallel seconds not hidden: ZeRO-3 gathers for forward and backward
-    and scatters gradients every micro-batch (hidden behind the m passes); with
+    and scatters gradients every micro-batch (hidden behind the ``busy`` seconds
+    of the m passes, ``kernels.schedules.busy_s``); with
     deferred reduction (``ZERO_3_DEFERRED``) it gathers every micro-batch and
     scatters the accumulated gradients once (m = 1: the same as without);
     otherwise the reduction overlaps the last backward and the gather the
     first forward."""
     if dc > 1 or edp > 1:
         if zero == ZERO_3_DEFERRED:
-            return max(0.0, m * 2.0 * param + grad - m * t_max)
+            return max(0.0, m * 2.0 * param + grad - busy)
         if zero >= 3:  # per micro-batch: gather for forward and backward, scatter gradients
             per_micro = 2.0 * param + grad
-            return max(0.0, m * per_micro - m * t_max)
+            return max(0.0, m * per_micro - busy)
         return max(0.0, grad - bwd) + max(0.0, param - fwd)  # reduce with the last backward, gather with the first forward
     return 0.0

@@ -55,6 +55,42 @@ def dualpipe_steady_s(pp: int, model, costs, recompute: int, rc_layers) -> float
 
 
 @jit(inline=True)
+def zb_h1_moved_w_s(pp: int, m: float, bn) -> float:
+    """The weight-gradient (W) seconds ZB-H1 takes out of its fill and drain
+    (Qi et al. 2023). For m >= p on equal stages the bubble is (p - 1)(F + B - W),
+    1F1B's (p - 1)(F + B + W) less 2 (p - 1) W: the other stages defer their W
+    off the critical path ((p - 1) W), and the busiest device fills as much of
+    its wait with its own W passes. With fewer micro-batches it has m - 1 W
+    passes to fill with (its last W ends the step): (m + p - 1)(F + B) + W in
+    all, which the event tier reproduces for every m (tests/test_pipeline.py).
+    Over unequal stages the other stages' own W seconds are moved (w_sum - wgrad)."""
+    if pp <= 1:
+        return 0.0
+    others = bn.w_sum - bn.wgrad
+    return others * (1.0 + zb_h1_own_share(pp, m))
+
+
+@jit(inline=True)
+def zb_h1_own_share(pp: int, m: float) -> float:
+    """The share of the other stages' W seconds that the busiest device fills its
+    own wait with: 1 from m = p micro-batches, (m - 1) / (p - 1) below."""
+    return min(m - 1.0, pp - 1.0) / (pp - 1.0)
+
+
+@jit(inline=True)
+def busy_s(schedule: int, pp: int, m: float, bn) -> float:
+    """Seconds of its m micro-batches a device spends on passes, which data-parallel
+    traffic can hide behind. ZB-H1 runs some of the busiest device's W passes in
+    its pipeline wait instead (``zb_h1_moved_w_s``): they cost no time when the
+    step is paced by its compute, and hide no traffic when it is paced by the
+    data-parallel traffic."""
+    busy = m * bn.t_max
+    if schedule == SCHEDULE_ZB_H1 and pp > 1:
+        busy -= (bn.w_sum - bn.wgrad) * zb_h1_own_share(pp, m)
+    return busy
+
+
+@jit(inline=True)
 def pipeline_s(schedule: int, pp: int, v: float, m: float, bn, model, costs, recompute: int, rc_layers):
     """(pipeline time, the busiest device's steady work per micro-batch) of ``m``
     micro-batches over stages whose bottleneck is ``bn`` (``Bottleneck``)."""
@@ -63,8 +99,8 @@ def pipeline_s(schedule: int, pp: int, v: float, m: float, bn, model, costs, rec
     t_steady = t_max  # the busiest device's work per micro-batch
     if schedule == SCHEDULE_INTERLEAVED:
         pipe = m * t_max + (t_sum - t_max) / v
-    elif schedule == SCHEDULE_ZB_H1:  # W passes fill the cool-down: (p-1)(F+B-W) instead of (p-1)(F+B+W)
-        pipe = m * t_max + (t_sum - t_max) * max(0.0, t_max - 2.0 * bn.wgrad) / t_max
+    elif schedule == SCHEDULE_ZB_H1:  # W passes fill the fill and drain: (p-1)(F+B-W) instead of (p-1)(F+B+W)
+        pipe = m * t_max + max(0.0, t_sum - t_max - zb_h1_moved_w_s(pp, m, bn))
     elif schedule == SCHEDULE_DUALPIPE:  # DeepSeek-V3 Table 2: (p/2-1)(F&B + B - 3W), B the full backward, here
         # F&B = F + B (not overlapped); (p/2-1) t generalised as (t_sum - 2 t_max)/2. Published for m >= 2p:
         # never below one micro-batch's round trip through every stage (t_sum)

@@ -38,6 +38,7 @@ from paraspace.kernels.cost_vector import (
     C_RC_EP,
     C_RC_MOE,
     C_TP_LAYER,
+    C_TP_LAYER_B,
     C_WOFF_DB,
     C_WOFF_DF,
     C_WOFF_MB,
@@ -49,9 +50,10 @@ from paraspace.kernels.recompute import recomputed_layers
 
 #: The device with the longest forward + backward of one micro-batch: that time
 #: (t_max) and the sum over all stages (t_sum); its compute, TP, CP, EP and
-#: offload parts, forward, backward, recompute and weight-gradient seconds.
+#: offload parts, forward, backward, recompute and weight-gradient seconds; and
+#: the weight-gradient seconds summed over all stages (w_sum).
 Bottleneck = namedtuple("Bottleneck", ("t_max", "t_sum", "compute", "tp", "cp", "ep", "off", "fwd", "bwd", "rc",
-                                       "wgrad"))
+                                       "wgrad", "w_sum"))
 
 
 @jit(inline=True)
@@ -78,13 +80,13 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
         fr_m * costs[C_WOFF_MF]
     off_b = (nd - fr_d) * costs[C_OFF_DB] + fr_d * costs[C_WOFF_DB] + (nm - fr_m) * costs[C_OFF_MB] + \
         fr_m * costs[C_WOFF_MB]
-    tp = 2.0 * n * costs[C_TP_LAYER] + rc_n * costs[C_RC_COMM]
+    tp = n * (costs[C_TP_LAYER] + costs[C_TP_LAYER_B]) + rc_n * costs[C_RC_COMM]
     ep = nm * (costs[C_EP_F] + costs[C_EP_B]) + rc_m * rc_ep
     fwd = (nd * costs[C_LAYER_FWD] + nm * costs[C_MOE_FWD] + n * (costs[C_TP_LAYER] + costs[C_CP_F])
            + nm * costs[C_EP_F] + off_f)
     rc = rc_d * costs[C_RC_COMPUTE] + rc_m * (rc_moe + rc_ep) + rc_n * costs[C_RC_COMM]
     bwd = (nd * costs[C_LAYER_BWD] + nm * (costs[C_MOE_BWD] + costs[C_EP_B]) + rc
-           + n * (costs[C_TP_LAYER] + costs[C_CP_B]) + off_b)
+           + n * (costs[C_TP_LAYER_B] + costs[C_CP_B]) + off_b)
     wgrad = nd * costs[C_LAYER_WGRAD] + nm * costs[C_MOE_WGRAD]
     return fwd, bwd, wgrad, rc, tp, ep, off_f + off_b
 
@@ -117,6 +119,7 @@ def bottleneck_s(pp: int, model, costs, recompute: int, rc_layers):
     stages has at most 4 different ones)."""
     t_max = -1.0
     t_sum = 0.0
+    w_sum = 0.0
     best_compute = 0.0
     best_tp = 0.0
     best_cp = 0.0
@@ -141,6 +144,7 @@ def bottleneck_s(pp: int, model, costs, recompute: int, rc_layers):
         last_nd = nd
         total = fwd + bwd
         t_sum += total
+        w_sum += wgrad
         if total > t_max:
             t_max = total
             best_tp = tp_time
@@ -152,4 +156,5 @@ def bottleneck_s(pp: int, model, costs, recompute: int, rc_layers):
             best_b = bwd
             best_rc = rc
             best_w = wgrad
-    return Bottleneck(t_max, t_sum, best_compute, best_tp, best_cp, best_ep, best_off, best_f, best_b, best_rc, best_w)
+    return Bottleneck(t_max, t_sum, best_compute, best_tp, best_cp, best_ep, best_off, best_f, best_b, best_rc, best_w,
+                      w_sum)

@@ -33,7 +33,7 @@ from paraspace.kernels.cost_vector import (
     C_EP_DISP, C_EP_F, C_EROWS, C_EXPERT_B, C_EXPERT_F, C_EXPERT_W, C_HEAD_B, C_HEAD_COMM, C_HEAD_F, C_HEAD_WGRAD,
     C_LAYER_BWD, C_LAYER_FWD, C_LAYER_WGRAD, C_LOGITS, C_MOE_BUFFER, C_MOE_BWD, C_MOE_FWD, C_MOE_WGRAD, C_MTP_B,
     C_MTP_F, C_MTP_W, C_OFF_DB, C_OFF_DF, C_OFF_MB, C_OFF_MF, C_OPT, C_P2P, C_PARAMS_MAX, C_RC_COMM, C_RC_COMPUTE,
-    C_RC_EP, C_RC_MOE, C_TP_LAYER, C_WOFF_DB, C_WOFF_DF, C_WOFF_MB, C_WOFF_MF, N_COST,
+    C_RC_EP, C_RC_MOE, C_TP_LAYER, C_TP_LAYER_B, C_WOFF_DB, C_WOFF_DF, C_WOFF_MB, C_WOFF_MF, N_COST,
 )
 from paraspace.kernels.gemm_passes import gemm_passes_s
 from paraspace.kernels.jit import jit
@@ -57,7 +57,7 @@ from paraspace.kernels.parameters import (
 )
 from paraspace.kernels.recompute import recomputed_layers
 from paraspace.kernels.row_groups import group_rows
-from paraspace.kernels.schedules import in_flight_chunks, pipeline_s, pp_comm_s
+from paraspace.kernels.schedules import busy_s, in_flight_chunks, pipeline_s, pp_comm_s
 from paraspace.kernels.shape import Knobs, shape_of
 from paraspace.kernels.stage_pass import bottleneck_s, layers_pass_s, stage_pass_s
 
@@ -78,7 +78,7 @@ __all__ = [
     "C_HEAD_COMM", "C_HEAD_F", "C_HEAD_WGRAD", "C_LAYER_BWD", "C_LAYER_FWD", "C_LAYER_WGRAD", "C_LOGITS",
     "C_MOE_BUFFER", "C_MOE_BWD", "C_MOE_FWD", "C_MOE_WGRAD", "C_MTP_B", "C_MTP_F", "C_MTP_W", "C_OFF_DB", "C_OFF_DF",
     "C_OFF_MB", "C_OFF_MF", "C_OPT", "C_P2P", "C_PARAMS_MAX", "C_RC_COMM", "C_RC_COMPUTE", "C_RC_EP", "C_RC_MOE",
-    "C_TP_LAYER", "C_WOFF_DB", "C_WOFF_DF", "C_WOFF_MB", "C_WOFF_MF",
+    "C_TP_LAYER", "C_TP_LAYER_B", "C_WOFF_DB", "C_WOFF_DF", "C_WOFF_MB", "C_WOFF_MF",
 ]
 
 #: Output columns of ``evaluate_rows``, in column order. The Parquet schema in
@@ -190,7 +190,8 @@ def row_outputs(costs, tp, pp, dp, cp, vpp, mb, recompute, sp_flag, zero, optimi
     pp_comm = pp_comm_s(schedule, sh.p, v, costs[C_P2P])
     # ---- data parallel (gradients over the DP x CP group, stride tp; experts over expert DP)
     _, edp, _ = ep_strides(sh.t, sh.c, sh.d, sh.e, sh.et, placement)
-    dp_comm = exposed_dp_s(zero, sh.d * sh.c, edp, m, bn.t_max, bn.fwd, bn.bwd, costs[C_DP_GRAD], costs[C_DP_PARAM])
+    dp_comm = exposed_dp_s(zero, sh.d * sh.c, edp, m, busy_s(schedule, pp, m, bn), bn.fwd, bn.bwd, costs[C_DP_GRAD],
+                           costs[C_DP_PARAM])
     optimizer_s = costs[C_OPT]
 
     step = pipe + pp_comm + dp_comm + optimizer_s

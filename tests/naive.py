@@ -460,11 +460,15 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
         ag, rs = coll(ALL_GATHER, t, 1, act_msg), coll(REDUCE_SCATTER, t, 1, act_msg)
         paired = [(ag, gemms[0][0]), (rs, gemms[1][0]), (ag, gemms[2][0]), (rs, gemms[3][0])]
         tp_fwd = sum(comm / 4 + max(0.0, comm * 3 / 4 - gemm) for comm, gemm in paired)
+        # backward: each collective's transpose, behind the input-gradient GEMM (dX = dY W^T, m x k x n)
+        # that produces it (RS after QKV's and MLP up's) or that it feeds (AG before out-proj's and MLP down's)
+        dgrads = [gemm_time_s(mm, k, n, dev, tiles, ab) for mm, n, k in shapes]
+        paired_b = [(rs, dgrads[0]), (ag, dgrads[1]), (rs, dgrads[2]), (ag, dgrads[3])]
+        tp_bwd = sum(comm / 4 + max(0.0, comm * 3 / 4 - gemm) for comm, gemm in paired_b)
     elif sp:
-        tp_fwd = 2 * coll(ALL_GATHER, t, 1, act_msg) + 2 * coll(REDUCE_SCATTER, t, 1, act_msg)
+        tp_fwd = tp_bwd = 2 * coll(ALL_GATHER, t, 1, act_msg) + 2 * coll(REDUCE_SCATTER, t, 1, act_msg)
     else:
-        tp_fwd = 2 * coll(ALL_REDUCE, t, 1, act_msg)
-    tp_bwd = tp_fwd
+        tp_fwd = tp_bwd = 2 * coll(ALL_REDUCE, t, 1, act_msg)
 
     cp_fwd = cp_bwd = 0.0
     if c > 1:
@@ -567,9 +571,15 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
     # -- pipeline: m micro-batches at the slowest stage's pace, plus the fill
     #    and drain of the other stages (1/v of them when interleaved)
     busy = m * t_max
+    dp_window = busy  # the pass seconds data-parallel traffic hides behind
     fill_drain = others / v if schedule == INTERLEAVED else others
-    if schedule == ZB_H1:  # the fill and drain shrink from F + B + W to F + B - W per stage
-        fill_drain = others * max(0.0, t_max - 2 * slowest["w"]) / t_max
+    if schedule == ZB_H1:  # the fill and drain shrink from F + B + W to F + B - W per stage: the other
+        # stages defer their W passes, and the slowest one fills its wait with as many of its own, which
+        # it has m - 1 of to spare below m = p (its last W ends the step)
+        others_w = sum(st["w"] for st in stages) - slowest["w"]
+        own_share = min(m - 1, pp - 1) / (pp - 1) if pp > 1 else 0.0
+        fill_drain = max(0.0, others - others_w * (1 + own_share))
+        dp_window -= others_w * own_share  # those W passes hide no data-parallel traffic
     p2p_bytes = act_msg / t if sp else act_msg
     hop = coll(SEND_RECV, p, t * c * d, p2p_bytes)
     pp_comm = 2 * (p - 1) * hop * (v if schedule == INTERLEAVED else 1)
@@ -587,8 +597,8 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             gather = sum(k * coll(ALL_GATHER, group, t, size * work["weight_bytes"]) for size, k in units)
             scatter = sum(k * coll(REDUCE_SCATTER, group, t, size * work["grad_bytes"]) for size, k in units)
             # deferred: the scatter once per step, after the micro-batches' gathers
-            dp_comm = max(0.0, m * 2 * gather + scatter - m * t_max) if defer else \
-                max(0.0, m * (2 * gather + scatter - t_max))
+            dp_comm = max(0.0, m * 2 * gather + scatter - dp_window) if defer else \
+                max(0.0, m * (2 * gather + scatter) - dp_window)
         elif zero >= 1:
             dp_comm = max(0.0, coll(REDUCE_SCATTER, group, t, grads_b) - slowest["bwd"])
             dp_comm += max(0.0, coll(ALL_GATHER, group, t, weights_b) - slowest["fwd"])

@@ -656,19 +656,27 @@ def test_ep_traffic_shares_the_pipeline_tier():
 # --------------------------------------------------------------------------- zero bubble (ZB-H1)
 
 
-@pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 4), (4, 4), (4, 8), (4, 16), (8, 8), (8, 32)])
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 3), (4, 4), (4, 8), (4, 16),
+                                    (8, 3), (8, 7), (8, 8), (8, 32)])
 @pytest.mark.parametrize(("t_f", "t_b", "t_w"), [(100, 100, 100), (100, 120, 80), (100, 150, 50), (90, 100, 0)])
 def test_zb_h1_closed_form(p, m, t_f, t_b, t_w):
     """Qi et al. 2023: splitting the backward into B and W and filling the
     cool-down with W passes shrinks the bubble from (p - 1)(t_F + t_B + t_W) to
     (p - 1)(t_F + t_B - t_W) for m >= p, equal stages and no communication. E.g.
-    p = 4, m = 8, all 100: 8 * 300 + 3 * 100 = 2700 (1F1B: 11 * 300 = 3300)."""
+    p = 4, m = 8, all 100: 8 * 300 + 3 * 100 = 2700 (1F1B: 11 * 300 = 3300).
+    In all, (m + p - 1)(t_F + t_B) + (m - p + 1) t_W; below m = p there are
+    fewer W passes to move, and the first stage's last W still ends the step:
+    (m + p - 1)(t_F + t_B) + t_W. E.g. p = 4, m = 2, all 100:
+    F0 F1 F2 F3 | F3' B3 | B3' B2 B2' ... the first stage's B ends at 5 * 200 = 1000
+    and its last W at 1100 (the published form would give 2 * 300 + 3 * 100 = 900)."""
     zb = step(SCHEDULE_ZB_H1, p, 1, m, t_f, t_b + t_w, wgrad=t_w)
     one = step(SCHEDULE_1F1B, p, 1, m, t_f, t_b + t_w, wgrad=t_w)
     assert zb.status == OK and (zb.end >= 0).all()
     kinds = zb.kind[zb.kind <= K_WEIGHT_GRAD]  # forward, backward, weight-gradient passes, m of each per stage
     assert [int((kinds == k).sum()) for k in (K_FORWARD, K_BACKWARD, K_WEIGHT_GRAD)] == [p * m] * 3
-    assert zb.makespan == m * (t_f + t_b + t_w) + (p - 1) * (t_f + t_b - t_w)
+    assert zb.makespan == (m + p - 1) * (t_f + t_b) + max(1, m - p + 1) * t_w
+    if m >= p:
+        assert zb.makespan == m * (t_f + t_b + t_w) + (p - 1) * (t_f + t_b - t_w)
     assert one.makespan == (m + p - 1) * (t_f + t_b + t_w)
 
 

@@ -537,6 +537,23 @@ def test_dualpipe_closed_form(even_stages, p, m):
     assert dual["step_time_analytic_s"] < one["step_time_analytic_s"]
 
 
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 1), (4, 2), (4, 3), (8, 5)])
+def test_zb_h1_few_micro_batches(even_stages, p, m):
+    """Below m = p ZB-H1 has only m + p - 2 W passes to move into the fill and
+    drain, not 2 (p - 1): compute + bubble = (m + p - 1)(F + B) - (m + p - 2) W,
+    B the full backward (the event tier's closed form, tests/test_pipeline.py).
+    W is read off the same stages at m = 2 p, where the bubble is (p - 1)(F + B - 2W).
+    E.g. p = 2, m = 1: 2 (F + B) - 0 W = both stages' passes and the last W."""
+    full = run(*even_stages, pp=p, n_micro=2 * p, schedule=SCHEDULE_ZB_H1)
+    few = run(*even_stages, pp=p, n_micro=m, schedule=SCHEDULE_ZB_H1)
+    one = run(*even_stages, pp=p, n_micro=m, schedule=SCHEDULE_1F1B)
+    t = few["stage_fwd_s"] + few["stage_bwd_s"]
+    w = (t - full["bubble_s"] / (p - 1)) / 2
+    assert 0 < w < few["stage_bwd_s"]
+    assert few["compute_s"] + few["bubble_s"] == pytest.approx((m + p - 1) * t - (m + p - 2) * w, rel=2e-3)
+    assert few["step_time_analytic_s"] < one["step_time_analytic_s"]
+
+
 def test_dualpipe_closed_form_few_micro_batches(even_stages):
     """Below m = 2 p the published bubble does not hold: a step is never shorter
     than one micro-batch's way through every stage and back (p (F + B))."""
