@@ -145,7 +145,7 @@ def row_inputs(tp, pp, dp, cp, vpp, mb, recompute, sp, tp_overlap, zero, optimiz
             nd = chunk_dense_layers(d, c, p, v, model)
             # the device's last rc_layers recompute; with interleaving, rc_layers / v per chunk
             nm = layers_chunk - nd
-            f, b, w, _, _, _, _ = layers_pass_s(costs, nd, nm, recompute, float(rc_layers) / v)
+            f, b, w, _, _, _, _, _ = layers_pass_s(costs, nd, nm, recompute, float(rc_layers) / v)
             if engine_ep and nm > 0:
                 f -= nm * costs[C_EP_F]
                 b -= nm * costs[C_EP_B]

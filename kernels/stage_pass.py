@@ -61,7 +61,8 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
     """Seconds of ``nd`` dense and ``nm`` MoE layers of one micro-batch:
     (forward with its communication, backward with recompute and communication,
     weight-gradient GEMMs inside that backward, recompute, TP, EP communication,
-    exposed host offload). With full recompute and ``rc_layers`` > 0 only the
+    exposed host offload, CP communication). A full recompute's communication
+    (``C_RC_COMM``) reruns the forward's TP and CP traffic: its CP part counts as CP. With full recompute and ``rc_layers`` > 0 only the
     last ``rc_layers`` layers recompute; the others keep their activations (and
     offload them, where activations are offloaded). An MoE layer's recompute
     (``C_RC_MOE``, ``C_RC_EP``) is its forward with full recompute, the dispatch
@@ -80,7 +81,9 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
         fr_m * costs[C_WOFF_MF]
     off_b = (nd - fr_d) * costs[C_OFF_DB] + fr_d * costs[C_WOFF_DB] + (nm - fr_m) * costs[C_OFF_MB] + \
         fr_m * costs[C_WOFF_MB]
-    tp = n * (costs[C_TP_LAYER] + costs[C_TP_LAYER_B]) + rc_n * costs[C_RC_COMM]
+    rc_cp = rc_n * costs[C_CP_F] if recompute == RECOMPUTE_FULL else 0.0  # inside rc_n * C_RC_COMM
+    tp = n * (costs[C_TP_LAYER] + costs[C_TP_LAYER_B]) + rc_n * costs[C_RC_COMM] - rc_cp
+    cp = n * (costs[C_CP_F] + costs[C_CP_B]) + rc_cp
     ep = nm * (costs[C_EP_F] + costs[C_EP_B]) + rc_m * rc_ep
     fwd = (nd * costs[C_LAYER_FWD] + nm * costs[C_MOE_FWD] + n * (costs[C_TP_LAYER] + costs[C_CP_F])
            + nm * costs[C_EP_F] + off_f)
@@ -88,7 +91,7 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
     bwd = (nd * costs[C_LAYER_BWD] + nm * (costs[C_MOE_BWD] + costs[C_EP_B]) + rc
            + n * (costs[C_TP_LAYER_B] + costs[C_CP_B]) + off_b)
     wgrad = nd * costs[C_LAYER_WGRAD] + nm * costs[C_MOE_WGRAD]
-    return fwd, bwd, wgrad, rc, tp, ep, off_f + off_b
+    return fwd, bwd, wgrad, rc, tp, ep, off_f + off_b, cp
 
 
 @jit(inline=True)
@@ -98,8 +101,8 @@ def stage_pass_s(stage, pp, model, costs, recompute, rc_layers):
     weight-gradient part, recompute, TP, EP, offload, CP seconds)."""
     n = device_layers(stage, pp, model.layers)
     nd = device_dense_layers(stage, pp, model)
-    fwd, bwd, wgrad, rc, tp_time, ep_time, off_time = layers_pass_s(costs, nd, n - nd, recompute, float(rc_layers))
-    cp_time = n * (costs[C_CP_F] + costs[C_CP_B])
+    fwd, bwd, wgrad, rc, tp_time, ep_time, off_time, cp_time = layers_pass_s(costs, nd, n - nd, recompute,
+                                                                            float(rc_layers))
     if stage == 0:
         fwd += costs[C_EMB_F] + costs[C_EMB_COMM]
         bwd += costs[C_EMB_B]

@@ -68,7 +68,7 @@ METRICS: tuple[Column, ...] = (
     Column("bubble_sim_s", pa.float64(), "s", "simulated idle compute time of the busiest device", nullable=True, kernel="kernels.event_tier.step_metrics"),
     Column("pp_exposed_sim_s", pa.float64(), "s", "simulated pipeline send time not overlapped by compute (worst device)", nullable=True, kernel="kernels.event_tier.step_metrics (kernels.engine.exposed_ns)"),
     Column("dp_exposed_sim_s", pa.float64(), "s", "simulated data-parallel / ZeRO time not overlapped by compute (worst device)", nullable=True, kernel="kernels.event_tier.step_metrics (kernels.engine.exposed_ns)"),
-    Column("ep_exposed_sim_s", pa.float64(), "s", "simulated MoE dispatch/combine time not overlapped by compute (worst device; 0 for DualPipe, whose EP time stays inside its passes)", nullable=True, kernel="kernels.event_tier.step_metrics (kernels.engine.exposed_ns)"),
+    Column("ep_exposed_sim_s", pa.float64(), "s", "simulated MoE dispatch/combine time not overlapped by compute (worst device; with DualPipe, what the paired pass's compute leaves exposed)", nullable=True, kernel="kernels.event_tier.step_metrics (kernels.engine.exposed_ns)"),
     Column("inflight_peak_stage0", pa.float64(), "micro-batches", "simulated peak micro-batches (stage-equivalents) whose activations stage 0 holds", nullable=True),
     Column("n_tasks", pa.float64(), "count", "tasks in the simulated step graph", nullable=True),
     Column("mem_weights_bytes", pa.float64(), "bytes", "16-bit weights on the peak-memory device", kernel="kernels.memory.stage_state_bytes (kernels.parameters.stage_params)"),

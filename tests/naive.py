@@ -544,8 +544,9 @@ def evaluate_one(strategy, model, dev, tiers, tiles, work):
             rc_w, rc_c = (rc_work, rc_comm) if full or recompute != FULL else (0.0, 0.0)
             off_f, off_b = off_recomputed if full else off_kept
             st["compute"] += layer_f + layer_b + rc_w
-            st["tp"] += tp_fwd + tp_bwd + rc_c
-            st["cp"] += cp_fwd + cp_bwd
+            rc_cp = cp_fwd if rc_c else 0.0  # a full recompute's rerun of the forward's CP traffic
+            st["tp"] += tp_fwd + tp_bwd + rc_c - rc_cp
+            st["cp"] += cp_fwd + cp_bwd + rc_cp
             st["fwd"] += layer_f + tp_fwd + cp_fwd + off_f
             st["rc"] += rc_w + rc_c
             st["off"] += off_f + off_b

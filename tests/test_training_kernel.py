@@ -655,6 +655,25 @@ def test_faster_device_never_slower(setup, h100, name, work, s, flops_up, hbm_up
 
 @PROPS
 @given(name=MODELS, work=WORKLOADS, s=candidates())
+def test_each_parallelism_reports_only_its_own_traffic(setup, h100, name, work, s):
+    """Without tensor parallelism no second is TP traffic, without context
+    parallelism none is CP traffic, whatever the recompute (a full recompute's
+    rerun of the forward's CP exchange used to be reported as TP traffic). Links
+    at a thousandth of H100's so the CP ring outlasts the attention it hides behind."""
+    slow = h100.tiers.copy()
+    slow["bytes_per_s"] /= 1e3
+    s = {**s, "tp": 1, "sp": 0, "tpo": 0, "cp": 2}
+    out = run_rows([s], *setup(name, work, s, tiers=slow))[0]
+    assert out["tp_comm_s"] == 0.0
+    assert out["cp_comm_s"] > 0.0
+    s = {**s, "tp": 2, "cp": 1}
+    out = run_rows([s], *setup(name, work, s, tiers=slow))[0]
+    assert out["cp_comm_s"] == 0.0
+    assert out["tp_comm_s"] > 0.0
+
+
+@PROPS
+@given(name=MODELS, work=WORKLOADS, s=candidates())
 def test_infinite_bandwidth_removes_communication(setup, h100, name, work, s):
     """Links at 1e30 B/s with no latency: TP, CP, PP and DP communication vanish."""
     ideal = h100.tiers.copy()
