@@ -93,6 +93,7 @@ def pack_serving(space: LoadedServing) -> PackedServing:
     values = dict(input_len=wl.input_len.mean, output_len=wl.output_len.mean,
                   longest_seq_len=float((in_len + out_len).max()),
                   longest_prompt_len=float((in_len - np.floor(in_len * wl.prefix_hit_rate)).max()),
+                  longest_input_len=float(in_len.max()),
                   prefix_hit_rate=wl.prefix_hit_rate,
                   concurrency=wl.concurrency or 0.0, rate_per_s=wl.rate_per_s or 0.0, devices=spec.devices,
                   host_s=spec.host_overhead_us * 1e-6, kv_fraction=spec.kv_fraction,

@@ -187,6 +187,7 @@ SERVING_WORKLOAD = np.dtype(
         ("output_len", np.float64),  # mean generated tokens (the first comes from the prefill iteration)
         ("longest_seq_len", np.float64),  # the longest request (prompt + output) the workload sends
         ("longest_prompt_len", np.float64),  # the most prompt tokens a request computes (beside its prefix-cache hit)
+        ("longest_input_len", np.float64),  # the longest prompt, its prefix-cache hit included (what a cache holds)
         ("prefix_hit_rate", np.float64),  # share of a prompt found in the prefix cache
         ("concurrency", np.float64),  # closed-loop users of the deployment (0: Poisson)
         ("rate_per_s", np.float64),  # Poisson requests/s of the deployment (0: closed loop)
@@ -967,8 +968,9 @@ def decode_only_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, b:
 def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_tokens: float, instances: float,
                prefill_instances: float, kv_coef: float, out) -> None:
     """``OUTPUTS`` of a disaggregated candidate (``out`` holds the decode replica's
-    memory columns already). Prefill replicas (one engine each) pack k =
-    floor(max_tokens / in) prompts an iteration of t_p, serving mu = x k / t_p
+    memory columns already; they become the prefill replica's where its device is
+    the fuller). Prefill replicas (one engine each) pack k = floor(max_tokens / in)
+    prompts an iteration (fewer where the engine's cache holds fewer) of t_p, serving mu = x k / t_p
     prompts/s, an M/D/1 queue in front: wait rho / (2 (1 - rho)) t_p at rho =
     X / mu. The KV cache then moves (``kv_transfer_s``); the decode engines run
     decode-only iterations t_d(B) at batch B, completing X(B) = engines B /
@@ -985,10 +987,16 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     nd = max(wl.output_len - 1.0, 1.0)
     new = inl * (1.0 - wl.prefix_hit_rate)
     host = wl.host_s
-    if dev.hbm_capacity_bytes - replica_weight_bytes(model, psrv) - dev.memory_overhead_bytes <= 0.0:
+    p_weights = replica_weight_bytes(model, psrv)
+    if dev.hbm_capacity_bytes - p_weights - dev.memory_overhead_bytes <= 0.0:
         out[O_REASON] = WEIGHTS_OOM
         return
-    k = max(math.floor(max_tokens / new), 1.0)
+    p_cap = math.floor(kv_capacity_tokens(model, dev, psrv) / psrv.pp)  # a prefill engine's cache (serving_sim's)
+    if p_cap < wl.longest_input_len:  # the longest prompt could never be prefilled
+        out[O_REASON] = KV_TOO_SMALL
+        return
+    # an iteration packs the prompts the token budget takes and the cache holds
+    k = max(min(math.floor(max_tokens / new), math.floor(p_cap / inl)), 1.0)
     t_p = host + rows_s(model, dev, tiers, tiles, psrv, k * new) + head_rows_s(model, dev, tiers, tiles, psrv, k)
     t_p += pair_s(model, dev, psrv) * k * prompt_pairs(inl, wl.prefix_hit_rate)
     t_p += draft_prompt_s(model, dev, tiers, tiles, psrv, k * new)
@@ -1057,6 +1065,14 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     ranks = srv.tp if srv.attention_dp > 0 else 1.0
     out[O_MEM_KV] = replica_kv_bytes_per_token(model, srv) * srv.pp * b * (inl + wl.output_len) / ranks
     out[O_MEM_PEAK] = out[O_MEM_W] + dev.memory_overhead_bytes + out[O_MEM_KV]
+    # the memory columns are the fullest device's: a prefill replica's holds its weights and the
+    # caches of the k prompts of each of its pp iterations in flight
+    p_ranks = psrv.tp if psrv.attention_dp > 0 else 1.0
+    p_kv = replica_kv_bytes_per_token(model, psrv) * psrv.pp * k * inl / p_ranks
+    if p_weights + dev.memory_overhead_bytes + p_kv > out[O_MEM_PEAK]:
+        out[O_MEM_W] = p_weights
+        out[O_MEM_KV] = p_kv
+        out[O_MEM_PEAK] = p_weights + dev.memory_overhead_bytes + p_kv
     if reason == OK:
         reason = sla_reason(wl, ttft, np.nan, tpot, np.nan)
     out[O_REASON] = reason

@@ -58,7 +58,8 @@ def toy_srv(**overrides: float) -> np.ndarray:
 
 
 def workload(**overrides: float) -> np.ndarray:
-    values = dict(input_len=512.0, output_len=16.0, longest_seq_len=0.0, longest_prompt_len=0.0, prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
+    values = dict(input_len=512.0, output_len=16.0, longest_seq_len=0.0, longest_prompt_len=0.0, longest_input_len=0.0,
+                  prefix_hit_rate=0.0, concurrency=1.0, rate_per_s=0.0,
                   devices=1.0, host_s=0.0, kv_fraction=0.9, acceptance_rate=0.0, sla_ttft_s=0.0, sla_ttft_p90_s=0.0, sla_tpot_s=0.0,
                   sla_tpot_p90_s=0.0)
     values.update(overrides)
@@ -349,6 +350,54 @@ def test_disaggregated_closed_loop_obeys_littles_law(fast):
     t_p, xfer = out["prefill_s"], out["kv_transfer_s"]
     rho = x / (8 / t_p)
     assert out["batch"] + x * (rho / (2 * (1 - rho)) * t_p + t_p + xfer) == pytest.approx(64, rel=1e-9)
+
+
+def test_disaggregated_memory_is_the_fullest_devices(fast):
+    """A prefill replica of one device beside decode replicas of TP2 (3 devices): the
+    prefill device holds the whole toy model's weights (2 bytes x its parameters) and
+    the caches of the 8 prompts of one iteration, floor(4096 / 512) = 8 x 512 tokens x
+    2048 bytes = 8,388,608 bytes, against a decode device's half the weights and its
+    share of the batch's caches; the memory columns are the prefill device's."""
+    m = fast["model"][0]
+    prefill, decode = toy_srv(n_gpus=3.0), toy_srv(tp=2.0, n_gpus=3.0)
+    out = analytic(fast, decode, workload(concurrency=16.0, devices=3.0), max_tokens=4096.0, prefill=prefill)
+    weights = ks.replica_weight_bytes(m, prefill[0])
+    assert weights > ks.replica_weight_bytes(m, decode[0])
+    assert out["mem_weights_bytes"] == weights
+    assert out["mem_kv_bytes"] == 8 * 512 * 2048
+    assert out["mem_peak_bytes"] == weights + 8 * 512 * 2048  # the toy device has no framework overhead
+    # the other way round the decode device is the fuller one: its own columns stand
+    out = analytic(fast, prefill, workload(concurrency=16.0, devices=3.0), max_tokens=4096.0, prefill=decode)
+    assert out["mem_weights_bytes"] == weights
+    assert out["mem_kv_bytes"] == out["batch"] * (512 + 16) * 2048
+
+
+def test_disaggregated_prefill_batch_is_what_its_cache_holds(fast, make_device):
+    """A one-device prefill replica whose cache holds 1,600 tokens (0.9 of the HBM beside
+    the weights; the decode replicas, TP2, hold far more): the prefill iteration packs
+    min(floor(4096 / 512), floor(1600 / 512)) = 3 prompts, so t_p = rows_s(1536) + head(3)
+    + pair 3 x 512 x (256 + 225); with 1,000 tokens one prompt an iteration, and with 500
+    none fits: the row is infeasible for its KV cache, where the simulation is stuck."""
+    m = fast["model"][0]
+    prefill, decode = toy_srv(n_gpus=3.0), toy_srv(tp=2.0, n_gpus=3.0)
+    weights = ks.replica_weight_bytes(m, prefill[0])
+    rows = {}
+    for tokens in (1600, 1000, 500):
+        dev = make_device(peak_flops_per_s=1e18, hbm_capacity_bytes=weights + (tokens + 0.5) * 2048 / 0.9)
+        assert math.floor(ks.kv_capacity_tokens(m, dev[0], prefill[0])) == tokens
+        assert ks.kv_capacity_tokens(m, dev[0], decode[0]) > 40 * (512 + 16)  # the decode side never binds
+        rows[tokens] = analytic({**fast, "dev": dev}, decode,
+                                workload(concurrency=0.0, rate_per_s=20.0, devices=3.0, longest_input_len=512.0,
+                                         longest_seq_len=528.0), max_tokens=4096.0, prefill=prefill)
+    d, tiers, tiles, p = fast["dev"][0], fast["tiers"], fast["tiles"], prefill[0]
+    t_p = ks.rows_s(m, d, tiers, tiles, p, 1536.0) + ks.head_rows_s(m, d, tiers, tiles, p, 3.0) \
+        + ks.pair_s(m, d, p) * 3 * 512 * (256 + 225)
+    assert rows[1600]["prefill_s"] == pytest.approx(t_p, rel=REL)
+    t_p = ks.rows_s(m, d, tiers, tiles, p, 512.0) + ks.head_rows_s(m, d, tiers, tiles, p, 1.0) \
+        + ks.pair_s(m, d, p) * 512 * (256 + 225)
+    assert rows[1000]["prefill_s"] == pytest.approx(t_p, rel=REL)
+    assert rows[1000]["reason"] == ks.OK
+    assert rows[500]["reason"] == ks.KV_TOO_SMALL
 
 
 def test_disaggregated_encoding_sizes_groups_from_the_budget():
