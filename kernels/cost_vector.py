@@ -9,8 +9,8 @@ from __future__ import annotations
 
 #: Cost components of one candidate (``row_costs``), seconds unless noted:
 #: per layer per micro-batch forward/backward compute, its TP collectives
-#: exposed in the forward (and, last slot, in the backward), exposed CP ring time, recompute added to the backward, the
-#: embedding and the LM head + loss with their TP traffic, one pipeline
+#: exposed in the forward (and, last slot, in the backward), exposed CP ring
+#: time, recompute added to the backward, the embedding and the LM head + loss with their TP traffic, one pipeline
 #: message, the device's whole gradient reduction and parameter gather (ZeRO-3:
 #: one pass's), the optimizer step, logits per micro-batch (elements), the
 #: largest stage's parameters (count), and the weight-gradient GEMMs inside the

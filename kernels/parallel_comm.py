@@ -38,7 +38,7 @@ def ep_strides(t: float, c: float, d: float, ep: float, etp: float, placement: i
     return etp, edp, etp * ep
 
 
-@jit(inline=True)
+@jit  # not inlined: layer_costs calls it for both directions
 def tp_layer_comm_s(sh, tp_overlap: int, qkv: float, out: float, up: float, down: float, backward: bool,
                     tiers) -> float:
     """One direction of a layer's TP collectives: all-reduce after attention and

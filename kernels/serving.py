@@ -970,8 +970,8 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     """``OUTPUTS`` of a disaggregated candidate (``out`` holds the decode replica's
     memory columns already; they become the prefill replica's where its device is
     the fuller). Prefill replicas (one engine each) pack k = floor(max_tokens / in)
-    prompts an iteration (fewer where the engine's cache holds fewer) of t_p, serving mu = x k / t_p
-    prompts/s, an M/D/1 queue in front: wait rho / (2 (1 - rho)) t_p at rho =
+    prompts an iteration (fewer where the engine's cache holds fewer) of t_p,
+    serving mu = x k / t_p prompts/s, an M/D/1 queue in front: wait rho / (2 (1 - rho)) t_p at rho =
     X / mu. The KV cache then moves (``kv_transfer_s``); the decode engines run
     decode-only iterations t_d(B) at batch B, completing X(B) = engines B /
     (n t_d(B)) requests/s, n = (out - 1) / E iterations a request (E tokens

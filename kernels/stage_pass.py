@@ -62,8 +62,9 @@ def layers_pass_s(costs, nd: float, nm: float, recompute: int, rc_layers: float)
     (forward with its communication, backward with recompute and communication,
     weight-gradient GEMMs inside that backward, recompute, TP, EP communication,
     exposed host offload, CP communication). A full recompute's communication
-    (``C_RC_COMM``) reruns the forward's TP and CP traffic: its CP part counts as CP. With full recompute and ``rc_layers`` > 0 only the
-    last ``rc_layers`` layers recompute; the others keep their activations (and
+    (``C_RC_COMM``) reruns the forward's TP and CP traffic: its CP part counts as
+    CP. With full recompute and ``rc_layers`` > 0 only the last ``rc_layers``
+    layers recompute; the others keep their activations (and
     offload them, where activations are offloaded). An MoE layer's recompute
     (``C_RC_MOE``, ``C_RC_EP``) is its forward with full recompute, the dispatch
     with moe-dispatch, and a dense layer's otherwise."""
