@@ -360,7 +360,7 @@ def simulate(space: LoadedServing, packed: PackedServing, srv: np.ndarray, cols:
 
 
 def record_simulated(space: LoadedServing, packed: PackedServing, metrics: dict[str, np.ndarray], rows: np.ndarray,
-               sim: np.ndarray, pooled: list[np.ndarray], inputs: SimInputs) -> None:
+                     sim: np.ndarray, pooled: list[np.ndarray], inputs: SimInputs) -> None:
     """Write the simulated ``rows``' columns from their engines' runs (``run_sim``): rates
     summed over the groups' identical engines, latencies over the deployment's requests
     (means weighted by the requests each group completes, percentiles of the groups'

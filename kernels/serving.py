@@ -491,6 +491,15 @@ def kv_capacity_tokens(model, dev, srv) -> float:
 
 
 @jit
+def device_kv_bytes(srv, per_token: float, sequences: float, tokens: float) -> float:
+    """KV-cache bytes on one device of a replica whose cache holds ``sequences`` of
+    ``tokens`` each in every one of its pp batches in flight (``per_token``:
+    ``replica_kv_bytes_per_token``); under attention DP each rank holds its own."""
+    ranks = srv.tp if srv.attention_dp > 0 else 1.0
+    return per_token * srv.pp * sequences * tokens / ranks
+
+
+@jit
 def iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float, tokens: float,
                 rows: float, kv_read: float, pairs: float, prompt: float, drafting: float) -> float:
     """One engine iteration (module doc), the kernels evaluated at these counts:
@@ -929,8 +938,7 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
     out[O_RPS] = rps_engine * engines
     out[O_TPS_GPU] = rps_engine * engines * outl / wl.devices
     out[O_TPS_USER] = 1.0 / tpot if tpot > 0.0 else np.nan
-    ranks = srv.tp if srv.attention_dp > 0 else 1.0
-    out[O_MEM_KV] = per_token * pp * b * seq / ranks
+    out[O_MEM_KV] = device_kv_bytes(srv, per_token, b, seq)
     out[O_MEM_PEAK] = weights + dev.memory_overhead_bytes + out[O_MEM_KV]
     if reason == OK:
         reason = sla_reason(wl, ttft, np.nan, tpot, np.nan)
@@ -991,7 +999,8 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     if dev.hbm_capacity_bytes - p_weights - dev.memory_overhead_bytes <= 0.0:
         out[O_REASON] = WEIGHTS_OOM
         return
-    p_cap = math.floor(kv_capacity_tokens(model, dev, psrv) / psrv.pp)  # a prefill engine's cache (serving_sim's)
+    p_per_token = replica_kv_bytes_per_token(model, psrv)
+    p_cap = math.floor(kv_units(dev, psrv, p_weights, p_per_token) / psrv.pp)  # a prefill engine's (serving_sim's)
     if p_cap < wl.longest_input_len:  # the longest prompt could never be prefilled
         out[O_REASON] = KV_TOO_SMALL
         return
@@ -1062,13 +1071,11 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     out[O_RPS] = rate
     out[O_TPS_GPU] = rate * wl.output_len / wl.devices
     out[O_TPS_USER] = 1.0 / tpot
-    ranks = srv.tp if srv.attention_dp > 0 else 1.0
-    out[O_MEM_KV] = replica_kv_bytes_per_token(model, srv) * srv.pp * b * (inl + wl.output_len) / ranks
+    out[O_MEM_KV] = device_kv_bytes(srv, replica_kv_bytes_per_token(model, srv), b, inl + wl.output_len)
     out[O_MEM_PEAK] = out[O_MEM_W] + dev.memory_overhead_bytes + out[O_MEM_KV]
     # the memory columns are the fullest device's: a prefill replica's holds its weights and the
     # caches of the k prompts of each of its pp iterations in flight
-    p_ranks = psrv.tp if psrv.attention_dp > 0 else 1.0
-    p_kv = replica_kv_bytes_per_token(model, psrv) * psrv.pp * k * inl / p_ranks
+    p_kv = device_kv_bytes(psrv, p_per_token, k, inl)
     if p_weights + dev.memory_overhead_bytes + p_kv > out[O_MEM_PEAK]:
         out[O_MEM_W] = p_weights
         out[O_MEM_KV] = p_kv
