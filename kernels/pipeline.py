@@ -406,16 +406,22 @@ def _emit(passes, chunks, micros, n: int, kind: int, k: int, p: int, v: int) -> 
     return n + 1
 
 
-@jit
 def build_step(schedule: int, p: int, v: int, m: int, fwd_ns, bwd_ns, wgrad_ns, send_ns: int, pp_tier: int,
                dp_tier: int,
                n_tiers: int, zero: int, dp_grad_ns: int, dp_param_ns: int, n_buckets: int,
                z3_gather_ns: int, z3_scatter_ns: int, optimizer_ns: int, ep_ns, ep_tier: int, tbo: int,
                ep_pairs: bool = True):
-    """Arrays of one training step's task graph (``build_step_recipe``'s graph)."""
-    graph, _ = build_step_recipe(schedule, p, v, m, fwd_ns, bwd_ns, wgrad_ns, send_ns, pp_tier, dp_tier, n_tiers, zero,
-                                 dp_grad_ns, dp_param_ns, n_buckets, z3_gather_ns, z3_scatter_ns, optimizer_ns, ep_ns,
-                                 ep_tier, tbo, ep_pairs)
+    """Arrays of one training step's task graph (``build_step_recipe``'s graph).
+
+    Plain Python, called from Python (the tests and the schedule reference): with
+    integers and int64 arrays and ``ep_pairs`` left at its default, it calls
+    ``build_step_recipe`` with the argument types ``paraspace trace`` does
+    (``kernels.event_tier.row_graph``), so the two share one compiled signature
+    (about 45 s of compiling on a cold cache)."""
+    args = (int(schedule), int(p), int(v), int(m), fwd_ns, bwd_ns, wgrad_ns, int(send_ns), int(pp_tier), int(dp_tier),
+            int(n_tiers), int(zero), int(dp_grad_ns), int(dp_param_ns), int(n_buckets), int(z3_gather_ns),
+            int(z3_scatter_ns), int(optimizer_ns), ep_ns, int(ep_tier), int(tbo))
+    graph, _ = build_step_recipe(*args) if ep_pairs else build_step_recipe(*args, False)
     return graph
 
 
