@@ -17,6 +17,7 @@ import polars as pl
 
 from paraspace.explorer import display
 from paraspace.explorer.evaluate import DEFAULT_MAX_TASKS, analytic, pack, pin, row_id_in
+from paraspace.explorer.precompile import GROUPS, precompile
 from paraspace.explorer.signals import Terminated, sigterm_interrupts
 from paraspace.explorer.sweep import (
     DEFAULT_CHUNK,
@@ -144,6 +145,21 @@ def catalog_cmd() -> None:
         width = max(len(n) for n, _ in entries)
         for name, desc in entries:
             click.echo(f"  {name:<{width}}  {desc}")
+
+
+@main.command("precompile")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Processes compiling at once (one group each).")
+@click.option("--group", "groups", multiple=True, type=click.Choice(list(GROUPS)),
+              help="A group of kernels to compile (repeatable); every group when omitted.")
+def precompile_cmd(jobs: int, groups: tuple[str, ...]) -> None:
+    """Compile the kernels into numba's cache ahead of a run, each group once and the groups in
+    parallel: minutes on a fresh machine or after an upgrade, seconds once cached. Run it before
+    starting several sweep shards or study workers on one node, which would each compile them."""
+    chosen = groups or tuple(GROUPS)
+    click.echo(f"compiling {', '.join(chosen)} in {min(jobs, len(chosen))} processes ...")
+    for name, seconds in precompile(jobs, chosen).items():
+        click.echo(f"  {name:<9} {seconds:6.1f} s")
 
 
 @main.command("topology")

@@ -30,6 +30,30 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before the whole suite's workers start, compile the kernels, each group once and
+    the groups in parallel (``paraspace.explorer.precompile``): workers that start on a
+    cold numba cache each compile every kernel they call, and on 2 cores about a third
+    of the suite's compiling was the two workers compiling the same kernels. Only for a
+    run of the whole suite (``python -m pytest``, the README's command) in the
+    controlling process; a run of chosen files or tests compiles what it calls, and
+    ``PARASPACE_PRECOMPILE=0`` turns it off. On a warm cache each group only loads."""
+    if (hasattr(config, "workerinput") or os.environ.get("PARASPACE_PRECOMPILE") == "0"
+            or config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.collectonly):
+        return
+    import time
+
+    from paraspace.explorer.precompile import GROUPS, precompile
+
+    jobs = min(os.cpu_count() or 1, len(GROUPS))
+    began = time.perf_counter()
+    seconds = precompile(jobs)
+    parts = ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items())
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"kernels compiled in {jobs} processes in {time.perf_counter() - began:.0f} s ({parts})")
+
+
 def _device(**overrides: float) -> np.ndarray:
     """A device with round numbers and ideal efficiencies: 100 TFLOP/s, 1 TB/s
     HBM, 100 compute units, no launch cost, no framework overhead."""
