@@ -69,7 +69,9 @@ def reference_row(packed, srv, cols, i: int, accelerate: bool = True) -> dict[st
                         engines=float(cols["instances"][i] * s.pp),
                         devices=wl.devices, draft=int(s.draft_tokens), acceptance=wl.acceptance_rate,
                         draft_prompt=lambda t: ks.draft_prompt_s(m, d, tiers, tiles, s, float(t)),
-                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)), accelerate=accelerate)
+                        draft_steps=lambda b: ks.draft_steps_s(m, d, tiers, tiles, s, float(b)), accelerate=accelerate,
+                        in_step=bool(wl.longest_input_len <= wl.input_len
+                                     and wl.longest_seq_len <= wl.input_len + wl.output_len))
 
 
 def bench_analytic(space, n_rows: int, n_ref: int, label: str) -> None:

@@ -63,10 +63,13 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
                  rate: float, host: float, max_batch: float, max_tokens: float, scheduler: int, engines: float,
                  devices: float, draft: int = 0, acceptance: float = 0.0, overlap: bool = False,
                  draft_prompt: Callable[[float], float] = lambda t: 0.0,
-                 draft_steps: Callable[[float], float] = lambda b: 0.0, accelerate: bool = True) -> dict[str, float]:
+                 draft_steps: Callable[[float], float] = lambda b: 0.0, accelerate: bool = True,
+                 in_step: bool = True) -> dict[str, float]:
     """The analytic tier's closed forms for one candidate (kernels.serving module doc).
     ``accelerate`` False: the Poisson fixed point by plain iteration only, without the
-    kernels' linear-piece extrapolation (``kernels.serving.poisson_fixed_point``)."""
+    kernels' linear-piece extrapolation (``kernels.serving.poisson_fixed_point``).
+    ``in_step``: every request has the mean lengths (a closed loop whose prompts fit one
+    iteration then runs in waves)."""
     new = input_len * (1 - hit)
     pairs_one = new * (input_len - new + new / 2 + ROW_FILL)
     nd = output_len - 1
@@ -76,19 +79,59 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
     b_max = min(max_batch, math.floor(cap_tokens / (input_len + output_len)))
     static = scheduler == STATIC
 
-    def wave(b: float, wave_scheduler: int) -> tuple[float, float]:
+    def wave(b: float) -> tuple[float, float]:
+        """kernels.serving.wave_s: a static batch's prompts in one iteration, then its decode."""
         prompt = b * new
-        # prompt tokens of each full iteration: the budget, or (unchunked) the whole prompts it holds
-        full = max(math.floor(max_tokens / new), 1) * new if wave_scheduler == UNCHUNKED else max_tokens
-        chunks = 1 if wave_scheduler == STATIC else max(math.ceil(prompt / full), 1)
-        last = prompt - (chunks - 1) * full
-        pre = chunks * host + (chunks - 1) * rows(full) + rows(last) + head(b)
-        pre += pair_coef * b * pairs_one + (chunks - 1) * draft_prompt(full) + draft_prompt(last)
+        pre = host + rows(prompt) + head(b) + pair_coef * b * pairs_one + draft_prompt(prompt)
         dec = 0.0
         if nd > 0:  # step j = 1 .. steps reads input_len + q + (j - 1) e_tok cached tokens
             reads = steps * input_len + steps * q + e_tok * steps * (steps - 1) / 2
             dec = steps * (host + rows(b * q) + head(b * q) + draft_steps(b)) + kv_coef * b * reads
         return pre, dec
+
+    def iteration(b: float, tokens: float, head_rows: float, pairs: float, prompt: float) -> float:
+        """kernels.serving.iteration_s beside b decoding requests: ``prompt`` of the tokens prompt tokens."""
+        return (host + rows(tokens) + head(head_rows) + kv_coef * b * (input_len + output_len / 2 + q - 1)
+                + pair_coef * pairs + draft_prompt(prompt) + draft_steps(b))
+
+    def prompt_iterations(b: float, room: float) -> float:
+        """kernels.serving.prompt_iterations_s: the prompt's chunks of ``room`` beside b decoding
+        requests, each at its own cost."""
+        if room <= 0:
+            return math.inf
+        chunks = max(math.ceil(new / room), 1)
+        last = new - (chunks - 1) * room
+        pre = (chunks - 1) * iteration(b, b * q + room, b * q, 0.0, room) if chunks > 1 else 0.0
+        return pre + iteration(b, max(b * q + last, 1.0), b * q + 1, pairs_one, last)
+
+    def continuous(b: float) -> tuple[float, float]:
+        """kernels.serving.continuous_s: (prefill, decode) of a request among b in service,
+        whose users send their prompts in clumps of g (alike requests: as many as the budget
+        takes; else 1), each clump k iterations of prompt chunks and ``steps`` of decode, the
+        other clumps' chunks x = (b / g - 1) k / (steps + k) to an iteration: its prefill k
+        iterations of its own chunk and x others, its decode ``steps`` iterations of x."""
+        g = min(b, max(math.floor(max_tokens / new), 1)) if in_step and new > 0 else 1
+        k = 1
+        for _ in range(8):
+            room = g * new if scheduler == UNCHUNKED else max_tokens - b * steps / (steps + k) * q
+            settled = max(math.ceil(g * new / room), 1) if room > 0 else k + 1
+            if settled == k:
+                break
+            k = settled
+        b_d = b * steps / (steps + k)
+
+        def carrying(chunks: float) -> float:  # b_d decoding beside whole chunks of clumps
+            return iteration(b_d, max(b_d * q + chunks * g * new / k, 1.0), max(b_d * q + chunks * g / k, 1.0),
+                             chunks * g * pairs_one / k, chunks * g * new / k)
+
+        def mean(clumps: float) -> float:  # iterations of floor(clumps) and one more chunk, in shares
+            whole = math.floor(clumps)
+            return (1 - (clumps - whole)) * carrying(whole) + (clumps - whole) * carrying(whole + 1)
+
+        others = (b / g - 1) * k / (steps + k)
+        t = mean(others)
+        pre = k * mean(1 + others) + (t if overlap else 0.0)
+        return pre, steps * t
 
     if concurrency > 0:
         # the users over the engines as evenly as they go: C mod E engines hold one more
@@ -99,7 +142,11 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
             if c == 0 or count == 0:
                 continue
             b = min(c, b_max)
-            pre, dec = wave(b, scheduler)
+            if static or (in_step and b * new <= max_tokens):  # waves: the users stay in step
+                pre, dec = wave(b)
+            else:
+                b = max(min(b, math.floor((max_tokens - 1) / q)), 1)
+                pre, dec = continuous(b)
             period = pre + dec
             per_group.append((count * b / period, c * period / b, c * period / b - dec, dec, b))
         total = sum(g[0] for g in per_group)
@@ -113,7 +160,7 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         lam = rate / engines
         b, stable = 1.0, False
         for _ in range(200):
-            pre, dec = wave(b, STATIC)
+            pre, dec = wave(b)
             nb = max(lam * (pre + dec), 1.0)
             if nb > b_max:
                 break
@@ -126,16 +173,11 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         rps = lam
         if not stable:  # overloaded: waves of the batch limit
             b = b_max
-            pre, dec = wave(b, STATIC)
+            pre, dec = wave(b)
             rps = min(lam, b / (pre + dec))
             ttft = e2e = math.inf
     else:
         lam = rate / engines
-
-        def iteration(b: float, tokens: float, head_rows: float, pairs: float, prompt: float) -> float:
-            """kernels.serving.iteration_s beside b decoding requests: ``prompt`` of the tokens prompt tokens."""
-            return (host + rows(tokens) + head(head_rows) + kv_coef * b * (input_len + output_len / 2 + q - 1)
-                    + pair_coef * pairs + draft_prompt(prompt) + draft_steps(b))
 
         def fits(x: float) -> bool:  # x's decode batch and tokens within the engine's limits
             return lam * steps * x <= b_max and lam * steps * x * q + lam * x * new <= max_tokens
@@ -166,14 +208,7 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
             before.append(t)
             t = nt
         b = lam * steps * t
-        room = new if scheduler == UNCHUNKED else max_tokens - b * q
-        if room <= 0:
-            pre = math.inf
-        else:  # the prompt's chunks of the room the decode batch leaves, each at its own cost
-            chunks = max(math.ceil(new / room), 1)
-            last = new - (chunks - 1) * room
-            pre = (chunks - 1) * iteration(b, b * q + room, b * q, 0.0, room) if chunks > 1 else 0.0
-            pre += iteration(b, max(b * q + last, 1.0), b * q + 1, pairs_one, last)
+        pre = prompt_iterations(b, new if scheduler == UNCHUNKED else max_tokens - b * q)
         ttft = t / 2 + pre
         if overlap:  # the batch an arrival could join was already scheduled: one iteration more
             ttft += t

@@ -685,7 +685,20 @@ REFERENCE_CASES = [
     ({"concurrency": 0.0, "rate_per_s": 2.0, "input_len": 5000.0}, ks.CONTINUOUS),  # a prompt of 3 chunks
     ({"concurrency": 41.0, "input_len": 700.0, "output_len": 90.0}, ks.CONTINUOUS),  # 21 and 20 users on the 2 engines
     ({"concurrency": 1.0, "input_len": 700.0, "output_len": 90.0}, ks.STATIC),  # one user: an engine idle
+    # 2 users an engine whose 2 x 300 prompt tokens one iteration takes: alike requests run in waves
+    ({"concurrency": 4.0, "input_len": 300.0, "output_len": 90.0}, ks.CONTINUOUS),
+    ({"concurrency": 4.0, "input_len": 300.0, "output_len": 90.0}, ks.UNCHUNKED),
+    # the same means, lengths that differ: the users spread out
+    ({"concurrency": 4.0, "input_len": 300.0, "output_len": 90.0, "longest_input_len": 900.0,
+      "longest_seq_len": 1000.0}, ks.CONTINUOUS),
 ]
+
+
+def in_step(wl) -> bool:
+    """Whether a workload's requests all have its mean lengths (``kernels.serving``: a closed
+    loop of such requests runs in waves where one iteration takes their prompts)."""
+    return bool(wl.longest_input_len[0] <= wl.input_len[0]
+                and wl.longest_seq_len[0] <= wl.input_len[0] + wl.output_len[0])
 
 
 @pytest.mark.parametrize("wl_change, scheduler", REFERENCE_CASES)
@@ -702,7 +715,7 @@ def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
                        ks.kv_capacity_tokens(m, d, srv[0]), input_len=wl.input_len[0], output_len=wl.output_len[0],
                        hit=wl.prefix_hit_rate[0], concurrency=wl.concurrency[0], rate=wl.rate_per_s[0],
                        host=1e-4, max_batch=32.0, max_tokens=2048.0, scheduler=scheduler, engines=2.0,
-                       devices=1.0, overlap=overlap)
+                       devices=1.0, overlap=overlap, in_step=in_step(wl))
     assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
     for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s", "output_tokens_per_s_per_gpu"):
         assert out[key] == pytest.approx(ref[key], rel=1e-10), key
@@ -958,6 +971,52 @@ def test_poisson_ttft_carries_the_prompt_at_its_own_cost(fast):
     sim, _ = run_sim(fast, srv, [5000.0] * 3, [4.0] * 3, np.full(3, 1000.0), rate=1.0, max_tokens=2048.0, host=host)
     head = ks.head_rows_s(m, d, tiers, tiles, srv[0], b)
     assert sim["ttft_s"] == pytest.approx(prompt - 2.0 * head, rel=1e-3)
+
+
+def test_closed_loop_of_spread_users_by_hand(fast):
+    """8 users on one engine, 1,000-token prompts, 11 output tokens, a budget of 2,048
+    tokens: the 8 prompts (8,000 tokens) take 4 iterations, so the users spread out
+    (``kernels.serving`` module doc) and the engine batches continuously. All 8 are in
+    service, in clumps of g = floor(2,048 / 1,000) = 2 (alike requests: those that
+    started together finish and send again together); a clump's 2,000 prompt tokens fit
+    one iteration beside the decode rows (k = 1), then 10 decode iterations, so an
+    iteration holds b = 8 x 10 / 11 decoding requests, and the other 3 clumps' prompt
+    iterations fall x = 3 / 11 to each of a request's 11:
+    C0 = host + rows(b) + head(b) + kv x b (1,000 + 11 / 2) (no prompt),
+    C1 = host + rows(b + 2,000) + head(b + 2) + kv x b x 1,005.5 + pair x 2 pairs(1,000),
+    C2 the same with two clumps (4,000 tokens, 4 first tokens, 4 prompts' pairs).
+    Decode: t = (8 C0 + 3 C1) / 11 an iteration; prefill P = (8 C1 + 3 C2) / 11 (its own
+    clump and, 3 times in 11, another's). period = P + 10 t = e2e (no user waits: 8 <=
+    the batch limit), TTFT = P, TPOT = t, 8 / period requests a second (Little's law)."""
+    m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
+    srv = toy_srv()
+    s = srv[0]
+    host = 1e-4
+    wl = workload(concurrency=8.0, input_len=1000.0, output_len=11.0, host_s=host)
+    out = analytic(fast, srv, wl, max_batch=32.0, max_tokens=2048.0, scheduler=ks.CONTINUOUS)
+    kv, pc = ks.kv_s_per_token(m, d, tiers, tiles, s), ks.pair_s(m, d, s)
+    b = 8.0 * 10.0 / 11.0
+    pairs = ks.prompt_pairs(1000.0, 0.0)
+
+    def clumps(n: float) -> float:  # an iteration of the b decoding beside n clumps of 2 prompts
+        return (host + ks.rows_s(m, d, tiers, tiles, s, b + 2000.0 * n) + ks.head_rows_s(m, d, tiers, tiles, s, b + 2 * n)
+                + kv * b * 1005.5 + pc * 2 * n * pairs)
+
+    t = (8.0 * clumps(0.0) + 3.0 * clumps(1.0)) / 11.0
+    prompt = (8.0 * clumps(1.0) + 3.0 * clumps(2.0)) / 11.0
+    period = prompt + 10.0 * t
+    assert out["batch"] == 8.0
+    assert out["decode_step_s"] == pytest.approx(t, rel=1e-12)
+    assert out["tpot_s"] == pytest.approx(t, rel=1e-12)
+    assert out["prefill_s"] == pytest.approx(prompt, rel=1e-12)
+    assert out["ttft_s"] == pytest.approx(prompt, rel=1e-12)
+    assert out["e2e_latency_s"] == pytest.approx(period, rel=1e-12)
+    assert out["requests_per_s"] == pytest.approx(8.0 / period, rel=1e-12)
+    # the same users with a budget that takes their 8 prompts at once stay in step: waves
+    waves = analytic(fast, srv, wl, max_batch=32.0, max_tokens=8192.0, scheduler=ks.CONTINUOUS)
+    static = analytic(fast, srv, wl, max_batch=32.0, max_tokens=8192.0, scheduler=ks.STATIC)
+    for key in ("ttft_s", "tpot_s", "e2e_latency_s"):
+        assert waves[key] == static[key], key
 
 
 def test_steady_state_leaves_out_the_burst_and_the_drain(fast):
