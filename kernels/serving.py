@@ -63,7 +63,7 @@ terms), times tp under attention DP; an engine holds B_kv = floor(capacity /
   iteration's time is not linear in its tokens (a decode batch reads the weights
   whatever a chunk beside it adds, until its GEMMs turn compute-bound), so an
   iteration of x chunks is timed as iterations of floor(x) and floor(x) + 1 whole
-  chunks in the shares whose mean is x (``mixed_iterations_s``; the time of the
+  chunks in the shares whose mean is x (``continuous_s``; the time of the
   mean composition let the weight reads hide the prompts: 13% more throughput than
   simulated on the Llama 3.1 70B space): the prefill is k iterations of its own
   chunk and x others (one iteration more under the overlap scheduler), the decode
@@ -305,6 +305,15 @@ def forward_memo() -> np.ndarray:
     """An empty memo of one replica's ``forward_head_s`` over one-token sequences:
     rows of (tokens, forward, head); NaN tokens mark a free slot."""
     return np.full((MEMO_SLOTS, 3), np.nan)
+
+
+@jit
+def cycle_memo() -> np.ndarray:
+    """An empty memo of one replica's last closed-loop cycle of each group of engines
+    (``engine_users``; ``remembered_cycle_s``): a row per group of its arguments (users in
+    service, max_tokens, scheduler) and values (prefill without the overlap scheduler's
+    iteration, decode, the mean decode iteration); NaN: none yet."""
+    return np.full((2, 6), np.nan)
 
 
 @jit
@@ -786,36 +795,19 @@ def chunk_iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float
 
 
 @jit
-def mixed_iterations_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair_coef: float, b: float,
-                       q: float, kv_read: float, new: float, pairs: float, prompts: float, k: float, clumps: float,
-                       memo) -> float:
-    """The mean iteration carrying ``clumps`` chunks on average, as iterations of j =
-    floor(clumps) and j + 1 whole chunks (``chunk_iteration_s``) in the shares whose mean
-    is ``clumps``: an iteration's time is not linear in its tokens (a decode batch's
-    iteration reads the weights whatever a chunk beside it adds, until its GEMMs turn
-    compute-bound), so the time of the mean composition would undercount the prompts."""
-    whole = math.floor(clumps)
-    share = clumps - whole
-    t = (1.0 - share) * chunk_iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b, q, kv_read, new,
-                                          pairs, prompts, k, whole, memo)
-    if share > 0.0:
-        t += share * chunk_iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b, q, kv_read, new,
-                                       pairs, prompts, k, whole + 1.0, memo)
-    return t
-
-
-@jit
 def continuous_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_coef: float, b: float,
-                 max_tokens: float, scheduler: int, overlap: bool, in_step: bool, memo):
-    """(prefill, decode) seconds of a request among ``b`` in service on a continuously
-    batching engine (module doc, closed loop). Its users send their prompts in clumps
+                 max_tokens: float, scheduler: int, in_step: bool, memo):
+    """(prefill, decode, mean decode iteration) seconds of a request among ``b`` in
+    service on a continuously batching engine (module doc, closed loop; the overlap
+    scheduler's iteration is ``remembered_cycle_s``'s). Its users send their prompts in clumps
     of g: alike requests (``in_step``) as many as the budget takes at once, for they
     start, finish and send again together; others one by one. A clump's g prompts
     take k iterations (chunks of the room the decode rows leave), its decode (out -
     1) / E; over that cycle the other b / g - 1 clumps' k chunks each fall x = (b / g
-    - 1) k / (n + k) to an iteration (``mixed_iterations_s``): the prefill is k
-    iterations of its own chunk and x others (plus one iteration under the overlap
-    scheduler), the decode n iterations of x chunks."""
+    - 1) k / (n + k) to an iteration: the prefill is k iterations of its own chunk
+    and x others (plus one iteration under the overlap scheduler), the decode n
+    iterations of x chunks, each mean over iterations of whole chunks
+    (``chunk_iteration_s``)."""
     inl = wl.input_len
     nd = max(wl.output_len - 1.0, 0.0)
     q = srv.draft_tokens + 1.0
@@ -837,13 +829,44 @@ def continuous_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float,
     others = (b / g - 1.0) * k / (steps + k)
     clump_new = g * new
     clump_pairs = g * prompt_pairs(inl, wl.prefix_hit_rate)
-    t = mixed_iterations_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b_d, q, kv_read, clump_new,
-                           clump_pairs, g, k, others, memo)
-    pre = k * mixed_iterations_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b_d, q, kv_read, clump_new,
-                                 clump_pairs, g, k, 1.0 + others, memo)
-    if overlap:  # the batch a new request could join was scheduled before it came
-        pre += t
-    return pre, steps * t
+    # x chunks an iteration as iterations of floor(x) and floor(x) + 1 whole chunks in the
+    # shares whose mean is x (module doc: the time of the mean composition undercounts the
+    # prompts); the decode's and the prefill's (one chunk more) share the middle one
+    whole = math.floor(others)
+    share = others - whole
+    middle = chunk_iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b_d, q, kv_read, clump_new,
+                               clump_pairs, g, k, whole + 1.0, memo)
+    t = chunk_iteration_s(model, dev, tiers, tiles, srv, host, kv_coef, pair_coef, b_d, q, kv_read, clump_new,
+                          clump_pairs, g, k, whole, memo)
+    prompt = middle
+    if share > 0.0:
+        t = (1.0 - share) * t + share * middle
+        prompt = (1.0 - share) * middle + share * chunk_iteration_s(model, dev, tiers, tiles, srv, host, kv_coef,
+                                                                    pair_coef, b_d, q, kv_read, clump_new,
+                                                                    clump_pairs, g, k, whole + 2.0, memo)
+    return k * prompt, steps * t, t
+
+
+@jit
+def remembered_cycle_s(cycles, model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float, pair_coef: float,
+                       b: float, max_tokens: float, scheduler: int, overlap: bool, in_step: bool, memo):
+    """``continuous_s`` (prefill, decode) with the overlap scheduler's iteration added to
+    the prefill (the batch a new request could join was scheduled before it came),
+    through ``cycles`` (``cycle_memo``, this replica's): a run's rows that differ only
+    in the overlap scheduler, next to each other, share one evaluation; the same bits."""
+    if not (cycles[0] == b and cycles[1] == max_tokens and cycles[2] == scheduler):
+        pre, dec, t = continuous_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b, max_tokens,
+                                   scheduler, in_step, memo)
+        cycles[0] = b
+        cycles[1] = max_tokens
+        cycles[2] = scheduler
+        cycles[3] = pre
+        cycles[4] = dec
+        cycles[5] = t
+    pre = cycles[3]
+    if overlap:
+        pre += cycles[5]
+    return pre, cycles[4]
 
 
 @jit
@@ -877,13 +900,15 @@ def engine_users(concurrency: float, engines: float):
 
 @jit
 def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens: float, scheduler: int,
-                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, memo, iterates, out) -> None:
+                 overlap: bool, instances: float, memory_only: bool, kv_coef: float, memo, iterates, cycles,
+                 out) -> None:
     """Fill ``out`` (``OUTPUTS``) for one aggregated candidate (module doc); with
     ``memory_only`` stop after the memory columns and the memory reasons (a
     disaggregated row's decode replica, ``disagg_one`` does the rest).
     ``kv_coef`` is ``kv_s_per_token`` of ``srv`` (``analytic_rows`` computes it
-    once per run of rows with one replica), ``memo`` its ``forward_memo`` and
-    ``iterates`` its ``iterate_memo`` (read under a Poisson stream only)."""
+    once per run of rows with one replica), ``memo`` its ``forward_memo``,
+    ``iterates`` its ``iterate_memo`` (read under a Poisson stream only) and ``cycles``
+    its ``cycle_memo`` (read by a continuously batching closed loop)."""
     for k in range(N_OUT):
         out[k] = np.nan
     pp = srv.pp
@@ -946,8 +971,8 @@ def analytic_one(model, dev, tiers, tiles, srv, wl, max_batch: float, max_tokens
                 pre, dec = wave_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b_g, memo)
             else:  # the decode rows within the token budget, a row to spare for a prompt
                 b_g = max(min(b_g, math.floor((max_tokens - 1.0) / q)), 1.0)
-                pre, dec = continuous_s(model, dev, tiers, tiles, srv, wl, host, kv_coef, pair_coef, b_g,
-                                        max_tokens, scheduler, overlap, in_step, memo)
+                pre, dec = remembered_cycle_s(cycles[group], model, dev, tiers, tiles, srv, wl, host, kv_coef,
+                                              pair_coef, b_g, max_tokens, scheduler, overlap, in_step, memo)
             period = pre + dec
             e2e = c * period / b_g  # Little's law over the engine's c users
             ttft = e2e - dec
@@ -1215,8 +1240,10 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
     aside: the serving tier never reads it) and ``dtype`` are equal
     (``explorer.serve.replica_runs``). A run's rows, in chunks of at most
     ``CHUNK_ROWS``, share one ``kv_s_per_token``, one ``forward_memo`` (the
-    closed loop's waves repeat a few batch and chunk sizes over a run) and, under
-    a Poisson stream, one ``iterate_memo`` (its fixed point's steps); without it,
+    closed loop's waves repeat a few batch and chunk sizes over a run), one
+    ``cycle_memo`` (a continuously batching closed loop's rows with and without the
+    overlap scheduler, side by side, share a cycle) and, under a Poisson stream, one
+    ``iterate_memo`` (its fixed point's steps); without it,
     each row is its own run. Same results, bit for bit."""
     n = srv_rows.shape[0]
     out = np.empty((N_OUT, n))
@@ -1226,13 +1253,14 @@ def analytic_rows(model, devs, tiers, tiles, srv_rows, prefill_rows, dtype, mode
         first = starts[c]
         memo = forward_memo()
         iterates = iterate_memo(MEMO_STEPS if wl[0].concurrency <= 0.0 else 0)
+        cycles = cycle_memo()
         row = np.empty(N_OUT)
         kv = kv_s_per_token(model[0], devs[dtype[first]], tiers, tiles, srv_rows[first])
         for i in range(first, starts[c + 1]):
             disagg = mode[i] == DISAGG
             analytic_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], wl[0], float(max_batch[i]),
                          float(max_tokens[i]), int(scheduler[i]), overlap[i] != 0, float(instances[i]), disagg, kv,
-                         memo, iterates, row)
+                         memo, iterates, cycles, row)
             if disagg and row[O_REASON] == OK:
                 disagg_one(model[0], devs[dtype[i]], tiers, tiles, srv_rows[i], prefill_rows[i], wl[0],
                            float(max_batch[i]), float(max_tokens[i]), float(instances[i]),
