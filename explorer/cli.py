@@ -148,8 +148,8 @@ def catalog_cmd() -> None:
 
 
 @main.command("precompile")
-@click.option("--jobs", type=click.IntRange(1, 64), default=len(GROUPS), show_default=True,
-              help="Processes compiling at once, one group each (the cores are shared among them).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Processes compiling at once (one group each).")
 @click.option("--group", "groups", multiple=True, type=click.Choice(list(GROUPS)),
               help="A group of kernels to compile (repeatable); every group when omitted.")
 def precompile_cmd(jobs: int, groups: tuple[str, ...]) -> None:

@@ -45,10 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     from paraspace.explorer.precompile import GROUPS, precompile
 
-    # a process per group even on fewer cores: the groups differ in length (about 260, 150
-    # and 190 s cold), and cores shared among all three finish them together, where two
-    # processes leave one to finish the third group alone (350 s against 290 s on 2 cores)
-    jobs = len(GROUPS)
+    jobs = min(os.cpu_count() or 1, len(GROUPS))
     began = time.perf_counter()
     seconds = precompile(jobs)
     parts = ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items())
