@@ -817,13 +817,13 @@ def continuous_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float,
     g = 1.0
     if in_step and new > 0.0:
         g = min(b, max(math.floor(max_tokens / new), 1.0))
-    k = 1.0  # a clump's iterations: its chunks of the room the mean decode batch leaves
-    for _ in range(CHUNK_SETTLE):
-        room = g * new if scheduler == UNCHUNKED else max_tokens - b * steps / (steps + k) * q
-        settled = max(math.ceil(g * new / room), 1.0) if room > 0.0 else k + 1.0
-        if settled == k:
-            break
-        k = settled
+    k = 1.0  # a clump's iterations: unchunked one, else its chunks of the room the decode rows leave
+    if scheduler != UNCHUNKED:  # room >= 1: the caller keeps b q within max_tokens - 1
+        for _ in range(CHUNK_SETTLE):
+            settled = max(math.ceil(g * new / (max_tokens - b * steps / (steps + k) * q)), 1.0)
+            if settled == k:
+                break
+            k = settled
     b_d = b * steps / (steps + k)
     kv_read = b_d * (inl + 0.5 * wl.output_len) + b_d * (q - 1.0)
     others = (b / g - 1.0) * k / (steps + k)

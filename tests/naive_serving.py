@@ -112,9 +112,8 @@ def steady_state(rows: Callable[[float], float], head: Callable[[float], float],
         iterations of its own chunk and x others, its decode ``steps`` iterations of x."""
         g = min(b, max(math.floor(max_tokens / new), 1)) if in_step and new > 0 else 1
         k = 1
-        for _ in range(8):
-            room = g * new if scheduler == UNCHUNKED else max_tokens - b * steps / (steps + k) * q
-            settled = max(math.ceil(g * new / room), 1) if room > 0 else k + 1
+        for _ in range(8 if scheduler != UNCHUNKED else 0):  # unchunked: the prompts whole
+            settled = max(math.ceil(g * new / (max_tokens - b * steps / (steps + k) * q)), 1)
             if settled == k:
                 break
             k = settled
