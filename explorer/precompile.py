@@ -79,8 +79,9 @@ def serving() -> None:
 
 
 #: group -> its compile call, the longest first, so that on 2 processes the event tier
-#: runs beside the other two (cold cache, 2 cores, 2026-11-27: event 283 s, training
-#: 173 s, serving 114 s; 291 s in all)
+#: runs beside the other two (cold cache, 2 cores, 2026-11-27: event 260-283 s, training
+#: 146-173 s, serving 108-145 s before it ran a Poisson space too; about 360 s in all in
+#: the test suite's cold run)
 GROUPS: dict[str, Callable[[], None]] = {"event": event, "training": training, "serving": serving}
 
 
