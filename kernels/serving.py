@@ -271,8 +271,8 @@ LINEAR_PIECE_RTOL = 1e-6
 #: halvings of the disaggregated decode batch's bisection (to 2^-48 of max_batch)
 BISECTIONS = 48
 #: passes of the closed loop's prompt iterations k and mean decode batch B n / (n + k)
-#: (``continuous_s``): k = ceil(in / room) falls as the decode batch it leaves room beside
-#: does; one pass settles it where the prompt fits one chunk, a few where it is cut
+#: (``continuous_s``): k = ceil(g in / room) falls as the decode batch it leaves room beside
+#: does; one pass settles it where a clump fits one chunk, a few where it is cut
 CHUNK_SETTLE = 8
 
 
@@ -539,8 +539,19 @@ def iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float, pair
     ``tokens`` rows (q per decoding sequence plus the prompt chunks), ``rows``
     head rows, ``prompt`` of the tokens prompt tokens (the draft modules pass
     them once), ``drafting`` sequences that draft k tokens each."""
-    return (host + rows_s(model, dev, tiers, tiles, srv, tokens) + head_rows_s(model, dev, tiers, tiles, srv, rows)
-            + kv_coef * kv_read + pair_coef * pairs + draft_prompt_s(model, dev, tiers, tiles, srv, prompt)
+    start = host + rows_s(model, dev, tiers, tiles, srv, tokens)
+    return iteration_beside_rows_s(model, dev, tiers, tiles, srv, start, kv_coef * kv_read, pair_coef * pairs, rows,
+                                   prompt, drafting)
+
+
+@jit
+def iteration_beside_rows_s(model, dev, tiers, tiles, srv, start: float, kv: float, pair: float, rows: float,
+                            prompt: float, drafting: float) -> float:
+    """``iteration_s`` from ``start`` = host + its rows' time on: the head on ``rows``,
+    the KV reads' and the prompt pairs' seconds, and the draft modules' passes, added in
+    ``iteration_s``'s order (``chunk_iteration_s`` starts from remembered rows)."""
+    return (start + head_rows_s(model, dev, tiers, tiles, srv, rows) + kv + pair
+            + draft_prompt_s(model, dev, tiers, tiles, srv, prompt)
             + draft_steps_s(model, dev, tiers, tiles, srv, drafting))
 
 
@@ -788,10 +799,9 @@ def chunk_iteration_s(model, dev, tiers, tiles, srv, host: float, kv_coef: float
     tokens); its rows through ``memo`` (``remembered_rows_s``): the same bits as
     ``iteration_s``."""
     prompt = chunks * new / k
-    return (host + remembered_rows_s(memo, model, dev, tiers, tiles, srv, max(b * q + prompt, 1.0))
-            + head_rows_s(model, dev, tiers, tiles, srv, max(b * q + chunks * prompts / k, 1.0)) + kv_coef * kv_read
-            + pair_coef * chunks * pairs / k + draft_prompt_s(model, dev, tiers, tiles, srv, prompt)
-            + draft_steps_s(model, dev, tiers, tiles, srv, b))
+    start = host + remembered_rows_s(memo, model, dev, tiers, tiles, srv, max(b * q + prompt, 1.0))
+    return iteration_beside_rows_s(model, dev, tiers, tiles, srv, start, kv_coef * kv_read,
+                                   pair_coef * chunks * pairs / k, max(b * q + chunks * prompts / k, 1.0), prompt, b)
 
 
 @jit
@@ -805,9 +815,8 @@ def continuous_s(model, dev, tiers, tiles, srv, wl, host: float, kv_coef: float,
     take k iterations (chunks of the room the decode rows leave), its decode (out -
     1) / E; over that cycle the other b / g - 1 clumps' k chunks each fall x = (b / g
     - 1) k / (n + k) to an iteration: the prefill is k iterations of its own chunk
-    and x others (plus one iteration under the overlap scheduler), the decode n
-    iterations of x chunks, each mean over iterations of whole chunks
-    (``chunk_iteration_s``)."""
+    and x others, the decode n iterations of x chunks, each a mean over iterations
+    of whole chunks (``chunk_iteration_s``)."""
     inl = wl.input_len
     nd = max(wl.output_len - 1.0, 0.0)
     q = srv.draft_tokens + 1.0
