@@ -76,14 +76,20 @@ class ResultWriter:
 
     def __enter__(self) -> ResultWriter:
         ensure_folder(self.path.parent)
+        earlier = os.path.lexists(self.partial)  # an earlier run's leftover, which a failed open leaves
         try:
             with writing(self.path):
                 self._writer = pq.ParquetWriter(self.partial, self.schema, compression="zstd")
-        except BaseException:  # an interrupt just after the file was made: __exit__ will not run
-            if self._writer is None and self.partial.is_file():
-                self.partial.unlink(missing_ok=True)
+            return self
+        except BaseException:  # an error or an interrupt once the file may exist: __exit__ will not run
+            opened, self._writer = self._writer, None
+            try:
+                if opened is not None:
+                    opened.close()
+            finally:  # made (or truncated) by this open, wherever the interrupt landed: not left behind
+                if opened is not None or not earlier:
+                    self.partial.unlink(missing_ok=True)
             raise
-        return self
 
     def write(self, table: pa.Table) -> None:
         assert self._writer is not None, "write() outside the with-block"
@@ -154,14 +160,17 @@ def check_writable(path: str | Path, *, starts_with: bytes = PARQUET_MAGIC, kind
     path = Path(path)
     ensure_folder(path.parent)
     staged = partial_path(path)
+    earlier = os.path.lexists(staged)  # an earlier run's leftover (kept, not truncated), or a folder (refused)
     with writing(path):
         try:
-            fd, made = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), True
-        except FileExistsError:  # an earlier run's leftover (kept, not truncated), or a folder (refused)
-            fd, made = os.open(staged, os.O_WRONLY), False
-        os.close(fd)
-        if made:
-            staged.unlink()
+            try:
+                fd = os.open(staged, os.O_WRONLY | (0 if earlier else os.O_CREAT | os.O_EXCL), 0o644)
+            except FileExistsError:  # made meanwhile by someone else: theirs, kept
+                earlier, fd = True, os.open(staged, os.O_WRONLY)
+            os.close(fd)
+        finally:  # the probe is removed however the block ends: an interrupt between its open and
+            if not earlier:  # its removal (a scheduler's SIGTERM as a run starts) left it behind
+                staged.unlink(missing_ok=True)
 
 
 def partial_path(path: str | Path) -> Path:

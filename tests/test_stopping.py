@@ -4,6 +4,7 @@ byte-identical, one line says so, and the exit status is 128 + the signal's numb
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -116,6 +117,55 @@ def test_an_interrupt_while_closing_removes_the_partial(tmp_path, monkeypatch, w
         writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet"]
     assert out.read_bytes() == EARLIER
+
+
+def test_an_interrupt_as_the_writer_opens_removes_the_partial(tmp_path, monkeypatch):
+    """The staging file is made and the writer assigned when the signal lands, before ``__enter__``
+    returns, so ``__exit__`` never runs: CI saw a SIGTERM there leave ``r.parquet.partial`` behind."""
+    out = tmp_path / "r.parquet"
+    out.write_bytes(EARLIER)
+    real = writer_mod.writing
+
+    @contextlib.contextmanager
+    def interrupted_after(path, **kwargs):
+        with real(path, **kwargs):
+            yield path
+        if writer_mod.partial_path(path).exists():
+            raise KeyboardInterrupt  # the block (the open and the assignment) has run
+
+    monkeypatch.setattr(writer_mod, "writing", interrupted_after)
+    with pytest.raises(KeyboardInterrupt):
+        with ResultWriter(out, pa.schema([("a", pa.int64())]), {}, {}):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet"]
+    assert out.read_bytes() == EARLIER
+
+
+class _CloseInterrupted:
+    """``os`` as ``results.writer`` sees it, but ``close`` is interrupted once it has closed."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def close(self, fd):
+        os.close(fd)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("leftover", [False, True])
+def test_an_interrupt_while_probing_the_output_removes_only_the_probe(tmp_path, monkeypatch, leftover):
+    """``check_writable`` makes ``NAME.partial`` to see that it can, and removes it; a SIGTERM
+    between the two (a job stopped as it starts) removes it still; an earlier run's leftover
+    staging file is neither removed nor truncated."""
+    out = tmp_path / "r.parquet"
+    staged = tmp_path / ("r.parquet" + PARTIAL_SUFFIX)
+    if leftover:
+        staged.write_bytes(b"half")
+    monkeypatch.setattr(writer_mod, "os", _CloseInterrupted())
+    with pytest.raises(KeyboardInterrupt):
+        writer_mod.check_writable(out)
+    assert [p.name for p in tmp_path.iterdir()] == ([staged.name] if leftover else [])
+    assert not leftover or staged.read_bytes() == b"half"
 
 
 def test_a_stopped_dask_run_removes_its_shards_partial_files(tmp_path, monkeypatch):
