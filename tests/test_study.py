@@ -180,17 +180,21 @@ def test_cli_study_refuses_bad_options_in_one_line(tmp_path, args, needles):
         assert needle in error[0]
 
 
-def test_a_refused_storage_leaves_no_folder_behind(tmp_path):
-    """A database that cannot be opened fails the study before its first trial: the --out
+def test_a_refused_storage_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """A database that cannot be opened fails the study at once, before its first trial: the --out
     folder it would have created (and its workers' folder) are not left behind, empty; a
     folder that was there before stays."""
     url = f"sqlite:///{tmp_path}/no/such/dir/x.db"
     for out, existed in ((tmp_path / "fresh" / "deeper", False), (tmp_path / "there", True)):
         if existed:
             out.mkdir()
+        waits: list[float] = []
+        monkeypatch.setattr(study_mod.time, "sleep", waits.append)
         result = CliRunner().invoke(main, ["study", "llama3-8b-h100-64", "--storage", url, "--trials", "1",
                                            "--out", str(out)])
         assert result.exit_code == 2 and "a database that accepts connections" in result.output, result.output
+        assert "OperationalError: (sqlite3.OperationalError) unable to open database file" in result.output
+        assert waits == []  # refused at once: the retries (7.5 s of waiting) are for workers racing to create tables
         assert out.exists() == existed and (not existed or list(out.iterdir()) == [])
     assert not (tmp_path / "fresh").exists()
 
