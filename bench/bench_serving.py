@@ -14,6 +14,9 @@ tests/naive_serving.py on the same inputs:
   space on 8 H200 (``POISSON_SPACE``), whose steady state is a fixed point of the
   iteration time (up to tens of iterations per run of rows, fewer where the iterates
   show a linear piece to extrapolate along: ``kernels.serving.poisson_fixed_point``);
+  and the Llama space's disaggregated candidates tiled to N rows, beside
+  ``naive_serving.disagg_steady_state`` (which solves for the decode batch by bisection to
+  the last bit, the kernel by regula falsi: ``kernels.serving.disagg_batch``);
 - simulation: M configurations of R requests each (closed loop, continuous
   batching, lognormal lengths), one parallel kernel call after the cost tables
   are built (timed apart); the reference simulates K configurations;
@@ -36,7 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from naive_serving import simulate as naive_simulate, simulate_disagg as naive_disagg, steady_state  # noqa: E402
+from naive_serving import (  # noqa: E402
+    disagg_steady_state, simulate as naive_simulate, simulate_disagg as naive_disagg, steady_state)
 from paraspace.explorer import serve  # noqa: E402
 from paraspace.kernels import serving as ks  # noqa: E402
 from paraspace.kernels import serving_sim  # noqa: E402
@@ -106,6 +110,51 @@ def bench_analytic(space, n_rows: int, n_ref: int, label: str) -> None:
           f"reference {len(ok)} in {ref_s:.3f} s = {ref_rate:,.0f} candidates/s; ratio {kernel_rate / ref_rate:,.0f}x; "
           f"TTFT/TPOT agree to {worst:.1e} on its {len(stable)} stable rows, served rate/TPOT to {worst_over:.1e} on "
           f"its {len(over)} overloaded ones")
+
+
+def disagg_reference_row(packed, srv, prefill, cols, i: int) -> dict[str, float]:
+    """Disaggregated row i's closed forms in plain Python (``naive_serving.disagg_steady_state``),
+    on the jitted operator kernels."""
+    m, d = packed.model[0], packed.devs[cols["dtype"][i]]
+    tiers, tiles, wl = packed.tiers, packed.tiles, packed.workload[0]
+    s, p = srv[i], prefill[i]
+    return disagg_steady_state(lambda b: ks.decode_rows_s(m, d, tiers, tiles, s, float(b)),
+                               lambda t: ks.rows_s(m, d, tiers, tiles, p, float(t)),
+                               lambda r: ks.head_rows_s(m, d, tiers, tiles, p, float(r)), ks.pair_s(m, d, p),
+                               ks.kv_s_per_token(m, d, tiers, tiles, s),
+                               ks.kv_transfer_s(m, tiers, p, wl.input_len, wl.devices),
+                               float(np.floor(ks.kv_capacity_tokens(m, d, p) / p.pp)),
+                               ks.kv_capacity_tokens(m, d, s) / s.pp, input_len=wl.input_len,
+                               output_len=wl.output_len, hit=wl.prefix_hit_rate, concurrency=wl.concurrency,
+                               rate=wl.rate_per_s, host=wl.host_s, max_batch=float(cols["max_batch"][i]),
+                               max_tokens=float(cols["max_tokens"][i]), engines=float(cols["instances"][i] * s.pp),
+                               prefill_replicas=float(cols["prefill_instances"][i]))
+
+
+def bench_disagg_analytic(space, n_rows: int, n_ref: int) -> None:
+    """The analytic tier on the space's disaggregated candidates (a closed loop: the decode batch's
+    bisections), tiled to ``n_rows``, beside ``disagg_reference_row`` on ``n_ref`` of them."""
+    base = serve.encode(space).columns
+    cols = tiled({k: v[base["mode"] == ks.DISAGG] for k, v in base.items()}, n_rows)
+    packed = serve.pack_serving(space)
+    srv = serve.serving_records(space, cols)
+    prefill = serve.serving_records(space, cols, prefill=True)
+    serve.analytic(packed, srv, cols, prefill)  # compile / load the cache
+    kernel_s = np.inf
+    for _ in range(REPEATS):
+        began = time.perf_counter()
+        metrics = serve.analytic(packed, srv, cols, prefill)
+        kernel_s = min(kernel_s, time.perf_counter() - began)
+    ok = np.flatnonzero(np.isin(metrics["reason"], [ks.OK, ks.SLA_TTFT, ks.SLA_TPOT]))[:n_ref]
+    began = time.perf_counter()
+    refs = [disagg_reference_row(packed, srv, prefill, cols, int(i)) for i in ok]
+    ref_s = time.perf_counter() - began
+    worst = max(abs(metrics[k][i] / r[k] - 1.0) for i, r in zip(ok, refs) for k in ("ttft_s", "tpot_s"))
+    kernel_rate = n_rows / kernel_s
+    ref_rate = len(ok) / ref_s
+    print(f"analytic tier, disaggregated closed loop: {n_rows:,} candidates in {kernel_s:.3f} s = {kernel_rate:,.0f} "
+          f"candidates/s; reference {len(ok)} in {ref_s:.3f} s = {ref_rate:,.0f} candidates/s; ratio "
+          f"{kernel_rate / ref_rate:,.0f}x; TTFT/TPOT agree to {worst:.1e}")
 
 
 def timed(kernel, args: tuple, n_configs: int) -> tuple[np.ndarray, float]:
@@ -223,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     space = load_serving(SPACE)
     bench_analytic(space, args.rows, max(args.reference, 1) * 50, "closed loop")
     bench_analytic(load_serving(POISSON_SPACE), args.rows, max(args.reference, 1) * 50, "Poisson")
+    bench_disagg_analytic(space, args.rows, max(args.reference, 1) * 50)
     bench_simulation(space, args.configs, args.requests, args.reference)
     bench_disagg_simulation(space, args.configs, args.requests, args.reference)
 

@@ -272,8 +272,14 @@ LINEAR_PIECE_RTOL = 1e-6
 #: admits it and streams its first token (``kernels.serving_sim._admit_decode``): it arrives at
 #: a moment the engine's iterations do not follow, half way through one on average
 ADMIT_WAIT = 0.5
-#: halvings of the disaggregated decode batch's bisection (to 2^-48 of max_batch)
-BISECTIONS = 48
+#: the disaggregated decode batch's root finding (``disagg_batch``): to 2^-48 of the bracket
+#: it starts from (the 48 halvings of the bisection it replaces) or a residual within
+#: BATCH_RTOL of its target, in at most BATCH_ITERATIONS steps
+BATCH_RTOL = 2.0**-48
+BATCH_ITERATIONS = 200
+#: the decode batch's equations (``disagg_balance``): the users a closed loop's batch holds,
+#: the requests a second it completes
+USERS, SERVED = 0, 1
 #: passes of the closed loop's prompt iterations k and mean decode batch B n / (n + k)
 #: (``continuous_s``): k = ceil(g in / room) falls as the decode batch it leaves room beside
 #: does; one pass settles it where a clump fits one chunk, a few where it is cut
@@ -1117,6 +1123,65 @@ def prefill_iteration_s(model, dev, tiers, tiles, psrv, host: float, prompts: fl
 
 
 @jit
+def disagg_balance(kind: int, model, dev, tiers, tiles, srv, host: float, kv_coef: float, kv_mean: float,
+                   engines: float, steps: float, before: float, b: float) -> float:
+    """At decode batch b (``decode_only_s`` t_d(b), n = ``steps`` iterations a request):
+    SERVED, the requests a second the engines complete, X = engines b / (n t_d); USERS, the
+    users a closed loop holds, engines b + X (before + ADMIT_WAIT t_d), ``before`` a request's
+    seconds ahead of its transfer's end (its prefill iteration and the transfer). Both rise
+    with b, from 0."""
+    t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+    x = engines * b / (steps * t_d)
+    if kind == USERS:
+        return engines * b + x * (before + ADMIT_WAIT * t_d)
+    return x
+
+
+@jit
+def disagg_batch(kind: int, target: float, hi: float, at_hi: float, model, dev, tiers, tiles, srv, host: float,
+                 kv_coef: float, kv_mean: float, engines: float, steps: float, before: float) -> float:
+    """The decode batch b in (0, hi] where ``disagg_balance`` (``kind``) reaches ``target``
+    (0 at b = 0, ``at_hi`` >= target at hi): regula falsi with the Illinois step (the end
+    kept twice running has its residual halved), so a smooth balance takes a few steps where
+    halving took 48 (``bench/bench_serving.py``, the Llama space's disaggregated candidates:
+    39,000 a second by halving, 172,000 so), a step in it (GEMM tiles) a bracket that closes
+    on it. Stops at a residual
+    within BATCH_RTOL of the target or a bracket within BATCH_RTOL of ``hi``; returns the
+    last point tried."""
+    lo = 0.0
+    g_lo = -target
+    g_hi = at_hi - target
+    if g_hi <= 0.0:
+        return hi
+    width = BATCH_RTOL * hi
+    b = hi
+    side = 0
+    for _ in range(BATCH_ITERATIONS):
+        b = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+        if not lo < b < hi:
+            b = 0.5 * (lo + hi)
+        g = disagg_balance(kind, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines, steps, before,
+                           b) - target
+        if abs(g) <= BATCH_RTOL * target:
+            return b
+        if g < 0.0:
+            lo = b
+            g_lo = g
+            if side < 0:
+                g_hi *= 0.5
+            side = -1
+        else:
+            hi = b
+            g_hi = g
+            if side > 0:
+                g_lo *= 0.5
+            side = 1
+        if hi - lo <= width:
+            return b
+    return b
+
+
+@jit
 def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_tokens: float, instances: float,
                prefill_instances: float, kv_coef: float, out) -> None:
     """``OUTPUTS`` of a disaggregated candidate (``out`` holds the decode replica's
@@ -1166,39 +1231,23 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     bmax = min(max_batch, math.floor(out[O_KV_CAP] / srv.pp / (inl + wl.output_len)))
     kv_mean = inl + 0.5 * wl.output_len
     steps = nd / expected_tokens(wl.acceptance_rate, srv.draft_tokens)  # decode iterations a request
-    lo = 0.0
-    hi = bmax
     reason = OK
     if wl.concurrency > 0.0:
         # a closed loop's prompts are not a Poisson stream: each comes as its user's answer ends, in
         # the clumps one prefill iteration took (users that start together finish together), so no
         # queue forms while the prefill replicas keep up; once they do not, they bound the rate and
         # the users beyond the decode batches and the prompts in flight wait for them
-        t_top = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, bmax, kv_mean)
-        if engines * bmax * (1.0 + (t_p + xfer + ADMIT_WAIT * t_top) / (steps * t_top)) <= wl.concurrency:
-            lo = bmax  # the decode side bounds the rate; the other users wait for a decode slot
-        else:
-            for _ in range(BISECTIONS):
-                mid = 0.5 * (lo + hi)
-                t_mid = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean)
-                if engines * mid * (1.0 + (t_p + xfer + ADMIT_WAIT * t_mid) / (steps * t_mid)) <= wl.concurrency:
-                    lo = mid
-                else:
-                    hi = mid
-        b = lo
+        users = disagg_balance(USERS, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines, steps,
+                               t_p + xfer, bmax)
+        b = bmax  # where the decode side bounds the rate; the other users wait for a decode slot
+        if users > wl.concurrency:
+            b = disagg_batch(USERS, wl.concurrency, bmax, users, model, dev, tiers, tiles, srv, host, kv_coef,
+                             kv_mean, engines, steps, t_p + xfer)
+        served = disagg_balance(SERVED, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines, steps, 0.0, b)
+        if served > mu:  # the prefill replicas bound the rate: the batch that drains mu
+            b = disagg_batch(SERVED, mu, b, served, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines,
+                             steps, 0.0)
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
-        if engines * b / (steps * t_d) > mu:  # the prefill replicas bound the rate: the batch that drains mu
-            lo = 0.0
-            hi = b
-            for _ in range(BISECTIONS):
-                mid = 0.5 * (lo + hi)
-                if engines * mid / (steps * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid,
-                                                          kv_mean)) < mu:
-                    lo = mid
-                else:
-                    hi = mid
-            b = hi
-            t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
         rate = engines * b / (steps * t_d)
         e2e = wl.concurrency / rate
     else:
@@ -1210,14 +1259,8 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
             b = bmax
             rate = min(rate, mu, engines * bmax / (steps * t_top))  # served: the slower side's capacity
         else:
-            for _ in range(BISECTIONS):
-                mid = 0.5 * (lo + hi)
-                x = engines * mid / (steps * decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, mid, kv_mean))
-                if x < rate:
-                    lo = mid
-                else:
-                    hi = mid
-            b = hi
+            b = disagg_batch(SERVED, rate, bmax, engines * bmax / (steps * t_top), model, dev, tiers, tiles, srv, host,
+                             kv_coef, kv_mean, engines, steps, 0.0)
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
         prompt = np.inf  # overloaded: the queue grows without bound
         if reason == OK:  # a prompt that finds the queue short is an iteration of its own

@@ -385,6 +385,76 @@ def simulate(in_len: list[float], out_len: list[float], gaps: list[float], *, cl
             "preemptions": preemptions, "tokens_per_step": step_tokens / step_count if step_count else math.nan}
 
 
+#: a transferred cache's wait for its decode engine's next iteration, in iterations (kernels.serving.ADMIT_WAIT)
+ADMIT_WAIT = 0.5
+
+
+def root(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """Where the increasing ``f`` crosses 0 in [lo, hi] (f(lo) < 0 <= f(hi)), to the last bit
+    the bisection can reach (not the kernels' fixed count of halvings)."""
+    while True:
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            return hi
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+
+
+def disagg_steady_state(decode_rows: Callable[[float], float], prefill_rows: Callable[[float], float],
+                        prefill_head: Callable[[float], float], prefill_pair: float, kv_coef: float, xfer: float,
+                        prefill_cap: float, decode_cap: float, *, input_len: float, output_len: float, hit: float,
+                        concurrency: float, rate: float, host: float, max_batch: float, max_tokens: float,
+                        engines: float, prefill_replicas: float) -> dict[str, float]:
+    """A disaggregated candidate's closed forms (kernels.serving.disagg_one), without drafts:
+    prefill replicas of k prompts an iteration (t_p, mu = replicas k / t_p), the cache sent in
+    ``xfer`` s and admitted half a decode iteration later, decode engines of batch B
+    completing X(B) = engines B / (n t_d(B)). A closed loop's prompts do not queue: B makes
+    the users add up, or is the batch limit; where X(B) > mu the prefill replicas bound the
+    rate. A Poisson stream: B from X(B) = rate, the prompt's time the shorter of the M/D/1
+    queues of k-prompt and of one-prompt iterations. ``prefill_cap`` / ``decode_cap``: KV
+    tokens a prefill engine / a decode engine holds."""
+    new = input_len * (1 - hit)
+    pairs_one = new * (input_len - new + new / 2 + ROW_FILL)
+    nd = max(output_len - 1, 1.0)
+
+    def prefill(g: float) -> float:
+        return host + prefill_rows(g * new) + prefill_head(g) + prefill_pair * g * pairs_one
+
+    k = max(min(math.floor(max_tokens / new), math.floor(prefill_cap / input_len)), 1)
+    t_p = prefill(k)
+    mu = prefill_replicas * k / t_p
+    b_max = min(max_batch, math.floor(decode_cap / (input_len + output_len)))
+
+    def t_d(b: float) -> float:
+        return host + decode_rows(b) + kv_coef * b * (input_len + output_len / 2)
+
+    def served(b: float) -> float:
+        return engines * b / (nd * t_d(b))
+
+    out = {"prefill_s": t_p, "kv_transfer_s": xfer, "stable": True}
+    if concurrency > 0:
+        def users(b: float) -> float:
+            return engines * b + served(b) * (t_p + xfer + ADMIT_WAIT * t_d(b)) - concurrency
+
+        b = b_max if users(b_max) <= 0 else root(users, 0.0, b_max)
+        if served(b) > mu:
+            b = root(lambda v: served(v) - mu, 0.0, b)
+        x = served(b)
+        e2e = concurrency / x
+    else:
+        x = rate
+        if rate >= mu or served(b_max) < rate:
+            return {**out, "stable": False}
+        b = root(lambda v: served(v) - rate, 0.0, b_max)
+        t_1 = prefill(1)
+        rho, rho_1 = rate / mu, rate * t_1 / prefill_replicas
+        prompt = rho / (2 * (1 - rho)) * t_p + t_p
+        if rho_1 < 1:
+            prompt = min(prompt, rho_1 / (2 * (1 - rho_1)) * t_1 + t_1)
+        e2e = prompt + xfer + ADMIT_WAIT * t_d(b) + nd * t_d(b)
+    return {**out, "batch": b, "tpot_s": t_d(b), "e2e_latency_s": e2e, "ttft_s": e2e - nd * t_d(b),
+            "requests_per_s": x}
+
+
 def measured_requests(n: int, clients: int, steady: bool) -> range:
     """The requests the statistics are over: all, or with ``steady`` in a closed loop of
     fewer users than requests, those after the start-up burst (each user's first)."""

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from click.testing import CliRunner
 
 import naive_serving
-from naive_serving import lookup, simulate as naive_simulate, steady_state
+from naive_serving import disagg_steady_state, lookup, simulate as naive_simulate, steady_state
 from paraspace.explorer.cli import main
 from paraspace.explorer.evaluate import pack_hardware, pack_model
 from paraspace.kernels import inference, serving_sim
@@ -754,6 +754,45 @@ def test_analytic_tier_agrees_with_the_reference(fast, wl_change, scheduler):
         assert out[key] == pytest.approx(ref[key], rel=1e-10), key
 
 
+#: disaggregated rows against ``naive_serving.disagg_steady_state``: (workload changes, max_batch,
+#: max_tokens); the toy's host cost (1e-4 s an iteration) makes a prompt alone cost more than
+#: an eighth of eight (t_1 2.1e-4 s, t_8 9.8e-4 s)
+DISAGG_CASES = [
+    ({"concurrency": 16.0}, 256.0, 4096.0),  # neither side saturated
+    ({"concurrency": 4096.0}, 4096.0, 512.0),  # one prompt an iteration: the prefill replica bounds the rate
+    ({"concurrency": 256.0}, 4.0, 4096.0),  # the decode batch limit bounds it (X(4) < mu)
+    ({"concurrency": 16.0, "prefix_hit_rate": 0.5, "output_len": 40.0}, 256.0, 2048.0),
+    ({"concurrency": 0.0, "rate_per_s": 2000.0}, 256.0, 4096.0),  # a prompt alone: the one-prompt queue
+    ({"concurrency": 0.0, "rate_per_s": 6000.0}, 256.0, 4096.0),  # rho_1 > 1: the batched queue
+    ({"concurrency": 0.0, "rate_per_s": 9000.0}, 256.0, 4096.0),  # past mu = 8 / t_8: overloaded
+]
+
+
+@pytest.mark.parametrize("wl_change, max_batch, max_tokens", DISAGG_CASES)
+def test_disaggregated_analytic_tier_agrees_with_the_reference(fast, wl_change, max_batch, max_tokens):
+    """``kernels.serving.disagg_one`` against its plain-Python reference, which solves for the
+    decode batch to the last bit rather than by the kernel's fixed halvings: one prefill
+    replica and two decode engines of one device each."""
+    m, d, tiers, tiles = fast["model"][0], fast["dev"][0], fast["tiers"], fast["tiles"]
+    srv = toy_srv(n_gpus=3.0)
+    wl = workload(host_s=1e-4, devices=3.0, **wl_change)
+    out = analytic(fast, srv, wl, max_batch=max_batch, max_tokens=max_tokens, instances=2.0, prefill=srv)
+    ref = disagg_steady_state(lambda b: ks.decode_rows_s(m, d, tiers, tiles, srv[0], float(b)),
+                              lambda t: ks.rows_s(m, d, tiers, tiles, srv[0], float(t)),
+                              lambda r: ks.head_rows_s(m, d, tiers, tiles, srv[0], float(r)),
+                              ks.pair_s(m, d, srv[0]), ks.kv_s_per_token(m, d, tiers, tiles, srv[0]),
+                              ks.kv_transfer_s(m, tiers, srv[0], wl.input_len[0], 3.0),
+                              ks.kv_capacity_tokens(m, d, srv[0]), ks.kv_capacity_tokens(m, d, srv[0]),
+                              input_len=wl.input_len[0], output_len=wl.output_len[0], hit=wl.prefix_hit_rate[0],
+                              concurrency=wl.concurrency[0], rate=wl.rate_per_s[0], host=1e-4, max_batch=max_batch,
+                              max_tokens=max_tokens, engines=2.0, prefill_replicas=1.0)
+    assert ref["stable"] == (out["reason"] != ks.OVERLOADED)
+    assert out["prefill_s"] == pytest.approx(ref["prefill_s"], rel=1e-12)
+    if ref["stable"]:
+        for key in ("batch", "ttft_s", "tpot_s", "e2e_latency_s", "requests_per_s"):
+            assert out[key] == pytest.approx(ref[key], rel=1e-10), key
+
+
 def ranked_digest(name: str) -> str:
     import hashlib
 
@@ -883,8 +922,8 @@ def test_bench_runs_and_agrees(capsys):
     module.main(["--rows", "300", "--configs", "2", "--requests", "40", "--reference", "1"])
     out = capsys.readouterr().out
     agree = [float(m.group(1)) for m in re.finditer(r"agrees? to (\S+)", out)]
-    # analytic (closed loop, Poisson), aggregated and disaggregated simulation
-    assert len(agree) == 4 and max(agree) < 1e-12, out
+    # analytic (closed loop, Poisson, disaggregated closed loop), aggregated and disaggregated simulation
+    assert len(agree) == 5 and max(agree) < 1e-12, out
 
 
 def test_lengths_the_cache_cannot_hold_are_an_explained_row_not_a_traceback(tmp_path):
