@@ -1145,9 +1145,8 @@ def disagg_batch(kind: int, target: float, hi: float, at_hi: float, model, dev, 
     kept twice running has its residual halved), so a smooth balance takes a few steps where
     halving took 48 (``bench/bench_serving.py``, the Llama space's disaggregated candidates:
     39,000 a second by halving, 172,000 so), a step in it (GEMM tiles) a bracket that closes
-    on it. Stops at a residual
-    within BATCH_RTOL of the target or a bracket within BATCH_RTOL of ``hi``; returns the
-    last point tried."""
+    on it. Stops at a residual within BATCH_RTOL of the target or a bracket within
+    BATCH_RTOL of ``hi``; returns the last point tried."""
     lo = 0.0
     g_lo = -target
     g_hi = at_hi - target
@@ -1193,15 +1192,15 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
     X(B) = engines B / (n t_d(B)) requests/s, n = (out - 1) / E iterations a
     request (E tokens each, ``expected_tokens``). Poisson rate R: an M/D/1 queue
     in front of the prefill replicas, wait rho / (2 (1 - rho)) t_p at rho = R / mu;
-    B solves X(B) = R (bisection); a prompt's wait and iteration are the M/D/1 queue's of
+    B solves X(B) = R (``disagg_batch``); a prompt's wait and iteration are the M/D/1 queue's of
     one-prompt iterations t_1 (rho_1 = R t_1 / replicas) where that is the shorter, as a
     prompt that finds the queue short runs alone (the batched form alone had made the
     screen's TTFT 2.2x the simulation's on a Poisson 5 requests/s variant of the Llama
     space). Closed loop, C users: the prompts come in the
     clumps an iteration took as answers end, no queue while the replicas keep up:
-    B solves engines B + X (t_p + transfer) = C, or B = max_batch when the decode
-    side is the bottleneck; where X(B) > mu the prefill replicas are, and B
-    solves X(B) = mu instead; e2e = C / X (Little). (The M/D/1 wait had made the
+    B solves engines B + X (t_p + transfer + ADMIT_WAIT t_d(B)) = C, or B = max_batch
+    when the decode side is the bottleneck; where X(B) > mu the prefill replicas are,
+    and B solves X(B) = mu instead; e2e = C / X (Little). (The M/D/1 wait had made the
     screen's TTFT a median 1.54x the simulation's on the Llama 3.1 70B space's
     disaggregated rows, up to 2.5x.) A cache that arrives waits ``ADMIT_WAIT`` of a
     decode iteration for the next one, which admits it. TTFT = e2e - n t_d: the first token reaches the user
