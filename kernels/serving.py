@@ -1123,14 +1123,12 @@ def prefill_iteration_s(model, dev, tiers, tiles, psrv, host: float, prompts: fl
 
 
 @jit
-def disagg_balance(kind: int, model, dev, tiers, tiles, srv, host: float, kv_coef: float, kv_mean: float,
-                   engines: float, steps: float, before: float, b: float) -> float:
-    """At decode batch b (``decode_only_s`` t_d(b), n = ``steps`` iterations a request):
-    SERVED, the requests a second the engines complete, X = engines b / (n t_d); USERS, the
-    users a closed loop holds, engines b + X (before + ADMIT_WAIT t_d), ``before`` a request's
-    seconds ahead of its transfer's end (its prefill iteration and the transfer). Both rise
-    with b, from 0."""
-    t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+def disagg_balance(kind: int, engines: float, steps: float, before: float, b: float, t_d: float) -> float:
+    """At decode batch b, its decode iteration t_d (``decode_only_s``) and n = ``steps``
+    iterations a request: SERVED, the requests a second the engines complete, X = engines
+    b / (n t_d); USERS, the users a closed loop holds, engines b + X (before + ADMIT_WAIT
+    t_d), ``before`` a request's seconds ahead of its transfer's end (its prefill iteration
+    and the transfer). Both rise with b, from 0."""
     x = engines * b / (steps * t_d)
     if kind == USERS:
         return engines * b + x * (before + ADMIT_WAIT * t_d)
@@ -1139,30 +1137,31 @@ def disagg_balance(kind: int, model, dev, tiers, tiles, srv, host: float, kv_coe
 
 @jit
 def disagg_batch(kind: int, target: float, hi: float, at_hi: float, model, dev, tiers, tiles, srv, host: float,
-                 kv_coef: float, kv_mean: float, engines: float, steps: float, before: float) -> float:
-    """The decode batch b in (0, hi] where ``disagg_balance`` (``kind``) reaches ``target``
-    (0 at b = 0, ``at_hi`` >= target at hi): regula falsi with the Illinois step (the end
-    kept twice running has its residual halved), so a smooth balance takes a few steps where
-    halving took 48 (``bench/bench_serving.py``, the Llama space's disaggregated candidates:
-    39,000 a second by halving, 172,000 so), a step in it (GEMM tiles) a bracket that closes
-    on it. Stops at a residual within BATCH_RTOL of the target or a bracket within
-    BATCH_RTOL of ``hi``; returns the last point tried."""
+                 kv_coef: float, kv_mean: float, engines: float, steps: float, before: float):
+    """(b, t_d(b)): the decode batch b in (0, hi] where ``disagg_balance`` (``kind``) reaches
+    ``target`` (0 at b = 0, ``at_hi`` >= target at hi), and its decode iteration: regula
+    falsi with the Illinois step (the end kept twice running has its residual halved), so a
+    smooth balance takes a few steps where halving took 48 (``bench/bench_serving.py``, the
+    Llama space's disaggregated candidates: 39,000 a second by halving, 172,000 so), a step
+    in it (GEMM tiles) a bracket that closes on it. Stops at a residual within BATCH_RTOL of
+    the target or a bracket within BATCH_RTOL of ``hi``; returns the last point tried."""
+    if at_hi <= target:
+        return hi, decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, hi, kv_mean)
     lo = 0.0
     g_lo = -target
     g_hi = at_hi - target
-    if g_hi <= 0.0:
-        return hi
     width = BATCH_RTOL * hi
     b = hi
+    t_d = np.nan
     side = 0
     for _ in range(BATCH_ITERATIONS):
         b = hi - g_hi * (hi - lo) / (g_hi - g_lo)
         if not lo < b < hi:
             b = 0.5 * (lo + hi)
-        g = disagg_balance(kind, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines, steps, before,
-                           b) - target
+        t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+        g = disagg_balance(kind, engines, steps, before, b, t_d) - target
         if abs(g) <= BATCH_RTOL * target:
-            return b
+            return b, t_d
         if g < 0.0:
             lo = b
             g_lo = g
@@ -1176,8 +1175,8 @@ def disagg_batch(kind: int, target: float, hi: float, at_hi: float, model, dev, 
                 g_lo *= 0.5
             side = 1
         if hi - lo <= width:
-            return b
-    return b
+            return b, t_d
+    return b, t_d
 
 
 @jit
@@ -1236,31 +1235,30 @@ def disagg_one(model, dev, tiers, tiles, srv, psrv, wl, max_batch: float, max_to
         # the clumps one prefill iteration took (users that start together finish together), so no
         # queue forms while the prefill replicas keep up; once they do not, they bound the rate and
         # the users beyond the decode batches and the prompts in flight wait for them
-        users = disagg_balance(USERS, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines, steps,
-                               t_p + xfer, bmax)
         b = bmax  # where the decode side bounds the rate; the other users wait for a decode slot
-        if users > wl.concurrency:
-            b = disagg_batch(USERS, wl.concurrency, bmax, users, model, dev, tiers, tiles, srv, host, kv_coef,
-                             kv_mean, engines, steps, t_p + xfer)
-        served = disagg_balance(SERVED, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines, steps, 0.0, b)
-        if served > mu:  # the prefill replicas bound the rate: the batch that drains mu
-            b = disagg_batch(SERVED, mu, b, served, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean, engines,
-                             steps, 0.0)
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+        users = disagg_balance(USERS, engines, steps, t_p + xfer, b, t_d)
+        if users > wl.concurrency:
+            b, t_d = disagg_batch(USERS, wl.concurrency, bmax, users, model, dev, tiers, tiles, srv, host, kv_coef,
+                                  kv_mean, engines, steps, t_p + xfer)
+        served = disagg_balance(SERVED, engines, steps, 0.0, b, t_d)
+        if served > mu:  # the prefill replicas bound the rate: the batch that drains mu
+            b, t_d = disagg_batch(SERVED, mu, b, served, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean,
+                                  engines, steps, 0.0)
         rate = engines * b / (steps * t_d)
         e2e = wl.concurrency / rate
     else:
         rate = wl.rate_per_s
         rho = rate / mu
-        t_top = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, bmax, kv_mean)
-        if rho >= 1.0 or engines * bmax / (steps * t_top) < rate:
-            reason = OVERLOADED
-            b = bmax
-            rate = min(rate, mu, engines * bmax / (steps * t_top))  # served: the slower side's capacity
-        else:
-            b = disagg_batch(SERVED, rate, bmax, engines * bmax / (steps * t_top), model, dev, tiers, tiles, srv, host,
-                             kv_coef, kv_mean, engines, steps, 0.0)
+        b = bmax
         t_d = decode_only_s(model, dev, tiers, tiles, srv, host, kv_coef, b, kv_mean)
+        served = disagg_balance(SERVED, engines, steps, 0.0, b, t_d)
+        if rho >= 1.0 or served < rate:
+            reason = OVERLOADED
+            rate = min(rate, mu, served)  # served: the slower side's capacity
+        else:
+            b, t_d = disagg_batch(SERVED, rate, bmax, served, model, dev, tiers, tiles, srv, host, kv_coef, kv_mean,
+                                  engines, steps, 0.0)
         prompt = np.inf  # overloaded: the queue grows without bound
         if reason == OK:  # a prompt that finds the queue short is an iteration of its own
             t_1 = prefill_iteration_s(model, dev, tiers, tiles, psrv, host, 1.0, new, inl, wl.prefix_hit_rate)
