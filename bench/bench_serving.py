@@ -133,7 +133,7 @@ def disagg_reference_row(packed, srv, prefill, cols, i: int) -> dict[str, float]
 
 def bench_disagg_analytic(space, n_rows: int, n_ref: int) -> None:
     """The analytic tier on the space's disaggregated candidates (a closed loop: the decode batch's
-    bisections), tiled to ``n_rows``, beside ``disagg_reference_row`` on ``n_ref`` of them."""
+    root finding, ``kernels.serving.disagg_batch``), tiled to ``n_rows``, beside ``disagg_reference_row`` on ``n_ref`` of them."""
     base = serve.encode(space).columns
     cols = tiled({k: v[base["mode"] == ks.DISAGG] for k, v in base.items()}, n_rows)
     packed = serve.pack_serving(space)
