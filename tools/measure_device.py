@@ -93,6 +93,7 @@ import csv
 import datetime as _dt
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -187,9 +188,23 @@ HEADS_MAX_TOKENS_HEADS = 32768 * 32
 HEADS_BATCHED = ((2, 4), (4, 2), (8, 1), (2, 8))
 HEADS_BATCHED_SEQ = (2048, 8192)
 HEADS_FULL_SEQ = (2048, 8192)
+#: whole-model training steps (``train_memory``): the shapes of Llama 3.1 8B (hidden, heads, KV
+#: heads, head dim, ffn, vocab) with fewer layers, as torchtitan builds it (separate wq / wk / wv and
+#: w1 / w3 / w2 linears, complex rotary, repeat_kv, fp32 cross-entropy), under FSDP2 on a one-rank
+#: group with torchtitan's mixed precision (fp32 parameters, bf16 compute, fp32 reduce) and AdamW
+TRAIN_MODEL = ("llama31-8b", 4096, 32, 8, 128, 14336, 128256)
+#: (layers, micro-batch, sequence, recompute, optimizer, compile), in order of what the comparison
+#: needs most: torchtitan's per-op policy ("op") and full checkpointing at two depths (the
+#: per-layer slope), no recompute, the fused optimizer, longer sequences, and one compiled case
+TRAIN_CASES = ((4, 2, 8192, "op", "foreach", False), (4, 2, 8192, "full", "foreach", False),
+               (6, 2, 8192, "op", "foreach", False), (6, 2, 8192, "full", "foreach", False),
+               (4, 2, 8192, "none", "foreach", False), (4, 2, 8192, "op", "fused", False),
+               (4, 1, 16384, "full", "foreach", False), (2, 1, 32768, "full", "foreach", False),
+               (4, 2, 8192, "op", "foreach", True))
 TARGET_S = 0.02
 PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
-         "fp8_scaling", "layer", "decode_step", "decode_step_fp8", "ring_attention", "attention_heads")
+         "fp8_scaling", "layer", "decode_step", "decode_step_fp8", "ring_attention", "attention_heads",
+         "train_memory")
 
 
 def linear_layers():
@@ -530,6 +545,201 @@ def ring_kernel_calls(torch, q, k, v, cp, rank):
     return fwd, bwd
 
 
+def titan_transformer(torch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, seq, recompute,
+                      device=None):
+    """A Llama 3 model as torchtitan (2024-12) builds it, fp32 parameters: token embedding,
+    ``layers`` blocks (RMSNorm in fp32 then cast back; separate wq, wk, wv linears; rotary
+    through complex fp32 products; ``repeat_kv`` before SDPA; wo; w2(silu(w1 x) * w3 x)), a
+    final norm and the output linear. ``recompute`` wraps each block: "full"
+    (``torch.utils.checkpoint``, non-reentrant), "op" (torchtitan's per-op selective policy:
+    the outputs of SDPA and of every other mm, the 1st, 3rd, 5th and 7th of a block, are
+    kept; ``_get_custom_policy`` in torchtitan's ``parallelize_llama.py``) or "none"."""
+    from collections import defaultdict
+    from functools import partial
+    nn, F = torch.nn, torch.nn.functional
+    from torch.utils.checkpoint import checkpoint
+    kw = {"device": device, "dtype": torch.float32}
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(hidden, **kw))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+
+    inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    freqs = torch.polar(torch.ones(seq, head_dim // 2, device=device),
+                        torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv))
+
+    def rotary(x):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs.view(1, seq, 1, head_dim // 2)).flatten(3).type_as(x)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_norm, self.ffn_norm = RMSNorm(), RMSNorm()
+            self.wq = nn.Linear(hidden, heads * head_dim, bias=False, **kw)
+            self.wk = nn.Linear(hidden, kv_heads * head_dim, bias=False, **kw)
+            self.wv = nn.Linear(hidden, kv_heads * head_dim, bias=False, **kw)
+            self.wo = nn.Linear(heads * head_dim, hidden, bias=False, **kw)
+            self.w1 = nn.Linear(hidden, ffn, bias=False, **kw)
+            self.w3 = nn.Linear(hidden, ffn, bias=False, **kw)
+            self.w2 = nn.Linear(ffn, hidden, bias=False, **kw)
+
+        def attention(self, x):
+            b, s, _ = x.shape
+            q = self.wq(x).view(b, s, heads, head_dim)
+            k = self.wk(x).view(b, s, kv_heads, head_dim)
+            v = self.wv(x).view(b, s, kv_heads, head_dim)
+            q, k = rotary(q), rotary(k)
+            rep = heads // kv_heads
+            k = k[:, :, :, None].expand(b, s, kv_heads, rep, head_dim).reshape(b, s, heads, head_dim)
+            v = v[:, :, :, None].expand(b, s, kv_heads, rep, head_dim).reshape(b, s, heads, head_dim)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            return self.wo(o.transpose(1, 2).contiguous().view(b, s, heads * head_dim))
+
+        def block(self, x):
+            h = x + self.attention(self.attention_norm(x))
+            y = self.ffn_norm(h)
+            return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+        def forward(self, x):
+            if recompute == "full":
+                return checkpoint(self.block, x, use_reentrant=False)
+            if recompute == "op":
+                return checkpoint(self.block, x, use_reentrant=False, context_fn=op_policy_context)
+            return self.block(x)
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops._scaled_dot_product_flash_attention.default,
+            ops._scaled_dot_product_efficient_attention.default}
+    if hasattr(ops, "_scaled_dot_product_cudnn_attention"):
+        save.add(ops._scaled_dot_product_cudnn_attention.default)
+
+    def policy(meta, ctx, func, *args, **kwargs):
+        key = "recompute_mm" if ctx.is_recompute else "forward_mm"
+        if func == ops.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == ops.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def op_policy_context():
+        return create_selective_checkpoint_contexts(partial(policy, defaultdict(int)))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(vocab, hidden, **kw)
+            self.layers = nn.ModuleList(Block() for _ in range(layers))
+            self.norm = RMSNorm()
+            self.output = nn.Linear(hidden, vocab, bias=False, **kw)
+
+        def forward(self, tokens):
+            x = self.tok_embeddings(tokens)
+            for layer in self.layers:
+                x = layer(x)
+            return self.output(self.norm(x))
+
+    model = Model()
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.normal_(p, std=0.02)
+    return model
+
+
+def train_memory_case(torch, layers, batch, seq, recompute, optimizer, compiled, fsdp, device):
+    """Whole training steps of ``titan_transformer`` under FSDP2 (``fsdp``: a one-rank group,
+    torchtitan's MixedPrecisionPolicy bf16 / fp32 reduce, each block sharded and resharded
+    after its forward but the last, then the root) or, without it, autocast to bf16. Three
+    steps (zero_grad to None, forward, fp32 cross-entropy, ``del pred``, backward, AdamW), the
+    third phase by phase. Returns the bytes the caching allocator held at each point, its
+    peaks, what the process holds outside it, and the step's seconds."""
+    F = torch.nn.functional
+    _, hidden, heads, kv_heads, head_dim, ffn, vocab = TRAIN_MODEL
+    model = titan_transformer(torch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, seq, recompute,
+                              device=device)
+    params = sum(p.numel() for p in model.parameters())
+    if compiled:
+        for i, block in enumerate(model.layers):
+            model.layers[i] = torch.compile(block, fullgraph=True)
+    autocast = None
+    if fsdp:
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for i, block in enumerate(model.layers):
+            fully_shard(block, mp_policy=mp, reshard_after_forward=i < layers - 1)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=True)
+    else:
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=optimizer == "fused", foreach=optimizer == "foreach")
+    tokens = torch.randint(0, vocab, (batch, seq), device=device)
+    labels = torch.randint(0, vocab, (batch, seq), device=device)
+    cuda = torch.cuda
+
+    def forward():
+        if autocast is None:
+            pred = model(tokens)
+        else:
+            with autocast:
+                pred = model(tokens)
+        loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+        del pred
+        return loss
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        forward().backward()
+        opt.step()
+
+    cuda.synchronize()
+    cuda.reset_peak_memory_stats()
+    e = [cuda.Event(enable_timing=True) for _ in range(3)]
+    step()
+    e[0].record()
+    step()
+    e[1].record()
+    cuda.synchronize()
+    step_s = e[0].elapsed_time(e[1]) / 1e3
+    peak_reserved = cuda.max_memory_reserved()
+    peak_allocated = cuda.max_memory_allocated()
+    opt.zero_grad(set_to_none=True)
+    cuda.synchronize()
+    states = cuda.memory_allocated()
+    cuda.reset_peak_memory_stats()
+    loss = forward()
+    cuda.synchronize()
+    after_forward = cuda.memory_allocated()
+    fwd_peak = cuda.max_memory_allocated()
+    cuda.reset_peak_memory_stats()
+    loss.backward()
+    del loss
+    cuda.synchronize()
+    bwd_peak = cuda.max_memory_allocated()
+    after_backward = cuda.memory_allocated()
+    cuda.reset_peak_memory_stats()
+    opt.step()
+    cuda.synchronize()
+    opt_peak = cuda.max_memory_allocated()
+    free, total = cuda.mem_get_info()
+    outside = (total - free) - cuda.memory_reserved()
+    stats = cuda.memory_stats()
+    out = {"params": params, "states_bytes": states, "after_forward_bytes": after_forward,
+           "fwd_peak_bytes": fwd_peak, "after_backward_bytes": after_backward, "bwd_peak_bytes": bwd_peak,
+           "opt_peak_bytes": opt_peak, "peak_allocated_bytes": max(peak_allocated, fwd_peak, bwd_peak, opt_peak),
+           "peak_reserved_bytes": max(peak_reserved, cuda.max_memory_reserved()), "outside_allocator_bytes": outside,
+           "step_s": step_s, "alloc_retries": stats.get("num_alloc_retries", 0)}
+    return out
+
+
 def attention_plan():
     plan = []
     for d, heads in ATTN_HEADS:
@@ -685,12 +895,15 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
         "memory_bytes": props.total_memory, "l2_bytes": getattr(props, "L2_cache_size", None),
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0],
+        "allocator": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default",
         "smi_before": smi("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
                           "power.max_limit,temperature.gpu,pstate"),
         "timing": f"GEMMs (dense, fp8, grouped): CUDA-graph replay of calls sized to {TARGET_S * 1e3:.0f} ms, "
                   "median of 3 replays; attention and memory passes: CUDA events per call, median of repeats "
                   f"sized to {TARGET_S * 1e3:.0f} ms; whole layers: CUDA events per call, median of at least "
-                  f"{LAYER_REPS}; decode steps: CUDA-graph replay as the GEMMs; 2 warm-ups each; torch.randn inputs",
+                  f"{LAYER_REPS}; decode steps: CUDA-graph replay as the GEMMs; 2 warm-ups each; torch.randn inputs; "
+                  "whole training steps: CUDA events around one step after one warm-up, memory from the "
+                  "caching allocator's counters",
     }
     (out / "env.json").write_text(json.dumps(env, indent=1))
     print(json.dumps(env, indent=1), flush=True)
@@ -1035,6 +1248,47 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                     torch.cuda.empty_cache()
         print(f"{part} done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
+    # ---- whole training steps: what the allocator holds, phase by phase (FSDP2 on one rank)
+    if "train_memory" in parts:
+        fields = ["params", "states_bytes", "after_forward_bytes", "fwd_peak_bytes", "after_backward_bytes",
+                  "bwd_peak_bytes", "opt_peak_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                  "outside_allocator_bytes", "step_s", "alloc_retries"]
+        tw = Writer(out / "train_memory.csv", ["label", "wrap", "layers", "batch", "seq", "recompute", "optimizer",
+                                               "compiled", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab",
+                                               *fields, "error"])
+        fsdp = False
+        try:
+            import torch.distributed as dist
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29517")
+            torch.cuda.set_device(0)
+            dist.init_process_group("nccl", rank=0, world_size=1)
+            fsdp = True
+        except Exception as err:  # noqa: BLE001
+            print(f"train_memory: no process group ({err}); autocast without FSDP", flush=True)
+        label, *shape = TRAIN_MODEL
+        for layers, b, s, mode, optimizer, compiled in TRAIN_CASES:
+            if left() < (0.3 if compiled else 0.08) * budget_s:
+                print(f"train_memory: budget reached before {layers, b, s, mode, optimizer, compiled}", flush=True)
+                break
+            head = [label, "fsdp2-1rank" if fsdp else "autocast", layers, b, s, mode, optimizer, int(compiled), *shape]
+            torch.cuda.empty_cache()
+            try:
+                with sdpa_kernel(sdpa_backends()["flash"]):
+                    got = train_memory_case(torch, layers, b, s, mode, optimizer, compiled, fsdp, dev)
+                tw.row([*head, *(f"{got[f]:.6e}" if f == "step_s" else got[f] for f in fields), ""])
+            except Exception as err:  # noqa: BLE001
+                failed = dict.fromkeys(fields, "") | {"peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+                tw.row([*head, *(failed[f] for f in fields), f"{type(err).__name__}: {str(err)[:160]}"])
+            print(f"train_memory {layers, b, s, mode, optimizer, compiled}: {time.perf_counter() - t_start:.0f} s",
+                  flush=True)
+            import gc
+            gc.collect()
+            torch.cuda.empty_cache()
+        if fsdp:
+            dist.destroy_process_group()
+        print(f"train_memory done, {time.perf_counter() - t_start:.0f} s", flush=True)
+
     # ---- context-parallel ring attention, one rank of the ring alone on the GPU
     if "ring_attention" in parts:
         rw = Writer(out / "ring_attention.csv", ["label", "impl", "cp", "rank", "tokens_per_rank", "seq", "heads",
@@ -1183,7 +1437,7 @@ def summary(out: Path) -> None:
                 for r in rows:
                     print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
     for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv", "ring_attention.csv",
-                 "attention_heads.csv"):
+                 "attention_heads.csv", "train_memory.csv"):
         p = out / name
         if p.exists():
             print(p.read_text())
