@@ -201,10 +201,22 @@ TRAIN_CASES = ((4, 2, 8192, "op", "foreach", False), (4, 2, 8192, "full", "forea
                (4, 2, 8192, "none", "foreach", False), (4, 2, 8192, "op", "fused", False),
                (4, 1, 16384, "full", "foreach", False), (2, 1, 32768, "full", "foreach", False),
                (4, 2, 8192, "op", "foreach", True))
+#: whole steps in bf16 and in FP8 (``train_fp8``: torchao's Float8Linear on every block linear,
+#: tensorwise dynamic scaling, the head in bf16, as torchtitan's Float8 rows ran): (layers,
+#: micro-batch, sequence, recompute, compiled, dtype), at two depths each so that the per-layer
+#: difference leaves out the loss and the optimizer, which FP8 does not touch
+TRAIN_FP8_CASES = ((4, 2, 8192, "op", True, "bf16"), (4, 2, 8192, "op", True, "fp8"),
+                   (6, 2, 8192, "op", True, "bf16"), (6, 2, 8192, "op", True, "fp8"),
+                   (2, 1, 32768, "full", True, "bf16"), (2, 1, 32768, "full", True, "fp8"),
+                   (3, 1, 32768, "full", True, "bf16"), (3, 1, 32768, "full", True, "fp8"),
+                   (4, 2, 8192, "op", False, "fp8"), (6, 2, 8192, "op", False, "fp8"),
+                   (6, 2, 8192, "op", False, "bf16"))
+#: timed steps after the warm-up (the median reported): train_memory, train_fp8
+TRAIN_TIMED_STEPS = {"train_memory": 1, "train_fp8": 3}
 TARGET_S = 0.02
 PARTS = ("gemm", "attention", "memory", "fp8", "grouped", "attention_variants", "decode_attention",
          "fp8_scaling", "layer", "decode_step", "decode_step_fp8", "ring_attention", "attention_heads",
-         "train_memory")
+         "train_memory", "train_fp8")
 
 
 def linear_layers():
@@ -616,8 +628,9 @@ def titan_transformer(torch, layers, hidden, heads, kv_heads, head_dim, ffn, voc
 
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
     ops = torch.ops.aten
+    # torchtitan's list; aten.max: Float8Linear's amax, "useful to always save" under low precision
     save = {ops.mm.default, ops._scaled_dot_product_flash_attention.default,
-            ops._scaled_dot_product_efficient_attention.default}
+            ops._scaled_dot_product_efficient_attention.default, ops.max.default}
     if hasattr(ops, "_scaled_dot_product_cudnn_attention"):
         save.add(ops._scaled_dot_product_cudnn_attention.default)
 
@@ -652,18 +665,23 @@ def titan_transformer(torch, layers, hidden, heads, kv_heads, head_dim, ffn, voc
     return model
 
 
-def train_memory_case(torch, layers, batch, seq, recompute, optimizer, compiled, fsdp, device):
+def train_memory_case(torch, layers, batch, seq, recompute, optimizer, compiled, fsdp, device, fp8=False, timed=1):
     """Whole training steps of ``titan_transformer`` under FSDP2 (``fsdp``: a one-rank group,
     torchtitan's MixedPrecisionPolicy bf16 / fp32 reduce, each block sharded and resharded
     after its forward but the last, then the root) or, without it, autocast to bf16. Three
     steps (zero_grad to None, forward, fp32 cross-entropy, ``del pred``, backward, AdamW), the
-    third phase by phase. Returns the bytes the caching allocator held at each point, its
-    peaks, what the process holds outside it, and the step's seconds."""
+    third phase by phase. ``fp8``: the blocks' linears converted to torchao's Float8Linear
+    (tensorwise dynamic scaling; the head stays bf16) before compiling and sharding, torchtitan's
+    order. Returns the bytes the caching allocator held at each point, its peaks, what the
+    process holds outside it, and the median seconds of ``timed`` steps after one."""
     F = torch.nn.functional
     _, hidden, heads, kv_heads, head_dim, ffn, vocab = TRAIN_MODEL
     model = titan_transformer(torch, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, seq, recompute,
                               device=device)
     params = sum(p.numel() for p in model.parameters())
+    if fp8:
+        from torchao.float8 import convert_to_float8_training
+        convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "output")
     if compiled:
         for i, block in enumerate(model.layers):
             model.layers[i] = torch.compile(block, fullgraph=True)
@@ -702,13 +720,14 @@ def train_memory_case(torch, layers, batch, seq, recompute, optimizer, compiled,
 
     cuda.synchronize()
     cuda.reset_peak_memory_stats()
-    e = [cuda.Event(enable_timing=True) for _ in range(3)]
+    e = [cuda.Event(enable_timing=True) for _ in range(timed + 1)]
     step()
     e[0].record()
-    step()
-    e[1].record()
+    for i in range(timed):
+        step()
+        e[i + 1].record()
     cuda.synchronize()
-    step_s = e[0].elapsed_time(e[1]) / 1e3
+    step_s = statistics.median(e[i].elapsed_time(e[i + 1]) / 1e3 for i in range(timed))
     peak_reserved = cuda.max_memory_reserved()
     peak_allocated = cuda.max_memory_allocated()
     opt.zero_grad(set_to_none=True)
@@ -857,6 +876,15 @@ def sdpa_backends():
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
+def _version(package: str) -> str:
+    """An installed package's version, or "absent" (torchao: the train_fp8 part's Float8Linear)."""
+    try:
+        from importlib.metadata import version
+        return version(package)
+    except Exception:  # noqa: BLE001
+        return "absent"
+
+
 def smi(fields):
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
@@ -896,13 +924,15 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0],
         "allocator": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default",
+        "torchao": _version("torchao"),
         "smi_before": smi("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
                           "power.max_limit,temperature.gpu,pstate"),
         "timing": f"GEMMs (dense, fp8, grouped): CUDA-graph replay of calls sized to {TARGET_S * 1e3:.0f} ms, "
                   "median of 3 replays; attention and memory passes: CUDA events per call, median of repeats "
                   f"sized to {TARGET_S * 1e3:.0f} ms; whole layers: CUDA events per call, median of at least "
                   f"{LAYER_REPS}; decode steps: CUDA-graph replay as the GEMMs; 2 warm-ups each; torch.randn inputs; "
-                  "whole training steps: CUDA events around one step after one warm-up, memory from the "
+                  "whole training steps: CUDA events around each step after one warm-up (train_memory one, "
+                  "train_fp8 the median of three), memory from the "
                   "caching allocator's counters",
     }
     (out / "env.json").write_text(json.dumps(env, indent=1))
@@ -1248,14 +1278,15 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
                     torch.cuda.empty_cache()
         print(f"{part} done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
-    # ---- whole training steps: what the allocator holds, phase by phase (FSDP2 on one rank)
-    if "train_memory" in parts:
+    # ---- whole training steps: what the allocator holds, phase by phase (FSDP2 on one rank),
+    # and the step in bf16 beside FP8
+    train_parts = {"train_memory": [(*case, "bf16") for case in TRAIN_CASES],
+                   "train_fp8": [(layers, b, s, mode, "foreach", compiled, dtype)
+                                 for layers, b, s, mode, compiled, dtype in TRAIN_FP8_CASES]}
+    if parts & set(train_parts):
         fields = ["params", "states_bytes", "after_forward_bytes", "fwd_peak_bytes", "after_backward_bytes",
                   "bwd_peak_bytes", "opt_peak_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
                   "outside_allocator_bytes", "step_s", "alloc_retries"]
-        tw = Writer(out / "train_memory.csv", ["label", "wrap", "layers", "batch", "seq", "recompute", "optimizer",
-                                               "compiled", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab",
-                                               *fields, "error"])
         fsdp = False
         try:
             import torch.distributed as dist
@@ -1267,27 +1298,36 @@ def run(out: Path, budget_s: float, parts: set[str]) -> None:
         except Exception as err:  # noqa: BLE001
             print(f"train_memory: no process group ({err}); autocast without FSDP", flush=True)
         label, *shape = TRAIN_MODEL
-        for layers, b, s, mode, optimizer, compiled in TRAIN_CASES:
-            if left() < (0.3 if compiled else 0.08) * budget_s:
-                print(f"train_memory: budget reached before {layers, b, s, mode, optimizer, compiled}", flush=True)
-                break
-            head = [label, "fsdp2-1rank" if fsdp else "autocast", layers, b, s, mode, optimizer, int(compiled), *shape]
-            torch.cuda.empty_cache()
-            try:
-                with sdpa_kernel(sdpa_backends()["flash"]):
-                    got = train_memory_case(torch, layers, b, s, mode, optimizer, compiled, fsdp, dev)
-                tw.row([*head, *(f"{got[f]:.6e}" if f == "step_s" else got[f] for f in fields), ""])
-            except Exception as err:  # noqa: BLE001
-                failed = dict.fromkeys(fields, "") | {"peak_reserved_bytes": torch.cuda.max_memory_reserved()}
-                tw.row([*head, *(failed[f] for f in fields), f"{type(err).__name__}: {str(err)[:160]}"])
-            print(f"train_memory {layers, b, s, mode, optimizer, compiled}: {time.perf_counter() - t_start:.0f} s",
-                  flush=True)
-            import gc
-            gc.collect()
-            torch.cuda.empty_cache()
+        for part, cases in train_parts.items():
+            if part not in parts:
+                continue
+            extra = ["dtype"] if part == "train_fp8" else []
+            tw = Writer(out / f"{part}.csv", ["label", "wrap", "layers", "batch", "seq", "recompute", "optimizer",
+                                              "compiled", *extra, "hidden", "heads", "kv_heads", "head_dim", "ffn",
+                                              "vocab", *fields, "error"])
+            for layers, b, s, mode, optimizer, compiled, dtype in cases:
+                case = (layers, b, s, mode, optimizer, compiled, dtype)
+                if left() < (0.3 if compiled and part == "train_memory" else 0.05) * budget_s:
+                    print(f"{part}: budget reached before {case}", flush=True)
+                    break
+                head = [label, "fsdp2-1rank" if fsdp else "autocast", layers, b, s, mode, optimizer, int(compiled),
+                        *([dtype] if extra else []), *shape]
+                torch.cuda.empty_cache()
+                try:
+                    with sdpa_kernel(sdpa_backends()["flash"]):
+                        got = train_memory_case(torch, layers, b, s, mode, optimizer, compiled, fsdp, dev,
+                                                fp8=dtype == "fp8", timed=TRAIN_TIMED_STEPS[part])
+                    tw.row([*head, *(f"{got[f]:.6e}" if f == "step_s" else got[f] for f in fields), ""])
+                except Exception as err:  # noqa: BLE001
+                    failed = dict.fromkeys(fields, "") | {"peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+                    tw.row([*head, *(failed[f] for f in fields), f"{type(err).__name__}: {str(err)[:160]}"])
+                print(f"{part} {case}: {time.perf_counter() - t_start:.0f} s", flush=True)
+                import gc
+                gc.collect()
+                torch.cuda.empty_cache()
         if fsdp:
             dist.destroy_process_group()
-        print(f"train_memory done, {time.perf_counter() - t_start:.0f} s", flush=True)
+        print(f"whole training steps done, {time.perf_counter() - t_start:.0f} s", flush=True)
 
     # ---- context-parallel ring attention, one rank of the ring alone on the GPU
     if "ring_attention" in parts:
@@ -1437,7 +1477,7 @@ def summary(out: Path) -> None:
                 for r in rows:
                     print(" ", r["label"], r["backend"], r["fwd_tflops"], r["bwd_tflops"], r["error"][:50])
     for name in ("layer.csv", "decode_step.csv", "decode_step_fp8.csv", "ring_attention.csv",
-                 "attention_heads.csv", "train_memory.csv"):
+                 "attention_heads.csv", "train_memory.csv", "train_fp8.csv"):
         p = out / name
         if p.exists():
             print(p.read_text())
