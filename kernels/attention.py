@@ -14,9 +14,9 @@ from paraspace.kernels.elementwise import (
     eager_rms_norm_bytes,
     eager_rotary_bytes,
 )
-from paraspace.kernels.gemm_passes import gemm_passes_s
+from paraspace.kernels.gemm_passes import gemm_passes_16bit_s, gemm_passes_s
 from paraspace.kernels.jit import jit
-from paraspace.kernels.ops import attention_qkv_fwd_bwd_s, causal_kv_len, gemm_time_peak_s, memory_bound_s, peak_16bit
+from paraspace.kernels.ops import attention_qkv_fwd_bwd_s, causal_kv_len, memory_bound_s
 
 #: Seconds of one layer's attention: the input projections (forward, backward,
 #: weight-gradient GEMMs inside the backward; MLA: all down and up projections),
@@ -34,9 +34,7 @@ def attention_gemm_s(m: float, n: float, k: float, dev, tiles, ab: float, work):
     at the 16-bit peak where the space quantises only the MLP GEMMs."""
     if work.quantize_attention > 0:
         return gemm_passes_s(m, n, k, dev, tiles, ab)
-    peak = peak_16bit(dev)
-    w = gemm_time_peak_s(k, n, m, dev, tiles, ab, peak)
-    return gemm_time_peak_s(m, n, k, dev, tiles, ab, peak), gemm_time_peak_s(m, k, n, dev, tiles, ab, peak) + w, w
+    return gemm_passes_16bit_s(m, n, k, dev, tiles, ab)
 
 
 @jit(inline=True)

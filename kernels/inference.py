@@ -105,6 +105,7 @@ from paraspace.kernels.ops import (
     attention_peak,
     attention_qkv_fwd_bwd_s,
     causal_kv_len,
+    gemm_time_16bit_s,
     gemm_time_s,
     memory_bound_s,
 )
@@ -502,7 +503,8 @@ def two_batch_layer_s(attn_half: float, compute_half: float, comm_half: float) -
 
 @jit
 def head_s(model, dev, tiers, tiles, srv, rows: float) -> float:
-    """Final norm, LM head on ``rows`` tokens of the replica (16-bit weights),
+    """Final norm, LM head on ``rows`` tokens of the replica (16-bit weights at the 16-bit
+    peak: FP8 checkpoints leave their head unquantized),
     the all-gather of the TP-split logits and a sampling pass over them."""
     dp = srv.attention_dp > 0
     ta = attention_ranks(srv)
@@ -510,7 +512,7 @@ def head_s(model, dev, tiers, tiles, srv, rows: float) -> float:
     ab = srv.act_bytes
     v = model.vocab
     t = memory_bound_s(2.0 * rank_rows * model.hidden * ab, 1.0, dev)
-    t += gemm_time_s(rank_rows, v / ta, model.hidden, dev, tiles, ab)
+    t += gemm_time_16bit_s(rank_rows, v / ta, model.hidden, dev, tiles, ab)
     if not dp:
         t += collective_time_s(ALL_GATHER, srv.tp, 1.0, rank_rows * v * ab, tiers)
     return t + memory_bound_s(rank_rows * v * ab, 1.0, dev)

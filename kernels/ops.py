@@ -104,9 +104,16 @@ def gemm_efficiency(m: float, n: float, k: float, dev, tiles) -> float:
     where the device has one, else the best tile's wave and padding efficiency
     times the device's large-GEMM efficiency and the share of it its reduction
     length reaches (``loop_fill`` of k over the device's ``gemm_k_fill``)."""
+    return gemm_efficiency_at(m, n, k, dev, tiles, dev.gemm_k_fill)
+
+
+@jit
+def gemm_efficiency_at(m: float, n: float, k: float, dev, tiles, fill: float) -> float:
+    """``gemm_efficiency`` with the reduction's fill given, in k elements of the
+    GEMM's operands (a 16-bit GEMM on an 8-bit device: ``fill_16bit``)."""
     if dev.n_gemm > 0:
         return table_efficiency(m, n, k, dev)
-    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles) * loop_fill(k, dev.gemm_k_fill)
+    return dev.gemm_max_efficiency * tile_efficiency(m, n, dev.compute_units, tiles) * loop_fill(k, fill)
 
 
 @jit
@@ -126,11 +133,31 @@ def peak_16bit(dev) -> float:
 
 
 @jit
+def fill_16bit(dev) -> float:
+    """The reduction fill of a 16-bit GEMM in its k elements (``gemm_k_fill_16bit``; the
+    profile's 256 bytes: 128), where the device's ``gemm_k_fill`` counts 8-bit ones."""
+    return dev.gemm_k_fill_16bit if dev.gemm_k_fill_16bit > 0.0 else dev.gemm_k_fill
+
+
+@jit
+def gemm_time_16bit_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float) -> float:
+    """``gemm_time_s`` of a GEMM an 8-bit recipe keeps in 16 bits: the 16-bit peak and
+    fill, no scaling overhead (the same as ``gemm_time_s`` on a 16-bit device)."""
+    return gemm_time_at_s(m, n, k, dev, tiles, dtype_bytes, peak_16bit(dev), fill_16bit(dev))
+
+
+@jit
 def gemm_time_peak_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float, peak: float) -> float:
-    """``gemm_time_s`` at a given peak FLOP/s (a GEMM kept in another precision)."""
+    """``gemm_time_s`` at a given peak FLOP/s."""
+    return gemm_time_at_s(m, n, k, dev, tiles, dtype_bytes, peak, dev.gemm_k_fill)
+
+
+@jit
+def gemm_time_at_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float, peak: float, fill: float) -> float:
+    """``gemm_time_s`` at a given peak FLOP/s and reduction fill (``gemm_efficiency_at``)."""
     if m <= 0.0 or n <= 0.0 or k <= 0.0:
         return 0.0
-    eff = gemm_efficiency(m, n, k, dev, tiles)
+    eff = gemm_efficiency_at(m, n, k, dev, tiles, fill)
     compute = 2.0 * m * n * k / (peak * eff)
     traffic = (m * k + k * n + m * n) * dtype_bytes / (dev.hbm_bytes_per_s * dev.memory_efficiency)
     return max(compute, traffic) + dev.launch_s

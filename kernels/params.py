@@ -27,6 +27,8 @@ DEVICE = np.dtype(
         ("launch_s", np.float64),
         ("gemm_max_efficiency", np.float64),
         ("gemm_k_fill", np.float64),  # k elements a GEMM tile's fixed part is worth (schema Device.gemm_k_fill_bytes)
+        # the same in 16-bit elements, for the GEMMs an 8-bit recipe keeps in 16 bits (0: gemm_k_fill)
+        ("gemm_k_fill_16bit", np.float64),
         # extra compute time of the precision's GEMMs under their scaling recipe (0: none;
         # schema Device.gemm_scaling_overhead)
         ("gemm_scaling_overhead", np.float64),
@@ -173,7 +175,8 @@ DEFAULTS = {
     **dict.fromkeys(("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "max_nodes", "mla",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                      "mtp_depth", "sliding_window", "kernel_fusion", "allreduce_algorithm",
-                     "memory_fragmentation", "comm_buffer_bytes", "gemm_k_fill", "gemm_scaling_overhead"), 0.0),
+                     "memory_fragmentation", "comm_buffer_bytes", "gemm_k_fill", "gemm_k_fill_16bit",
+                     "gemm_scaling_overhead"), 0.0),
     "moe_imbalance": DERIVED_IMBALANCE,
     "quantize_attention": 1.0,
     "loss_bytes": LOSS_BYTES["fused"],

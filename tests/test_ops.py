@@ -123,6 +123,8 @@ def test_gemm_fill_is_256_bytes_of_k_in_every_precision():
     want = {"bf16": 128.0, "fp16": 128.0, "fp8": 256.0, "int8": 256.0, "fp4": 512.0, "tf32": 64.0, "fp32": 64.0}
     for dtype, fill in want.items():
         assert pack_hardware(hw, dtype)[0][0].gemm_k_fill == fill, dtype
+        # the GEMMs an 8-bit recipe keeps in 16 bits (the LM head) count 16-bit elements
+        assert pack_hardware(hw, dtype)[0][0].gemm_k_fill_16bit == 128.0, dtype
     assert pack_hardware(load_hardware("a100-sxm4-80gb"), "bf16")[0][0].gemm_k_fill == 0.0
 
 
@@ -485,17 +487,19 @@ def test_attention_gemms_can_stay_in_16_bits_under_fp8(h100, llama3_8b, make_wor
     """quantized_gemms = "mlp": the QKV and output projections run at the BF16 peak and
     skip the FP8 casts; the MLP GEMMs stay in FP8. By hand for Llama 3 8B, 4096
     tokens on one H100: the forward grows by the two projections' time at 989.4
-    instead of 1978.9 TFLOP/s, less the casts of their inputs (2 x 4096 x 4096) and
-    weights (4096 x 6144 + 4096 x 4096) at 3 bytes each (read 2, write 1)."""
+    instead of 1978.9 TFLOP/s (and the reduction fill of 128 16-bit elements instead of
+    256 8-bit ones: the profile's 256 bytes), less the casts of their inputs (2 x 4096 x
+    4096) and weights (4096 x 6144 + 4096 x 4096) at 3 bytes each (read 2, write 1)."""
     import numpy as np
 
     from paraspace.explorer.evaluate import pack_hardware
-    from paraspace.kernels.ops import gemm_time_peak_s
+    from paraspace.kernels.ops import gemm_time_at_s
     from paraspace.kernels.training import C_LAYER_FWD, N_COST, row_costs
     from paraspace.spaces.catalog import load_hardware
 
     dev, tiers, tiles = pack_hardware(load_hardware("h100-sxm5-80gb"), "fp8")
     assert dev[0].peak_16bit_flops_per_s == 989.4e12 and dev[0].peak_flops_per_s == 1978.9e12
+    assert dev[0].gemm_k_fill_16bit == 128.0 and dev[0].gemm_k_fill == 256.0
     out = {}
     for quant in (1.0, 0.0):
         work = make_workload(global_batch=8.0, gemm_cast_bytes=3.0, quantize_attention=quant)
@@ -504,11 +508,45 @@ def test_attention_gemms_can_stay_in_16_bits_under_fp8(h100, llama3_8b, make_wor
         out[quant] = c[C_LAYER_FWD]
     t, h, qkv = 4096.0, 4096.0, 4096.0 + 2 * 1024.0
     d = dev[0]
-    slower = sum(gemm_time_peak_s(t, n, k, d, tiles, 2.0, 989.4e12) - gemm_time_peak_s(t, n, k, d, tiles, 2.0, 1978.9e12)
-                 for n, k in ((qkv, h), (h, h)))
+    slower = sum(gemm_time_at_s(t, n, k, d, tiles, 2.0, 989.4e12, 128.0)
+                 - gemm_time_at_s(t, n, k, d, tiles, 2.0, 1978.9e12, 256.0) for n, k in ((qkv, h), (h, h)))
     casts = 3.0 * (t * (h + h) + h * qkv + h * h) / (d.hbm_bytes_per_s * d.memory_efficiency)
     assert slower > casts > 0
     assert out[0.0] - out[1.0] == pytest.approx(slower - casts, rel=1e-9)
+
+
+def test_the_lm_head_stays_in_16_bits_under_fp8(h100, llama3_8b, make_workload):
+    """Under an 8-bit dtype the layers' GEMMs run at the FP8 peak and the LM head at the BF16
+    one (Transformer Engine, torchao's Float8 and DeepSeek-V3 leave the head in 16 bits; measured
+    on whole steps, tests/test_device_measurements.py): an FP8 row's head slots are the BF16
+    row's to the bit. By hand for Llama 3 8B, 4,096 tokens on one H100: the head's forward is
+    one GEMM of 4,096 x 128,256 x 4,096 = 4.30 TFLOP at 989.4 TFLOP/s times its efficiency
+    with the 16-bit reduction fill (128 elements), not at 1,978.9 with the 8-bit one (256);
+    its layer slots are faster in FP8."""
+    import numpy as np
+
+    from paraspace.explorer.evaluate import pack_hardware
+    from paraspace.kernels.ops import gemm_time_at_s
+    from paraspace.kernels.training import C_HEAD_B, C_HEAD_F, C_HEAD_WGRAD, C_LAYER_FWD, N_COST, row_costs
+    from paraspace.spaces.catalog import load_hardware
+
+    costs = {}
+    for dtype, cast in (("bf16", 0.0), ("fp8", 3.0)):
+        dev, tiers, tiles = pack_hardware(load_hardware("h100-sxm5-80gb"), dtype)
+        work = make_workload(global_batch=8.0, gemm_cast_bytes=cast)
+        c = np.empty(N_COST)
+        row_costs(*cost_args(dp=8), llama3_8b[0], dev[0], tiers, tiles, work[0], c)
+        costs[dtype] = (c, dev[0], tiles)
+    (bf16, _, _), (fp8, d8, tiles8) = costs["bf16"], costs["fp8"]
+    for slot in (C_HEAD_F, C_HEAD_B, C_HEAD_WGRAD):
+        assert fp8[slot] == bf16[slot]
+    assert fp8[C_LAYER_FWD] < 0.8 * bf16[C_LAYER_FWD]
+    t, v, h = 4096.0, 128256.0, 4096.0
+    assert 2 * t * v * h == pytest.approx(4.30e12, rel=1e-3)
+    head16 = gemm_time_at_s(t, v, h, d8, tiles8, 2.0, 989.4e12, 128.0)
+    head8 = gemm_time_at_s(t, v, h, d8, tiles8, 2.0, 1978.9e12, 256.0)
+    assert fp8[C_HEAD_WGRAD] == gemm_time_at_s(h, v, t, d8, tiles8, 2.0, 989.4e12, 128.0)
+    assert 1.8 < head16 / head8 < 2.1
 
 
 def test_quantized_gemms_is_a_no_op_in_16_bits(tmp_path):

@@ -64,8 +64,11 @@ FIRST_SOURCES = ("narayanan2021", "megatron-lm-readme-gpt3-example", "megatron-c
 #: One more exception, said here: 8.08% once an FSDP trainer's row defers its gradient
 #: reduction over its micro-batches where the gradient fits (validate.FSDP_DEFER), as those
 #: trainers do: memory MAPE 42.0% -> 25.5%, but KempnerForge's five Llama 3 70B rows, already
-#: fast, lose three of their four reductions (-12..-18% -> -20..-24%)
-MAPE_OK_ALL_THRESHOLD = 0.0809
+#: fast, lose three of their four reductions (-12..-18% -> -20..-24%). 7.94% once the LM head
+#: runs in 16 bits under FP8 (layer_costs.end_stage_costs, gemm_passes_16bit_s; measured on whole
+#: steps, docs/measurements train_fp8.csv): NeMo 24.07 7.8% -> 5.6%, torchtitan 2412 12.8% ->
+#: 12.2%, the Megatron FP8 table's two rows +9% and +0% -> +12% and +7%
+MAPE_OK_ALL_THRESHOLD = 0.0795
 #: the issue's per-source target: no source's ok rows above this mean error
 SOURCE_MAPE_OK_TARGET = 0.15
 
@@ -572,8 +575,12 @@ MEMORY_MAPE_THRESHOLD = 0.256
 #: say it ran without torch.compile price eager ops (torchtitan's two compile / no-compile
 #: pairs); committed so that it only moves up. The ties left: two framework releases,
 #: AsyncTP (priced off on FSDP rows, validate.FULLY_SHARDED) and two KempnerForge runs
-#: whose columns and notes describe one configuration
-RANKING_AGREEMENT_FLOOR = 0.785
+#: whose columns and notes describe one configuration. One exception to "only up", said here:
+#: 71% (the 11 distinguished pairs 10 right) once the LM head runs in 16 bits under FP8: Llama 3
+#: 70B on 64 H100 in FP8, NeMo's TP4 PP4 CP2 (10.69 s) against Megatron's TP4 PP8 (10.11 s),
+#: 5.7% apart, flips (10.63 against 10.80 s): the head weighs more on a stage of PP8's 10
+#: layers than of PP4's 20, so the Megatron row slows 6.5%, the NeMo row 3.3%
+RANKING_AGREEMENT_FLOOR = 0.714
 
 
 def test_training_file_reports_ranking_and_memory(training_results):
@@ -621,8 +628,11 @@ def test_training_file_reports_ranking_and_memory(training_results):
 #: (validate.FSDP_DEFER: KempnerForge's maybe_no_sync, PyTorch's pipeline schedules, Composer's
 #: default), which took memory MAPE from 42.0% to 25.5%: KempnerForge's Llama 3 70B rows, already
 #: fast, drop three of four gradient reductions (KempnerForge 13.4% -> 15.2%), and torchtitan's
-#: interleaved 405B row -10% -> -14%.
-LOSO_MAPE_OK_THRESHOLD = 0.0872
+#: interleaved 405B row -10% -> -14%. 8.51% once the LM head runs in 16 bits under FP8
+#: (measured on whole steps, docs/measurements train_fp8.csv): NeMo 24.07 7.8% -> 5.5%,
+#: torchtitan 2412 12.8% -> 12.2%, NeMo Automodel 15.0% -> 13.8%; the Megatron FP8 table's
+#: two rows 6.7% -> 9.5%.
+LOSO_MAPE_OK_THRESHOLD = 0.0852
 #: per source, held out (ok rows); the issue's target is 15% for every source
 #: KempnerForge held out rose 14.8% -> 15.6% with those two changes: its TP rows lean
 #: under (-10..-21%) and the H100-family GEMM knob fitted without it now also sees
@@ -659,8 +669,9 @@ LOSO_MAPE_OK_THRESHOLD = 0.0872
 #: once its DeepSpeed ZeRO-3 rows are read as DeepSpeed runs them (validate.deepspeed_trainer).
 #: KempnerForge rose 13.4% -> 15.25%, above the target (an exception, said here), once its
 #: rows defer their gradient reduction as its trainer does (validate.FSDP_DEFER): its five
-#: Llama 3 70B rows, predicted too fast already, lose three of four reductions
-LOSO_SOURCE_CEILINGS = {"nemo-automodel-perf": 0.151, "narayanan2021": 0.176, "kempnerforge-h200": 0.153}
+#: Llama 3 70B rows, predicted too fast already, lose three of four reductions. NeMo Automodel
+#: fell to 13.8% (under the target) once the LM head runs in 16 bits under FP8
+LOSO_SOURCE_CEILINGS = {"narayanan2021": 0.176, "kempnerforge-h200": 0.153}
 
 
 @pytest.mark.slow

@@ -248,8 +248,10 @@ def test_rows_with_redundant_experts_are_predicted(published):
 #: exception to "only down", said here: 13.42% once the H200's HBM is read as the
 #: 141 GiB torch measures, not 141e9 B (stop 35; the TensorRT-LLM H200 rows' batches grow);
 #: 12.69% once the engines' all-reduce kernel moves its bytes at its measured rate (60 GB/s
-#: on H100s against NVLink's 360 achieved: kernels.collectives.CUSTOM_ALL_REDUCE_LINK_SHARE)
-INFERENCE_LOSO_OK_THRESHOLD = 0.127
+#: on H100s against NVLink's 360 achieved: kernels.collectives.CUSTOM_ALL_REDUCE_LINK_SHARE);
+#: 12.65% once the LM head computes at the 16-bit peak under FP8 weights (``kernels.inference.head_s``:
+#: FP8 checkpoints leave it unquantized; throughput 5.36% -> 5.23%)
+INFERENCE_LOSO_OK_THRESHOLD = 0.1266
 #: the closed-loop `ok` rows (83 each) per metric, only down: TPOT 9.9% (target 10%; 9.0%
 #: before the overlap scheduler: requests waiting longer leave smaller decode batches);
 #: TTFT 23.9% (target 20%; TensorRT-LLM -19% signed, vLLM -6%). The same exception as
