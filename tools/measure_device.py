@@ -73,9 +73,19 @@ paraspace itself never imports). Writes into OUT_DIR:
     heads in all: the rate against the thread blocks a call has (a TP8 rank of Llama 3 70B
     computes 8 heads, where ``attention.csv``'s rows have 32 or more). The forward is
     replayed from a CUDA graph, the backward timed by events (``timing``).
+``train_memory.csv``
+    Whole training steps of a Llama 3.1 8B-shaped model with 2-6 layers, built as torchtitan
+    builds it, under FSDP2 on a one-rank group (torchtitan's mixed precision and AdamW),
+    per-op / full / no checkpoint, 8K-32K tokens: the caching allocator's bytes after each
+    phase (states, forward, backward, optimizer), its allocated and reserved peaks, what the
+    process holds outside it, and the step's seconds.
+``train_fp8.csv``
+    The same steps in bf16 and with torchao's Float8Linear on the block linears (needs
+    torchao), compiled and eager, at two depths: what FP8 speeds up and what it leaves.
 ``env.json``
-    The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, and
-    the date: the provenance a committed table carries.
+    The device, driver, clocks, power limit, torch / CUDA / cuDNN versions, the
+    allocator setting, torchao's version, and the date: the provenance a committed table
+    carries.
 
 Timing: GEMMs are replayed from a CUDA graph of as many calls as fill about 20 ms
 (a kernel shorter than the host's dispatch is otherwise timed with the GPU
