@@ -123,7 +123,8 @@ def gemm_time_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float) ->
     scaling recipe's rescaling work (``gemm_scaling_overhead``: FP8 in 128 x 128 blocks
     runs 19% longer than one scale a tensor on an H100 at 1K-8K tokens, measured), which
     adds to the main loop, not to the operand traffic."""
-    return gemm_time_peak_s(m, n, k, dev, tiles, dtype_bytes, dev.peak_flops_per_s / (1.0 + dev.gemm_scaling_overhead))
+    return gemm_time_at_s(m, n, k, dev, tiles, dtype_bytes, dev.peak_flops_per_s / (1.0 + dev.gemm_scaling_overhead),
+                          dev.gemm_k_fill)
 
 
 @jit
@@ -144,12 +145,6 @@ def gemm_time_16bit_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: flo
     """``gemm_time_s`` of a GEMM an 8-bit recipe keeps in 16 bits: the 16-bit peak and
     fill, no scaling overhead (the same as ``gemm_time_s`` on a 16-bit device)."""
     return gemm_time_at_s(m, n, k, dev, tiles, dtype_bytes, peak_16bit(dev), fill_16bit(dev))
-
-
-@jit
-def gemm_time_peak_s(m: float, n: float, k: float, dev, tiles, dtype_bytes: float, peak: float) -> float:
-    """``gemm_time_s`` at a given peak FLOP/s."""
-    return gemm_time_at_s(m, n, k, dev, tiles, dtype_bytes, peak, dev.gemm_k_fill)
 
 
 @jit
